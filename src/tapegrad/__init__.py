@@ -1,0 +1,21 @@
+"""tapegrad: a tensor framework with reverse-mode autodiff, PyTorch's API and numbers.
+
+    import tapegrad as torch
+"""
+from tapegrad.dtypes import (dtype, float16, bfloat16, float32, float64, uint8, int8, int16,
+                             int32, int64, bool_ as bool, get_default_dtype, set_default_dtype,
+                             promote_types)
+from tapegrad.dtypes import float16 as half, float32 as float, float64 as double  # noqa
+from tapegrad.dtypes import int64 as long, int32 as int  # noqa
+from tapegrad.tensor import Tensor
+from tapegrad.autograd.grad_mode import (no_grad, enable_grad, set_grad_enabled,
+                                         inference_mode, is_grad_enabled)
+from tapegrad.ops.elementwise import *  # noqa: F401,F403
+from tapegrad.ops.elementwise import add_alpha as add, sub_alpha as sub  # noqa: F401
+from tapegrad.ops.reduce import *  # noqa: F401,F403
+from tapegrad.ops.movement import *  # noqa: F401,F403
+from tapegrad.ops.linalg import *  # noqa: F401,F403
+from tapegrad.creation import *  # noqa: F401,F403
+from tapegrad import autograd  # noqa: F401
+
+__version__ = "0.1.0"

@@ -1,0 +1,230 @@
+"""The tape: Node, toposort and the backward pass.
+
+A Node is one recorded op call. It points at its inputs' producers (``parents``: a Node,
+a leaf Tensor that requires grad, or None) and keeps only what the op's gradient rule
+declared it needs (``saved``). It never points at its own output Tensor, so a graph is a
+DAG of plain references, freed by reference counting the moment its output goes.
+"""
+from tapegrad.autograd.grad_mode import state as grad_state
+
+Tensor = None  # set by tapegrad.tensor
+
+
+class Meta:
+    """What a rule may read of an input the op did not save: its shape and dtype."""
+
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, array):
+        self.shape = array.shape
+        self.dtype = array.dtype
+
+
+class Node:
+    """One op call on the tape (PyTorch's ``grad_fn``)."""
+
+    __slots__ = ("op", "parents", "saved", "versions", "out", "out_version", "params",
+                 "shape", "dtype", "hooks", "retained", "stack", "__weakref__")
+
+    def __init__(self, op, inputs, out, params):
+        self.op = op
+        self.params = params
+        data = out._data
+        self.shape = data.shape
+        self.dtype = data.dtype
+        self.hooks = self.retained = self.stack = None
+        parents = []
+        for a in inputs:
+            if isinstance(a, Tensor) and a._requires_grad:
+                parents.append(a if a.grad_fn is None else a.grad_fn)
+            else:
+                parents.append(None)
+        self.parents = parents
+        if op.save_inputs:
+            self.saved = inputs
+            self.versions = [a._version[0] if isinstance(a, Tensor) else None for a in inputs]
+        else:
+            self.saved = [Meta(a._data) if isinstance(a, Tensor) else a for a in inputs]
+            self.versions = None
+        if op.save_out:
+            self.out = data
+            self.out_version = (out._version, out._version[0])
+        else:
+            self.out = None
+
+    def name(self) -> str:
+        """As ``grad_fn.name()``: e.g. ``MulBackward``."""
+        return "".join(w.capitalize() for w in self.op.name.split("_")) + "Backward"
+
+    @property
+    def next_functions(self):
+        return tuple((p if isinstance(p, Node) else None, 0) for p in self.parents)
+
+    def register_hook(self, fn):
+        if self.hooks is None:
+            self.hooks = []
+        self.hooks.append(fn)
+        return _Handle(self.hooks, fn)
+
+    def __repr__(self):
+        return f"<{self.name()}>"
+
+    def _unpack(self, create_graph):
+        """The rule's (out, inputs): raw arrays, or Tensors that carry the graph."""
+        saved = self.saved
+        if saved is None:
+            raise RuntimeError(
+                f"{self.name()}: trying to backward through the graph a second time (or "
+                "directly access saved tensors after they have already been freed). Saved "
+                "intermediate values of the graph are freed when you call .backward() or "
+                "autograd.grad(). Specify retain_graph=True if you need to backward through "
+                "the graph a second time.")
+        if self.versions is not None:
+            for i, (a, v) in enumerate(zip(saved, self.versions)):
+                if v is not None and a._version[0] != v:
+                    raise RuntimeError(
+                        "one of the variables needed for gradient computation has been "
+                        f"modified by an inplace operation: input {i} of {self.name()}, of "
+                        f"shape {tuple(a.shape)}, is at version {a._version[0]}; expected "
+                        f"version {v} instead.")
+        out = self.out
+        if out is not None and self.out_version[0][0] != self.out_version[1]:
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by "
+                f"an inplace operation: the output of {self.name()}, of shape {self.shape}, "
+                f"is at version {self.out_version[0][0]}; expected {self.out_version[1]}.")
+        if create_graph:
+            if out is not None:
+                out = Tensor._make(out, grad_fn=self)
+            return out, saved
+        return out, [a._data if isinstance(a, Tensor) else a for a in saved]
+
+    def _free(self):
+        if self.op.save_inputs or self.op.save_out:
+            self.saved = self.out = None
+
+
+class _Handle:
+    __slots__ = ("hooks", "fn")
+
+    def __init__(self, hooks, fn):
+        self.hooks, self.fn = hooks, fn
+
+    def remove(self):
+        if self.fn in self.hooks:
+            self.hooks.remove(self.fn)
+
+
+def toposort(roots):
+    """Nodes reachable from ``roots``, each before its inputs' nodes. Iterative, not recursive."""
+    order, visited = [], set()
+    stack = [(r, False) for r in roots]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if node in visited:
+            continue
+        visited.add(node)
+        stack.append((node, True))
+        for p in node.parents:
+            if type(p) is Node and p not in visited:
+                stack.append((p, False))
+    order.reverse()
+    return order
+
+
+def _check(node, i, parent, g):
+    shape, dt = (parent.shape, parent.dtype) if type(parent) is Node else (
+        parent._data.shape, parent._data.dtype)
+    gd = g._data if isinstance(g, Tensor) else g
+    if gd.shape != shape or gd.dtype != dt:
+        raise RuntimeError(
+            f"{node.name()}: gradient for input {i} has shape {tuple(gd.shape)} and dtype "
+            f"{gd.dtype}, but the input has shape {tuple(shape)} and dtype {dt}")
+
+
+def _run_hooks(hooks, g, create_graph):
+    for hook in list(hooks):
+        result = hook(g if create_graph else Tensor._make(g))
+        if result is not None:
+            g = result if create_graph else result._data
+    return g
+
+
+def run_backward(roots, root_grads, retain_graph=False, create_graph=False, inputs=None):
+    """Replay the tape from ``roots`` backwards.
+
+    With ``inputs`` (``autograd.grad``), returns their gradients and leaves ``.grad`` alone;
+    otherwise accumulates into the ``.grad`` of leaves (and of tensors that retain grad).
+    Gradients are raw arrays unless ``create_graph``, when they are Tensors with a graph.
+    """
+    capture = None
+    if inputs is not None:
+        capture = {}
+        for t in inputs:
+            capture[id(t.grad_fn) if t.grad_fn is not None else id(t)] = None
+    pending = {}
+    start = []
+    for r, g in zip(roots, root_grads):
+        if r.grad_fn is None:
+            _accumulate_leaf(r, g, create_graph, capture)
+            continue
+        node = r.grad_fn
+        pending[node] = pending[node] + g if node in pending else g
+        start.append(node)
+    prev_enabled = grad_state.enabled
+    grad_state.enabled = create_graph
+    try:
+        for node in toposort(start):
+            g = pending.pop(node, None)
+            if g is None:
+                continue
+            if node.hooks:
+                g = _run_hooks(node.hooks, g, create_graph)
+            if node.retained is not None:
+                t = node.retained()
+                if t is not None and capture is None:
+                    t.grad = g if create_graph else Tensor._make(g.copy())
+            if capture is not None and id(node) in capture:
+                capture[id(node)] = g
+            out, saved = node._unpack(create_graph)
+            params = node.params
+            if node.op.needs:
+                params = dict(params, needs=[p is not None for p in node.parents])
+            grads = node.op.rule(g, out, *saved, **params)
+            if type(grads) is not tuple and type(grads) is not list:
+                grads = (grads,)
+            if not retain_graph:
+                node._free()
+            for i, (parent, gi) in enumerate(zip(node.parents, grads)):
+                if parent is None or gi is None:
+                    continue
+                _check(node, i, parent, gi)
+                if type(parent) is Node:
+                    pending[parent] = pending[parent] + gi if parent in pending else gi
+                else:
+                    _accumulate_leaf(parent, gi, create_graph, capture)
+    finally:
+        grad_state.enabled = prev_enabled
+    if capture is not None:
+        return [capture[id(t.grad_fn) if t.grad_fn is not None else id(t)] for t in inputs]
+    return None
+
+
+def _accumulate_leaf(leaf, g, create_graph, capture):
+    hooks = leaf._hooks
+    if hooks:
+        g = _run_hooks(hooks, g, create_graph)
+    if capture is not None:
+        key = id(leaf)
+        if key in capture:
+            capture[key] = g if capture[key] is None else capture[key] + g
+        return
+    if create_graph:
+        leaf.grad = g if leaf.grad is None else leaf.grad + g
+    elif leaf.grad is None:
+        leaf.grad = Tensor._make(g.copy())  # owned: later in-place accumulation is safe
+    else:
+        leaf.grad._data += g

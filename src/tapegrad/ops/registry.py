@@ -1,0 +1,177 @@
+"""The op record, the ``@op`` decorator and dispatch: how an op call becomes a tape entry.
+
+An op is a forward over backend arrays plus a gradient rule right under it::
+
+    @op(flops=1, elementwise=True)
+    def mul(a, b):
+        return a * b
+
+    @mul.grad
+    def _(g, out, a, b):
+        return g * b, g * a
+
+Calling ``mul`` on Tensors promotes dtypes, broadcasts inputs that need grad through the
+``broadcast_to`` op (the only un-broadcasting rule), runs the forward and, in grad mode,
+records a Node. Calling it on raw arrays just runs the forward: that is how gradient rules
+run without recording when ``create_graph`` is off, and the same rule, given Tensors,
+records the graph of the gradient when it is on.
+"""
+from tapegrad import dtypes
+from tapegrad.autograd.grad_mode import state as grad_state
+from tapegrad.autograd.engine import Node, Meta
+from tapegrad.backend import xp
+
+REGISTRY = {}  # name -> Op: read by the profiler and the compiler
+Tensor = None  # set by tapegrad.tensor (breaks the import cycle)
+
+_SAVES = ("inputs", "out", "both", "none")
+
+
+class Op:
+    """One registered op: forward, gradient rule and the metadata tools read."""
+
+    __slots__ = ("name", "forward", "rule", "flops", "saves", "save_inputs", "save_out",
+                 "elementwise", "float_only", "differentiable", "view", "fused", "needs",
+                 "__wrapped__")
+
+    def __init__(self, forward, name, flops, saves, elementwise, float_only, differentiable,
+                 view, fused, needs):
+        if saves not in _SAVES:
+            raise ValueError(f"op {forward.__name__}: saves must be one of {_SAVES}")
+        self.name = name or forward.__name__
+        self.forward = forward
+        self.rule = None
+        self.flops = flops  # per output element; the roofline's numerator
+        self.saves = saves
+        self.save_inputs = saves in ("inputs", "both")
+        self.save_out = saves in ("out", "both")
+        self.elementwise = elementwise
+        self.float_only = float_only
+        self.differentiable = differentiable
+        self.view = view
+        self.fused = fused
+        self.needs = needs  # the rule takes needs=(bool, ...) to skip unneeded inputs
+        self.__wrapped__ = forward
+
+    @property
+    def __doc__(self):
+        return self.forward.__doc__
+
+    def grad(self, rule):
+        """Register the gradient rule ``rule(g, out, *inputs, **params) -> grads``."""
+        self.rule = rule
+        return rule
+
+    def __repr__(self):
+        return f"<op {self.name}>"
+
+    def __call__(self, *args, **params):
+        for a in args:
+            if isinstance(a, Tensor):
+                return dispatch(self, args, params)
+            if type(a) is list:  # variadic ops (cat, stack, einsum) take a list of inputs
+                if any(isinstance(t, Tensor) for t in a):
+                    return dispatch(self, args, params)
+        return self.forward(*args, **params)
+
+
+def op(flops=0, saves="inputs", elementwise=False, float_only=False, differentiable=True,
+       view=False, fused=False, needs=False, name=None):
+    """Register a forward function as an op (see the module docstring).
+
+    flops: per output element (profiler, roofline). saves: what the rule reads besides g —
+    "inputs", "out", "both" or "none" (unsaved inputs are seen as shape/dtype only).
+    elementwise: promote and broadcast inputs. float_only: integer inputs become the
+    default float dtype. view: the output shares the input's storage (and version counter).
+    fused: a composite with its own rule. needs: the rule takes ``needs`` (which inputs
+    want a gradient). name: the registered name, when the Python name must differ.
+    """
+
+    def register(forward):
+        o = Op(forward, name, flops, saves, elementwise, float_only, differentiable, view, fused,
+               needs)
+        if o.name in REGISTRY:
+            raise ValueError(f"op {o.name} is registered twice")
+        REGISTRY[o.name] = o
+        return o
+
+    return register
+
+
+def _broadcast_error(name, args):
+    shapes = " and ".join(str(tuple(a.shape)) for a in args if isinstance(a, Tensor))
+    return RuntimeError(f"{name}: shapes {shapes} cannot be broadcast together")
+
+
+def _prepare_elementwise(o, args):
+    """Promote to the result dtype and broadcast the inputs that need grad.
+
+    Returns the operands (Tensors, or Python scalars left weak, as numpy 2 keeps them).
+    """
+    first = args[0]
+    if len(args) == 2:
+        second = args[1]
+        same = (isinstance(first, Tensor) and isinstance(second, Tensor)
+                and first._data.dtype is second._data.dtype
+                and first._data.shape == second._data.shape)
+        if same and not (o.float_only and first._data.dtype.kind in "biu"):
+            return args
+    args = [a if isinstance(a, (Tensor, int, float, bool)) else Tensor._wrap(a) for a in args]
+    dt = dtypes.result_type(*args)
+    if o.float_only and dt.category != dtypes.FLOAT:
+        dt = dtypes.get_default_dtype()
+    shapes = [a._data.shape for a in args if isinstance(a, Tensor)]
+    out_shape = shapes[0]
+    for s in shapes[1:]:
+        if s != out_shape:
+            try:
+                out_shape = xp.broadcast_shapes(*shapes)
+            except ValueError:
+                raise _broadcast_error(o.name, args) from None
+            break
+    from tapegrad.ops.elementwise import to_dtype
+    from tapegrad.ops.movement import broadcast_to
+
+    prepared = []
+    for a in args:
+        if isinstance(a, Tensor):
+            if a._data.dtype is not dt.np:
+                a = to_dtype(a, dtype=dt)
+            if a._data.shape != out_shape and a._requires_grad and grad_state.enabled:
+                a = broadcast_to(a, shape=out_shape)
+        prepared.append(a)
+    return prepared
+
+
+def dispatch(o, args, params):
+    """Run op ``o`` on Tensors and, in grad mode, record it on the tape."""
+    if o.elementwise:
+        args = _prepare_elementwise(o, args)
+    arrays = [a._data if isinstance(a, Tensor) else a for a in args]
+    if type(args[0]) is list:  # variadic: one list of tensors
+        args = args[0]
+        arrays = [[t._data for t in args]]
+    try:
+        data = o.forward(*arrays, **params)
+    except (ValueError, IndexError, TypeError) as e:
+        shapes = ", ".join(f"{tuple(a.shape)} {a.dtype}" for a in args if isinstance(a, Tensor))
+        raise RuntimeError(f"{o.name}: {e} (inputs: {shapes})") from None
+    out = Tensor._make(data)
+    if o.view:
+        out._version = args[0]._version
+    if not grad_state.enabled or not o.differentiable or data.dtype.kind not in "fc":
+        return out
+    requires = False
+    for a in args:
+        if isinstance(a, Tensor) and a._requires_grad:
+            requires = True
+            break
+    if not requires:
+        return out
+    out._requires_grad = True
+    out.grad_fn = Node(o, args, out, params)
+    return out
+
+
+# re-exported for ops modules
+__all__ = ["op", "Op", "REGISTRY", "dispatch", "xp", "Meta"]
