@@ -16,6 +16,7 @@ from tapegrad.ops.reduce import *  # noqa: F401,F403
 from tapegrad.ops.movement import *  # noqa: F401,F403
 from tapegrad.ops.linalg import *  # noqa: F401,F403
 from tapegrad.creation import *  # noqa: F401,F403
-from tapegrad import autograd  # noqa: F401
+from tapegrad.random import *  # noqa: F401,F403
+from tapegrad import autograd, nn, optim, utils, profiler  # noqa: F401
 
 __version__ = "0.1.0"

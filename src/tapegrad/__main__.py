@@ -1,0 +1,3 @@
+from tapegrad.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""``tapegrad.nn.functional`` (as ``torch.nn.functional``)."""

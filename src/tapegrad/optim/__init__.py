@@ -1,0 +1,1 @@
+"""``tapegrad.optim``: optimizers and learning-rate schedules (as ``torch.optim``)."""

@@ -1,0 +1,1 @@
+"""``tapegrad.profiler``: where time and memory go."""

@@ -1,0 +1,3 @@
+"""Random number generation: ``manual_seed``, ``Generator``, ``rand``, ``randn`` ..."""
+
+__all__ = []

@@ -1,0 +1,1 @@
+"""``tapegrad.utils``: checkpointing and data loading."""
