@@ -26,10 +26,10 @@ class Tensor:
         if requires_grad:
             self.requires_grad = True
 
-    @classmethod
-    def _make(cls, data, grad_fn=None):
+    @staticmethod
+    def _make(data, grad_fn=None):
         """Wrap a backend array without copying (the hot path's constructor)."""
-        t = object.__new__(Tensor)
+        t = _new(Tensor)
         t._data = data
         t.grad = None
         t.grad_fn = grad_fn
@@ -186,6 +186,11 @@ class Tensor:
     # --- autograd ---------------------------------------------------------------------
     def backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
         """As ``Tensor.backward``: accumulate d(self)/d(leaf) into every leaf's ``.grad``."""
+        if gradient is None and inputs is None and not create_graph and self._requires_grad \
+                and self._data.size == 1:  # the common case, without the general checks
+            engine.run_backward([self], [xp.ones(self._data.shape, self._data.dtype)],
+                                bool(retain_graph))
+            return
         from tapegrad.autograd import backward
 
         backward([self], None if gradient is None else [gradient], retain_graph,
@@ -246,16 +251,16 @@ def _has_numpy_floats(data):
     return False
 
 
-registry.Tensor = Tensor
-engine.Tensor = Tensor
+_new = object.__new__
+make = Tensor._make
+registry.Tensor = engine.Tensor = Tensor
+registry.make = make
 
 # --- operators and methods: each delegates to an op --------------------------------------
 from tapegrad.ops import elementwise as _E, reduce as _R, movement as _M, linalg as _L  # noqa: E402
 
 def _method(fn):
-    if isinstance(fn, registry.Op):  # ops are objects, not functions: give them a binding
-        return lambda self, *args, **kwargs: fn(self, *args, **kwargs)
-    return fn
+    return fn  # plain functions and ops (Op.__get__) both bind as methods
 
 
 for _module in (_E, _R, _M, _L):
@@ -266,7 +271,7 @@ for _module in (_E, _R, _M, _L):
 def _binary(fn, reflected=False):
     if reflected:
         return lambda self, other: fn(other, self)
-    return lambda self, other: fn(self, other)
+    return fn  # an op binds as a method (Op.__get__)
 
 
 Tensor.__add__ = _binary(_E.add)

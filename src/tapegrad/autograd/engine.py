@@ -135,14 +135,13 @@ def toposort(roots):
     return order
 
 
-def _check(node, i, parent, g):
+def _shape_error(node, i, parent, g):
     shape, dt = (parent.shape, parent.dtype) if type(parent) is Node else (
         parent._data.shape, parent._data.dtype)
     gd = g._data if isinstance(g, Tensor) else g
-    if gd.shape != shape or gd.dtype != dt:
-        raise RuntimeError(
-            f"{node.name()}: gradient for input {i} has shape {tuple(gd.shape)} and dtype "
-            f"{gd.dtype}, but the input has shape {tuple(shape)} and dtype {dt}")
+    return RuntimeError(
+        f"{node.name()}: gradient for input {i} has shape {tuple(gd.shape)} and dtype "
+        f"{gd.dtype}, but the input has shape {tuple(shape)} and dtype {dt}")
 
 
 def _run_hooks(hooks, g, create_graph):
@@ -189,22 +188,35 @@ def run_backward(roots, root_grads, retain_graph=False, create_graph=False, inpu
                     t.grad = g if create_graph else Tensor._make(g.copy())
             if capture is not None and id(node) in capture:
                 capture[id(node)] = g
+            op = node.op
             out, saved = node._unpack(create_graph)
-            params = node.params
-            if node.op.needs:
-                params = dict(params, needs=[p is not None for p in node.parents])
-            grads = node.op.rule(g, out, *saved, **params)
+            if op.needs:
+                grads = op.rule(g, out, *saved, needs=[p is not None for p in node.parents],
+                                **node.params)
+            else:
+                grads = op.rule(g, out, *saved, **node.params)
             if type(grads) is not tuple and type(grads) is not list:
                 grads = (grads,)
             if not retain_graph:
                 node._free()
-            for i, (parent, gi) in enumerate(zip(node.parents, grads)):
+            i = -1
+            for parent, gi in zip(node.parents, grads):
+                i += 1
                 if parent is None or gi is None:
                     continue
-                _check(node, i, parent, gi)
                 if type(parent) is Node:
-                    pending[parent] = pending[parent] + gi if parent in pending else gi
+                    gd = gi._data if create_graph else gi
+                    if gd.shape != parent.shape or gd.dtype != parent.dtype:
+                        raise _shape_error(node, i, parent, gi)
+                    if parent in pending:
+                        pending[parent] = pending[parent] + gi
+                    else:
+                        pending[parent] = gi
                 else:
+                    pd = parent._data
+                    gd = gi._data if create_graph else gi
+                    if gd.shape != pd.shape or gd.dtype != pd.dtype:
+                        raise _shape_error(node, i, parent, gi)
                     _accumulate_leaf(parent, gi, create_graph, capture)
     finally:
         grad_state.enabled = prev_enabled

@@ -20,9 +20,11 @@ from tapegrad import dtypes
 from tapegrad.autograd.grad_mode import state as grad_state
 from tapegrad.autograd.engine import Node, Meta
 from tapegrad.backend import xp
+from types import MethodType
 
 REGISTRY = {}  # name -> Op: read by the profiler and the compiler
 Tensor = None  # set by tapegrad.tensor (breaks the import cycle)
+make = None  # tapegrad.tensor.make: wrap an array as a Tensor without copying
 
 _SAVES = ("inputs", "out", "both", "none")
 
@@ -70,9 +72,14 @@ class Op:
             if isinstance(a, Tensor):
                 return dispatch(self, args, params)
             if type(a) is list:  # variadic ops (cat, stack, einsum) take a list of inputs
-                if any(isinstance(t, Tensor) for t in a):
-                    return dispatch(self, args, params)
+                for t in a:
+                    if isinstance(t, Tensor):
+                        return dispatch(self, args, params)
         return self.forward(*args, **params)
+
+    def __get__(self, obj, objtype=None):
+        # an op stored on a class (Tensor.__mul__ = mul) binds like a function
+        return self if obj is None else MethodType(self, obj)
 
 
 def op(flops=0, saves="inputs", elementwise=False, float_only=False, differentiable=True,
@@ -108,15 +115,7 @@ def _prepare_elementwise(o, args):
 
     Returns the operands (Tensors, or Python scalars left weak, as numpy 2 keeps them).
     """
-    first = args[0]
-    if len(args) == 2:
-        second = args[1]
-        same = (isinstance(first, Tensor) and isinstance(second, Tensor)
-                and first._data.dtype is second._data.dtype
-                and first._data.shape == second._data.shape)
-        if same and not (o.float_only and first._data.dtype.kind in "biu"):
-            return args
-    args = [a if isinstance(a, (Tensor, int, float, bool)) else Tensor._wrap(a) for a in args]
+    args = [a if isinstance(a, (Tensor, int, float, bool)) else Tensor(a) for a in args]
     dt = dtypes.result_type(*args)
     if o.float_only and dt.category != dtypes.FLOAT:
         dt = dtypes.get_default_dtype()
@@ -146,30 +145,34 @@ def _prepare_elementwise(o, args):
 def dispatch(o, args, params):
     """Run op ``o`` on Tensors and, in grad mode, record it on the tape."""
     if o.elementwise:
-        args = _prepare_elementwise(o, args)
-    arrays = [a._data if isinstance(a, Tensor) else a for a in args]
+        if len(args) == 2:
+            a, b = args
+            if not (isinstance(b, Tensor) and isinstance(a, Tensor)
+                    and a._data.dtype is b._data.dtype and a._data.shape == b._data.shape
+                    and not (o.float_only and a._data.dtype.kind in "biu")):
+                args = _prepare_elementwise(o, args)
+        else:
+            args = _prepare_elementwise(o, args)
     if type(args[0]) is list:  # variadic: one list of tensors
         args = args[0]
-        arrays = [[t._data for t in args]]
+        arrays = ([t._data for t in args],)
+    else:
+        arrays = [a._data if isinstance(a, Tensor) else a for a in args]
     try:
         data = o.forward(*arrays, **params)
     except (ValueError, IndexError, TypeError) as e:
         shapes = ", ".join(f"{tuple(a.shape)} {a.dtype}" for a in args if isinstance(a, Tensor))
         raise RuntimeError(f"{o.name}: {e} (inputs: {shapes})") from None
-    out = Tensor._make(data)
+    out = make(data)
     if o.view:
         out._version = args[0]._version
-    if not grad_state.enabled or not o.differentiable or data.dtype.kind not in "fc":
-        return out
-    requires = False
-    for a in args:
-        if isinstance(a, Tensor) and a._requires_grad:
-            requires = True
-            break
-    if not requires:
-        return out
-    out._requires_grad = True
-    out.grad_fn = Node(o, args, out, params)
+    if grad_state.enabled and o.differentiable:
+        for a in args:
+            if isinstance(a, Tensor) and a._requires_grad:
+                if data.dtype.kind in "fc":
+                    out._requires_grad = True
+                    out.grad_fn = Node(o, args, out, params)
+                break
     return out
 
 
