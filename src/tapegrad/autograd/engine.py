@@ -8,6 +8,9 @@ DAG of plain references, freed by reference counting the moment its output goes.
 from tapegrad.autograd.grad_mode import state as grad_state
 
 Tensor = None  # set by tapegrad.tensor
+# Op watchers (checkpointing, anomaly mode, the memory tracker): objects with before_op(op),
+# after_op(op, out), before_backward(node), after_backward(node, grads). Empty: one check per op.
+WATCH = []
 
 
 class Meta:
@@ -24,7 +27,7 @@ class Node:
     """One op call on the tape (PyTorch's ``grad_fn``)."""
 
     __slots__ = ("op", "parents", "saved", "versions", "out", "out_version", "params",
-                 "shape", "dtype", "hooks", "retained", "stack", "__weakref__")
+                 "shape", "dtype", "hooks", "retained", "stack", "recompute", "__weakref__")
 
     def __init__(self, op, inputs, out, params):
         self.op = op
@@ -32,7 +35,7 @@ class Node:
         data = out._data
         self.shape = data.shape
         self.dtype = data.dtype
-        self.hooks = self.retained = self.stack = None
+        self.hooks = self.retained = self.stack = self.recompute = None
         parents = []
         for a in inputs:
             if isinstance(a, Tensor) and a._requires_grad:
@@ -72,6 +75,9 @@ class Node:
     def _unpack(self, create_graph):
         """The rule's (out, inputs): raw arrays, or Tensors that carry the graph."""
         saved = self.saved
+        if saved is None and self.recompute is not None:  # checkpointed: recompute, refill
+            self.recompute.refill()
+            saved = self.saved
         if saved is None:
             raise RuntimeError(
                 f"{self.name()}: trying to backward through the graph a second time (or "
@@ -173,6 +179,7 @@ def run_backward(roots, root_grads, retain_graph=False, create_graph=False, inpu
         node = r.grad_fn
         pending[node] = pending[node] + g if node in pending else g
         start.append(node)
+    watch = WATCH[:] if WATCH else None
     prev_enabled = grad_state.enabled
     grad_state.enabled = create_graph
     try:
@@ -190,6 +197,9 @@ def run_backward(roots, root_grads, retain_graph=False, create_graph=False, inpu
                 capture[id(node)] = g
             op = node.op
             out, saved = node._unpack(create_graph)
+            if watch is not None:
+                for w in watch:
+                    w.before_backward(node)
             if op.needs:
                 grads = op.rule(g, out, *saved, needs=[p is not None for p in node.parents],
                                 **node.params)
@@ -197,6 +207,9 @@ def run_backward(roots, root_grads, retain_graph=False, create_graph=False, inpu
                 grads = op.rule(g, out, *saved, **node.params)
             if type(grads) is not tuple and type(grads) is not list:
                 grads = (grads,)
+            if watch is not None:
+                for w in watch:
+                    w.after_backward(node, grads)
             if not retain_graph:
                 node._free()
             i = -1

@@ -18,7 +18,7 @@ records the graph of the gradient when it is on.
 """
 from tapegrad import dtypes
 from tapegrad.autograd.grad_mode import state as grad_state
-from tapegrad.autograd.engine import Node, Meta
+from tapegrad.autograd.engine import Node, Meta, WATCH
 from tapegrad.backend import xp
 from types import MethodType
 
@@ -144,6 +144,8 @@ def _prepare_elementwise(o, args):
 
 def dispatch(o, args, params):
     """Run op ``o`` on Tensors and, in grad mode, record it on the tape."""
+    if WATCH:
+        return _watched(o, args, params)
     if o.elementwise:
         if len(args) == 2:
             a, b = args
@@ -173,6 +175,21 @@ def dispatch(o, args, params):
                     out._requires_grad = True
                     out.grad_fn = Node(o, args, out, params)
                 break
+    return out
+
+
+def _watched(o, args, params):
+    """Dispatch with the watchers told; ops dispatched inside this one are not watched."""
+    watchers = WATCH[:]
+    WATCH.clear()
+    try:
+        for w in watchers:
+            w.before_op(o)
+        out = dispatch(o, args, params)
+    finally:
+        WATCH[:] = watchers
+    for w in watchers:
+        w.after_op(o, out)
     return out
 
 
