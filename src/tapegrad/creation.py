@@ -1,15 +1,270 @@
-"""Tensor creation: ``tensor``, ``zeros``, ``ones``, ``arange`` ... as in PyTorch."""
+"""Tensor creation: ``tensor``, ``zeros``, ``ones``, ``arange`` ... as in PyTorch.
+
+The argument helpers here (``size_args``, ``check_device``, ``float_dtype``, ``finish``) are
+shared with ``tapegrad.random`` so every factory parses ``*size``, ``dtype=``, ``device=``
+and ``requires_grad=`` the same way.
+"""
+import math
+
 from tapegrad import dtypes
 from tapegrad.backend import xp
+from tapegrad.backend.numpy_backend import Device
 from tapegrad.tensor import Tensor
 
 
+# --- shared argument handling ------------------------------------------------------------
+def size_args(size, name):
+    """``f(2, 3)``, ``f((2, 3))``, ``f([2, 3])`` and ``f(torch.Size)`` all mean shape (2, 3)."""
+    if len(size) == 1 and isinstance(size[0], (tuple, list)):
+        size = size[0]
+    out = []
+    for s in size:
+        if isinstance(s, Tensor):
+            s = s.item()
+        if isinstance(s, bool) or not isinstance(s, int) and not hasattr(s, "__index__"):
+            raise TypeError(f"{name}: size must be a sequence of ints, got {list(size)!r}")
+        s = int(s)
+        if s < 0:
+            raise RuntimeError(f"{name}: trying to create tensor with negative dimension {s}: "
+                               f"{list(size)}")
+        out.append(s)
+    return tuple(out)
+
+
+def check_device(device, name):
+    """Accept ``None``, ``'cpu'``, ``'cpu:0'`` or a cpu device; anything else raises."""
+    if device is None:
+        return
+    try:
+        Device(device if isinstance(device, (str, Device)) else str(device))
+    except (RuntimeError, ValueError):
+        raise RuntimeError(f"{name}: tapegrad runs on the cpu only; got device={device!r}") \
+            from None
+
+
+def float_dtype(dtype, name):
+    """The dtype of a floating-point factory (``rand``, ``linspace``): default, or a float."""
+    if dtype is None:
+        return dtypes.get_default_dtype()
+    d = dtypes.to_dtype(dtype)
+    if d.category != dtypes.FLOAT:
+        raise TypeError(f"{name}: expected a floating-point dtype, got {d}")
+    return d
+
+
+def finish(array, requires_grad, name="tensor"):
+    """Wrap a freshly made array; ``requires_grad=True`` on integer dtypes raises."""
+    t = Tensor._make(array)
+    if requires_grad:
+        t.requires_grad = True
+    return t
+
+
+def _filled(name, size, value, dtype, device, requires_grad):
+    check_device(device, name)
+    d = dtypes.get_default_dtype() if dtype is None else dtypes.to_dtype(dtype)
+    shape = size_args(size, name)
+    if value is None:
+        return finish(xp.empty(shape, dtype=d.np), requires_grad, name)
+    return finish(xp.full(shape, value, dtype=d.np), requires_grad, name)
+
+
+# --- factories ----------------------------------------------------------------------------
 def tensor(data, dtype=None, device=None, requires_grad=False) -> Tensor:
     """As ``torch.tensor``: copies ``data``; Python floats become the default dtype.
 
     >>> tapegrad.tensor([[1.0, 2.0]], requires_grad=True)
     """
+    check_device(device, "tensor")
     return Tensor(data, dtype=dtype, requires_grad=requires_grad)
 
 
-__all__ = ["tensor"]
+def from_numpy(ndarray) -> Tensor:
+    """As ``torch.from_numpy``: a tensor sharing ``ndarray``'s memory (writes show in both).
+
+    >>> a = numpy.zeros(3); t = tapegrad.from_numpy(a); t.add_(1)   # a is now all ones
+    """
+    if not isinstance(ndarray, xp.ndarray):
+        raise TypeError(f"from_numpy: expected np.ndarray (got {type(ndarray).__name__})")
+    try:
+        dtypes.from_numpy_dtype(ndarray.dtype)
+    except TypeError:
+        raise TypeError(f"from_numpy: can't convert np.ndarray of type {ndarray.dtype}. The "
+                        "only supported types are: " + ", ".join(d.name for d in dtypes.ALL)) \
+            from None
+    return Tensor._make(ndarray)
+
+
+def as_tensor(data, dtype=None, device=None) -> Tensor:
+    """As ``torch.as_tensor``: shares memory with a tensor or numpy array when the dtype
+    already matches, otherwise converts (copies).
+
+    >>> tapegrad.as_tensor(numpy.arange(3))       # shares the array's memory
+    """
+    check_device(device, "as_tensor")
+    if isinstance(data, Tensor):
+        return data if dtype is None else data.to(dtype)
+    if isinstance(data, xp.ndarray):
+        if dtype is None or dtypes.to_dtype(dtype).np == data.dtype:
+            return from_numpy(data)
+        return Tensor._make(data.astype(dtypes.to_dtype(dtype).np))
+    return Tensor(data, dtype=dtype)
+
+
+def zeros(*size, dtype=None, device=None, requires_grad=False) -> Tensor:
+    """As ``torch.zeros(2, 3)`` or ``torch.zeros((2, 3), dtype=torch.int64)``."""
+    return _filled("zeros", size, 0, dtype, device, requires_grad)
+
+
+def ones(*size, dtype=None, device=None, requires_grad=False) -> Tensor:
+    """As ``torch.ones(2, 3)``."""
+    return _filled("ones", size, 1, dtype, device, requires_grad)
+
+
+def empty(*size, dtype=None, device=None, requires_grad=False) -> Tensor:
+    """As ``torch.empty(2, 3)``: uninitialised memory."""
+    return _filled("empty", size, None, dtype, device, requires_grad)
+
+
+def full(size, fill_value, dtype=None, device=None, requires_grad=False) -> Tensor:
+    """As ``torch.full((2, 3), 7.0)``: the dtype follows ``fill_value`` (bool, int64 or the
+    default float) unless given."""
+    if dtype is None:
+        dtype = _value_dtype(fill_value, "full")
+    return _filled("full", (size,), fill_value, dtype, device, requires_grad)
+
+
+def _value_dtype(value, name):
+    if isinstance(value, Tensor):
+        return value.dtype
+    try:
+        return dtypes.scalar_dtype(value)
+    except TypeError:
+        raise TypeError(f"{name}: fill_value must be a number, got {type(value).__name__}") \
+            from None
+
+
+def _number(x, name, what):
+    if isinstance(x, Tensor):
+        x = x.item()
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        try:
+            x = x.item()  # numpy scalars
+        except AttributeError:
+            raise TypeError(f"{name}: {what} must be a number, got {type(x).__name__}") \
+                from None
+    return x
+
+
+def arange(start=0, end=None, step=1, *, dtype=None, device=None, requires_grad=False) -> Tensor:
+    """As ``torch.arange``: ``arange(5)`` is int64, ``arange(0., 1, .1)`` the default float.
+
+    The length is ``ceil((end - start) / step)``, computed in double precision as PyTorch does.
+    """
+    check_device(device, "arange")
+    if end is None:
+        start, end = 0, start
+    start, end, step = (_number(v, "arange", w) for v, w in
+                        ((start, "start"), (end, "end"), (step, "step")))
+    if step == 0:
+        raise RuntimeError("arange: step must be nonzero")
+    if not all(math.isfinite(v) for v in (start, end)):
+        raise RuntimeError(f"arange: unsupported range: {start} -> {end}")
+    if (end - start) * step < 0:
+        raise RuntimeError(f"arange: upper bound and larger bound inconsistent with step sign "
+                           f"(start={start}, end={end}, step={step})")
+    is_float = any(isinstance(v, float) for v in (start, end, step))
+    if dtype is None:
+        d = dtypes.get_default_dtype() if is_float else dtypes.int64
+    else:
+        d = dtypes.to_dtype(dtype)
+    if is_float or d.category == dtypes.FLOAT:
+        n = math.ceil((float(end) - float(start)) / float(step))
+        values = float(start) + float(step) * xp.arange(n, dtype=xp.float64)
+    else:
+        values = xp.arange(start, end, step, dtype=xp.int64)
+    return finish(values.astype(d.np, copy=False), requires_grad, "arange")
+
+
+def linspace(start, end, steps, *, dtype=None, device=None, requires_grad=False) -> Tensor:
+    """As ``torch.linspace(0, 1, 5)``: ``steps`` evenly spaced values including both ends.
+
+    PyTorch fills the first half from ``start`` and the second half back from ``end``; the
+    same formula is used here so values agree to the last bit in float64.
+    """
+    check_device(device, "linspace")
+    start, end = _number(start, "linspace", "start"), _number(end, "linspace", "end")
+    steps = _number(steps, "linspace", "steps")
+    if not isinstance(steps, int) or steps < 0:
+        raise RuntimeError(f"linspace: number of steps must be a non-negative int, got {steps}")
+    d = dtypes.get_default_dtype() if dtype is None else dtypes.to_dtype(dtype)
+    if steps == 1:
+        values = xp.full(1, start, dtype=xp.float64)
+    else:
+        i = xp.arange(steps, dtype=xp.float64)
+        step = (float(end) - float(start)) / (steps - 1) if steps > 1 else 0.0
+        half = steps // 2
+        values = xp.where(i < half, start + step * i, end - step * (steps - 1 - i))
+    if d.category != dtypes.FLOAT:
+        values = xp.trunc(values)
+    return finish(values.astype(d.np), requires_grad, "linspace")
+
+
+def eye(n, m=None, *, dtype=None, device=None, requires_grad=False) -> Tensor:
+    """As ``torch.eye(3)`` or ``torch.eye(2, 4)``: ones on the diagonal."""
+    check_device(device, "eye")
+    n = _number(n, "eye", "n")
+    m = n if m is None else _number(m, "eye", "m")
+    if n < 0 or m < 0:
+        raise RuntimeError(f"eye: n and m must be non-negative, got n={n}, m={m}")
+    d = dtypes.get_default_dtype() if dtype is None else dtypes.to_dtype(dtype)
+    return finish(xp.eye(n, m, dtype=d.np), requires_grad, "eye")
+
+
+def _like(name, input, value, dtype, device, requires_grad):
+    if not isinstance(input, Tensor):
+        raise TypeError(f"{name}: expected a Tensor, got {type(input).__name__}")
+    check_device(device, name)
+    d = input.dtype if dtype is None else dtypes.to_dtype(dtype)
+    if value is None:
+        return finish(xp.empty(input.shape, dtype=d.np), requires_grad, name)
+    return finish(xp.full(input.shape, value, dtype=d.np), requires_grad, name)
+
+
+def zeros_like(input, *, dtype=None, device=None, requires_grad=False) -> Tensor:
+    """As ``torch.zeros_like(x)``: zeros of ``x``'s shape and dtype."""
+    return _like("zeros_like", input, 0, dtype, device, requires_grad)
+
+
+def ones_like(input, *, dtype=None, device=None, requires_grad=False) -> Tensor:
+    """As ``torch.ones_like(x)``."""
+    return _like("ones_like", input, 1, dtype, device, requires_grad)
+
+
+def full_like(input, fill_value, *, dtype=None, device=None, requires_grad=False) -> Tensor:
+    """As ``torch.full_like(x, 7.0)``: ``x``'s shape and dtype (not ``fill_value``'s)."""
+    _value_dtype(fill_value, "full_like")
+    return _like("full_like", input, fill_value, dtype, device, requires_grad)
+
+
+def empty_like(input, *, dtype=None, device=None, requires_grad=False) -> Tensor:
+    """As ``torch.empty_like(x)``: uninitialised memory of ``x``'s shape and dtype."""
+    return _like("empty_like", input, None, dtype, device, requires_grad)
+
+
+def from_dlpack(ext_tensor) -> Tensor:
+    """As ``torch.from_dlpack``: a tensor sharing memory with any DLPack producer (a numpy
+    array, a tapegrad or PyTorch cpu tensor)."""
+    if isinstance(ext_tensor, Tensor):
+        return ext_tensor.detach()
+    try:
+        array = xp.from_dlpack(ext_tensor)
+    except (TypeError, BufferError, RuntimeError) as e:
+        raise RuntimeError(f"from_dlpack: cannot import {type(ext_tensor).__name__}: {e}") \
+            from None
+    return from_numpy(array)
+
+
+__all__ = ["tensor", "from_numpy", "as_tensor", "zeros", "ones", "empty", "full", "arange",
+           "linspace", "eye", "zeros_like", "ones_like", "full_like", "empty_like",
+           "from_dlpack"]
