@@ -1,0 +1,23 @@
+"""``Dropout`` (as in ``torch.nn``): active in training mode, the identity in eval mode."""
+from tapegrad.nn import functional as F
+from tapegrad.nn.module import Module
+
+__all__ = ["Dropout"]
+
+
+class Dropout(Module):
+    """As ``torch.nn.Dropout(p=0.5, inplace=False)``: zero each element with probability ``p``
+    and scale the rest by ``1/(1-p)`` while ``training``."""
+
+    def __init__(self, p: float = 0.5, inplace: bool = False):
+        super().__init__()
+        if p < 0 or p > 1:
+            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+        self.p = p
+        self.inplace = inplace
+
+    def forward(self, input):
+        return F.dropout(input, self.p, self.training, self.inplace)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}, inplace={self.inplace}"

@@ -1,0 +1,216 @@
+"""Normalisation layers: ``LayerNorm``, ``RMSNorm``, ``GroupNorm``, ``BatchNorm1d``,
+``BatchNorm2d`` (as in ``torch.nn``)."""
+import numbers
+
+from tapegrad import dtypes
+from tapegrad.nn import functional as F
+from tapegrad.nn import init
+from tapegrad.nn.module import Module
+from tapegrad.nn.layers._utils import empty_parameter, filled
+
+__all__ = ["LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm1d", "BatchNorm2d"]
+
+
+class LayerNorm(Module):
+    """As ``torch.nn.LayerNorm(normalized_shape, eps=1e-5, elementwise_affine=True, bias=True)``:
+    normalise over the trailing ``normalized_shape`` dims; weight starts at 1, bias at 0."""
+
+    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True,
+                 bias: bool = True, device=None, dtype=None):
+        super().__init__()
+        if isinstance(normalized_shape, numbers.Integral):
+            normalized_shape = (normalized_shape,)
+        self.normalized_shape = tuple(normalized_shape)
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        if elementwise_affine:
+            self.weight = empty_parameter(self.normalized_shape, device, dtype)
+            if bias:
+                self.bias = empty_parameter(self.normalized_shape, device, dtype)
+            else:
+                self.register_parameter("bias", None)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.elementwise_affine:
+            init.ones_(self.weight)
+            if self.bias is not None:
+                init.zeros_(self.bias)
+
+    def forward(self, input):
+        return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return ("{normalized_shape}, eps={eps}, elementwise_affine={elementwise_affine}, "
+                "bias={use_bias}".format(**self.__dict__, use_bias=self.bias is not None))
+
+
+class RMSNorm(Module):
+    """As ``torch.nn.RMSNorm(normalized_shape, eps=None, elementwise_affine=True)``:
+    ``x / sqrt(mean(x^2) + eps) * weight``; ``eps=None`` means the dtype's machine epsilon."""
+
+    def __init__(self, normalized_shape, eps=None, elementwise_affine: bool = True, device=None,
+                 dtype=None):
+        super().__init__()
+        if isinstance(normalized_shape, numbers.Integral):
+            normalized_shape = (normalized_shape,)
+        self.normalized_shape = tuple(normalized_shape)
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        if elementwise_affine:
+            self.weight = empty_parameter(self.normalized_shape, device, dtype)
+        else:
+            self.register_parameter("weight", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.elementwise_affine:
+            init.ones_(self.weight)
+
+    def forward(self, x):
+        return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
+
+    def extra_repr(self) -> str:
+        return ("{normalized_shape}, eps={eps}, "
+                "elementwise_affine={elementwise_affine}".format(**self.__dict__))
+
+
+class GroupNorm(Module):
+    """As ``torch.nn.GroupNorm(num_groups, num_channels, eps=1e-5, affine=True)``."""
+
+    def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5,
+                 affine: bool = True, device=None, dtype=None, *, bias: bool = True):
+        super().__init__()
+        if num_channels % num_groups != 0:
+            raise ValueError(f"num_channels ({num_channels}) must be divisible by num_groups "
+                             f"({num_groups})")
+        self.num_groups = num_groups
+        self.num_channels = num_channels
+        self.eps = eps
+        self.affine = affine
+        if affine:
+            self.weight = empty_parameter((num_channels,), device, dtype)
+            if bias:
+                self.bias = empty_parameter((num_channels,), device, dtype)
+            else:
+                self.register_parameter("bias", None)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.affine:
+            init.ones_(self.weight)
+            if self.bias is not None:
+                init.zeros_(self.bias)
+
+    def forward(self, input):
+        return F.group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return ("{num_groups}, {num_channels}, eps={eps}, affine={affine}, "
+                "bias={use_bias}".format(**self.__dict__, use_bias=self.bias is not None))
+
+
+class _BatchNorm(Module):
+    """Batch normalisation over dim 1: batch statistics while training (updating
+    ``running_mean``/``running_var``/``num_batches_tracked``), running ones in eval mode."""
+
+    _version = 2
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum=0.1, affine: bool = True,
+                 track_running_stats: bool = True, device=None, dtype=None, *,
+                 bias: bool = True):
+        super().__init__()
+        self.num_features = num_features
+        self.eps = eps
+        self.momentum = momentum
+        self.affine = affine
+        self.track_running_stats = track_running_stats
+        if affine:
+            self.weight = empty_parameter((num_features,), device, dtype)
+            if bias:
+                self.bias = empty_parameter((num_features,), device, dtype)
+            else:
+                self.register_parameter("bias", None)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+        if track_running_stats:
+            self.register_buffer("running_mean", filled((num_features,), 0.0, device, dtype))
+            self.register_buffer("running_var", filled((num_features,), 1.0, device, dtype))
+            self.register_buffer("num_batches_tracked",
+                                 filled((), 0, device, dtypes.int64))
+        else:
+            self.register_buffer("running_mean", None)
+            self.register_buffer("running_var", None)
+            self.register_buffer("num_batches_tracked", None)
+        self.reset_parameters()
+
+    def reset_running_stats(self) -> None:
+        if self.track_running_stats:
+            for buf, value in ((self.running_mean, 0), (self.running_var, 1),
+                               (self.num_batches_tracked, 0)):
+                buf._data[...] = value
+                buf._version[0] += 1
+
+    def reset_parameters(self) -> None:
+        self.reset_running_stats()
+        if self.affine:
+            init.ones_(self.weight)
+            if self.bias is not None:
+                init.zeros_(self.bias)
+
+    def _check_input_dim(self, input):
+        raise NotImplementedError
+
+    def forward(self, input):
+        self._check_input_dim(input)
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+            self.num_batches_tracked._data += 1
+            self.num_batches_tracked._version[0] += 1
+            if self.momentum is None:  # cumulative moving average
+                factor = 1.0 / float(self.num_batches_tracked.item())
+        bn_training = self.training or (self.running_mean is None and self.running_var is None)
+        use_buffers = not self.training or self.track_running_stats
+        return F.batch_norm(input, self.running_mean if use_buffers else None,
+                            self.running_var if use_buffers else None, self.weight, self.bias,
+                            bn_training, factor, self.eps)
+
+    def extra_repr(self) -> str:
+        return ("{num_features}, eps={eps}, momentum={momentum}, affine={affine}, "
+                "bias={use_bias}, track_running_stats={track_running_stats}".format(
+                    **self.__dict__, use_bias=self.bias is not None))
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs, copies=None):
+        version = local_metadata.get("version", None)
+        if (version is None or version < 2) and self.track_running_stats:
+            # state dicts from before num_batches_tracked existed load with it unchanged
+            key = prefix + "num_batches_tracked"
+            if key not in state_dict:
+                state_dict[key] = self.num_batches_tracked
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs, copies)
+
+
+class BatchNorm1d(_BatchNorm):
+    """As ``torch.nn.BatchNorm1d(num_features, eps=1e-5, momentum=0.1, affine=True,
+    track_running_stats=True)`` over (N, C) or (N, C, L) input."""
+
+    def _check_input_dim(self, input):
+        if input.dim() != 2 and input.dim() != 3:
+            raise ValueError(f"expected 2D or 3D input (got {input.dim()}D input)")
+
+
+class BatchNorm2d(_BatchNorm):
+    """As ``torch.nn.BatchNorm2d(num_features, ...)`` over (N, C, H, W) input."""
+
+    def _check_input_dim(self, input):
+        if input.dim() != 4:
+            raise ValueError(f"expected 4D input (got {input.dim()}D input)")
