@@ -120,3 +120,9 @@ __all__ = ["Node", "backward", "grad", "toposort", "no_grad", "enable_grad",
 from tapegrad.autograd.gradcheck import gradcheck, gradgradcheck, GradcheckError  # noqa: E402
 
 __all__ += ["gradcheck", "gradgradcheck", "GradcheckError"]
+
+from tapegrad.autograd.anomaly import (detect_anomaly, set_detect_anomaly,  # noqa: E402
+                                       is_anomaly_enabled, is_anomaly_check_nan_enabled)
+
+__all__ += ["detect_anomaly", "set_detect_anomaly", "is_anomaly_enabled",
+            "is_anomaly_check_nan_enabled"]

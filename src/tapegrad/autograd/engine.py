@@ -9,7 +9,8 @@ from tapegrad.autograd.grad_mode import state as grad_state
 
 Tensor = None  # set by tapegrad.tensor
 # Op watchers (checkpointing, anomaly mode, the memory tracker): objects with before_op(op),
-# after_op(op, out), before_backward(node), after_backward(node, grads). Empty: one check per op.
+# after_op(op, args, out), before_backward(node), after_backward(node, grads).
+# Empty (the default): one check per op.
 WATCH = []
 
 

@@ -189,7 +189,7 @@ def _watched(o, args, params):
     finally:
         WATCH[:] = watchers
     for w in watchers:
-        w.after_op(o, out)
+        w.after_op(o, args, out)
     return out
 
 

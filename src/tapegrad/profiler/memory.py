@@ -137,7 +137,7 @@ class MemoryTracker:
         if not self._in_backward:
             self._begin()
 
-    def after_op(self, op, out):
+    def after_op(self, op, args, out):
         if not self._in_backward:
             self._end(op.name)
 

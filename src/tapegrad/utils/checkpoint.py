@@ -44,7 +44,7 @@ class _Frame:
     def before_op(self, op):
         pass
 
-    def after_op(self, op, out):
+    def after_op(self, op, args, out):
         if _frames[-1] is not self:
             return
         node = getattr(out, "grad_fn", None)
