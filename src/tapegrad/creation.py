@@ -9,6 +9,7 @@ import math
 from tapegrad import dtypes
 from tapegrad.backend import xp
 from tapegrad.backend.numpy_backend import Device
+from tapegrad.ops.registry import op
 from tapegrad.tensor import Tensor
 
 
@@ -67,6 +68,39 @@ def _filled(name, size, value, dtype, device, requires_grad):
     if value is None:
         return finish(xp.empty(shape, dtype=d.np), requires_grad, name)
     return finish(xp.full(shape, value, dtype=d.np), requires_grad, name)
+
+
+# --- copies: the two ops behind clone(), contiguous() and the in-place writes -----------------
+@op(saves="none")
+def clone(a):
+    """As ``torch.clone``: a copy with its own (C-contiguous) storage; gradient passes through."""
+    return xp.array(a, copy=True, order="C")
+
+
+@clone.grad
+def _(g, out, a):
+    return g
+
+
+@op(saves="none", needs=True, name="copy")
+def copy_op(a, src):
+    """``a.copy_(src)`` out of place: ``src`` broadcast to ``a``'s shape and cast to its dtype.
+
+    The gradient w.r.t. ``a``'s old value is zero (it is overwritten), so none is sent.
+    """
+    return xp.array(xp.broadcast_to(src, a.shape), dtype=a.dtype, copy=True)
+
+
+@copy_op.grad
+def _(g, out, a, src, needs=(True, True)):
+    if not needs[1]:
+        return None, None
+    from tapegrad.ops.elementwise import to_dtype
+    from tapegrad.ops.movement import sum_to
+
+    if g.dtype != src.dtype:
+        g = to_dtype(g, dtype=src.dtype)
+    return None, (sum_to(g, shape=src.shape) if g.shape != src.shape else g)
 
 
 # --- factories ----------------------------------------------------------------------------
@@ -267,4 +301,4 @@ def from_dlpack(ext_tensor) -> Tensor:
 
 __all__ = ["tensor", "from_numpy", "as_tensor", "zeros", "ones", "empty", "full", "arange",
            "linspace", "eye", "zeros_like", "ones_like", "full_like", "empty_like",
-           "from_dlpack"]
+           "from_dlpack", "clone"]

@@ -67,8 +67,9 @@ class Tensor:
 
     @property
     def data(self):
-        """As ``Tensor.data``: this tensor's storage, detached from the graph."""
-        return self.detach()
+        """As ``Tensor.data``: this tensor's storage, detached from the graph, with its own
+        version counter (in-place changes through ``.data`` are not tracked, as in PyTorch)."""
+        return Tensor._make(self._data)
 
     @data.setter
     def data(self, value):
@@ -107,9 +108,15 @@ class Tensor:
     def is_leaf(self) -> bool:
         return self.grad_fn is None
 
-    @property
-    def is_floating_point(self):
-        return lambda: self._data.dtype.kind == "f"
+    def is_floating_point(self) -> bool:
+        """As ``Tensor.is_floating_point()``."""
+        return self._data.dtype.kind == "f"
+
+    def is_contiguous(self, memory_format=None) -> bool:
+        return self._data.flags.c_contiguous
+
+    def _is_view(self) -> bool:
+        return self._data.base is not None
 
     def element_size(self) -> int:
         return self._data.itemsize
@@ -120,15 +127,7 @@ class Tensor:
         return self._data.shape[0]
 
     def __repr__(self):
-        body = xp.array2string(self._data, separator=", ", prefix="tensor(")
-        extra = ""
-        if self._data.dtype not in (dtypes.get_default_dtype().np, xp.int64, xp.bool_):
-            extra += f", dtype={self.dtype}"
-        if self.grad_fn is not None:
-            extra += f", grad_fn=<{self.grad_fn.name()}>"
-        elif self.requires_grad:
-            extra += ", requires_grad=True"
-        return f"tensor({body}{extra})"
+        return _repr(self)
 
     def __hash__(self):
         return id(self)
@@ -183,6 +182,296 @@ class Tensor:
         self._requires_grad = False
         return self
 
+    # --- conversion: dtype, device, copies ------------------------------------------------
+    def to(self, *args, **kwargs):
+        """As ``Tensor.to``: ``x.to(torch.float64)``, ``x.to('cpu')``, ``x.to(other)``,
+        ``x.to(device=..., dtype=..., copy=True)``. A dtype change is differentiable."""
+        dtype, copy = _to_args(self, args, kwargs)
+        if dtype is not None and dtype.np != self._data.dtype:
+            return _E.to_dtype(self, dtype=dtype)
+        return _C.clone(self) if copy else self
+
+    def type(self, dtype=None, non_blocking=False, **kwargs):
+        """As ``Tensor.type()``: with no argument the type name (``'tapegrad.FloatTensor'``),
+        otherwise ``to(dtype)``."""
+        if dtype is None:
+            return "tapegrad." + _TYPE_NAMES.get(self.dtype.name, self.dtype.name)
+        if isinstance(dtype, str) and dtype.split(".")[-1] in _TYPE_BY_NAME:
+            dtype = _TYPE_BY_NAME[dtype.split(".")[-1]]
+        return self.to(dtype)
+
+    def float(self, memory_format=None):
+        """As ``Tensor.float()``: ``to(float32)``."""
+        return self.to(dtypes.float32)
+
+    def double(self, memory_format=None):
+        return self.to(dtypes.float64)
+
+    def half(self, memory_format=None):
+        return self.to(dtypes.float16)
+
+    def bfloat16(self, memory_format=None):
+        return self.to(dtypes.bfloat16)
+
+    def long(self, memory_format=None):
+        return self.to(dtypes.int64)
+
+    def int(self, memory_format=None):
+        return self.to(dtypes.int32)
+
+    def short(self, memory_format=None):
+        return self.to(dtypes.int16)
+
+    def byte(self, memory_format=None):
+        return self.to(dtypes.uint8)
+
+    def bool(self, memory_format=None):
+        return self.to(dtypes.bool_)
+
+    def clone(self, memory_format=None):
+        """As ``Tensor.clone()``: a differentiable copy with its own storage."""
+        return _C.clone(self)
+
+    def contiguous(self, memory_format=None):
+        """As ``Tensor.contiguous()``: ``self`` if already C-contiguous, else a copy."""
+        return self if self._data.flags.c_contiguous else _C.clone(self)
+
+    def cpu(self, memory_format=None):
+        return self
+
+    def cuda(self, device=None, non_blocking=False, memory_format=None):
+        raise RuntimeError("cuda: tapegrad runs on the cpu only (see docs/differences.md)")
+
+    def __dlpack__(self, *args, **kwargs):
+        """DLPack export of the storage (``tapegrad.from_dlpack``, ``torch.from_dlpack``)."""
+        if self._requires_grad:
+            raise RuntimeError("Can't export tensors that require gradient, use "
+                               "tensor.detach()")
+        return self._data.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self):
+        return self._data.__dlpack_device__()
+
+    def new_tensor(self, data, dtype=None, device=None, requires_grad=False):
+        """As ``Tensor.new_tensor``: a copy of ``data`` with this tensor's dtype by default."""
+        return Tensor(data, dtype=self.dtype if dtype is None else dtype,
+                      requires_grad=requires_grad)
+
+    def new_zeros(self, *size, dtype=None, device=None, requires_grad=False):
+        """As ``Tensor.new_zeros(2, 3)``: this tensor's dtype by default."""
+        return _C.zeros(*size, dtype=dtype or self.dtype, device=device,
+                        requires_grad=requires_grad)
+
+    def new_ones(self, *size, dtype=None, device=None, requires_grad=False):
+        return _C.ones(*size, dtype=dtype or self.dtype, device=device,
+                       requires_grad=requires_grad)
+
+    def new_empty(self, *size, dtype=None, device=None, requires_grad=False):
+        return _C.empty(*size, dtype=dtype or self.dtype, device=device,
+                        requires_grad=requires_grad)
+
+    def new_full(self, size, fill_value, dtype=None, device=None, requires_grad=False):
+        return _C.full(size, fill_value, dtype=dtype or self.dtype, device=device,
+                       requires_grad=requires_grad)
+
+    # --- in-place ops: write into this storage, bump the shared version counter -----------
+    def add_(self, other, alpha=1):
+        """As ``Tensor.add_(other, alpha=1)``."""
+        return _binary_inplace(self, "add_", xp.add, other, alpha, _E.add_alpha)
+
+    def sub_(self, other, alpha=1):
+        """As ``Tensor.sub_(other, alpha=1)``."""
+        return _binary_inplace(self, "sub_", xp.subtract, other, alpha, _E.sub_alpha)
+
+    def mul_(self, other):
+        """As ``Tensor.mul_``."""
+        return _binary_inplace(self, "mul_", xp.multiply, other, 1, _E.mul)
+
+    def div_(self, other, rounding_mode=None):
+        """As ``Tensor.div_`` (true division)."""
+        if rounding_mode is not None:
+            return _inplace(self, "div_", _public("div"), (other,),
+                            {"rounding_mode": rounding_mode})
+        return _binary_inplace(self, "div_", xp.true_divide, other, 1, _E.div, True)
+
+    def pow_(self, exponent):
+        """As ``Tensor.pow_``."""
+        return _binary_inplace(self, "pow_", xp.power, exponent, 1, _E.pow)
+
+    __iadd__ = add_
+    __isub__ = sub_
+    __imul__ = mul_
+
+    def __itruediv__(self, other):
+        return self.div_(other)
+
+    def __ipow__(self, other):
+        return self.pow_(other)
+
+    def addcmul_(self, tensor1, tensor2, value=1):
+        """As ``Tensor.addcmul_``: ``self += value * tensor1 * tensor2``."""
+        if _tracked(self, (tensor1, tensor2)):
+            return _inplace(self, "addcmul_", lambda a, b, c: a + value * b * c,
+                            (tensor1, tensor2), {})
+        _check_float_result(self, "addcmul_", tensor1, tensor2)
+        d = self._data
+        return _write(self, d + value * tensor1._data * tensor2._data, "addcmul_")
+
+    def addcdiv_(self, tensor1, tensor2, value=1):
+        """As ``Tensor.addcdiv_``: ``self += value * tensor1 / tensor2``."""
+        if _tracked(self, (tensor1, tensor2)):
+            return _inplace(self, "addcdiv_", lambda a, b, c: a + value * b / c,
+                            (tensor1, tensor2), {})
+        _check_float_result(self, "addcdiv_", tensor1, tensor2)
+        d = self._data
+        return _write(self, d + value * tensor1._data / tensor2._data, "addcdiv_")
+
+    def lerp_(self, end, weight):
+        """As ``Tensor.lerp_``: ``self + weight * (end - self)`` (PyTorch's two-sided form)."""
+        if _tracked(self, (end, weight)):
+            return _inplace(self, "lerp_", _lerp, (end, weight), {})
+        w = weight._data if isinstance(weight, Tensor) else weight
+        return _write(self, _lerp(self._data, end._data, w), "lerp_")
+
+    def clamp_(self, min=None, max=None):
+        """As ``Tensor.clamp_(min, max)``."""
+        if min is None and max is None:
+            raise RuntimeError("clamp_: at least one of 'min' or 'max' must not be None")
+        if _tracked(self, (min, max)):
+            return _inplace(self, "clamp_", _public("clamp"), (), {"min": min, "max": max})
+        lo = min._data if isinstance(min, Tensor) else min
+        hi = max._data if isinstance(max, Tensor) else max
+        d = self._data
+        if lo is not None:
+            d = xp.maximum(d, lo)  # NaN propagates, as in PyTorch
+        if hi is not None:
+            d = xp.minimum(d, hi)
+        return _write(self, d, "clamp_")
+
+    clip_ = clamp_
+
+    def clamp_min_(self, min):
+        return self.clamp_(min=min)
+
+    def clamp_max_(self, max):
+        return self.clamp_(max=max)
+
+    def zero_(self):
+        """As ``Tensor.zero_()``."""
+        return self.fill_(0)
+
+    def fill_(self, value):
+        """As ``Tensor.fill_(value)``."""
+        if isinstance(value, Tensor) and value.ndim != 0:
+            raise RuntimeError(f"fill_: only supports 0-dimension value tensor but got tensor "
+                               f"with {value.ndim} dimensions")
+        if _tracked(self, (value,)):
+            src = value if isinstance(value, Tensor) else xp.asarray(value, self._data.dtype)
+            return _inplace(self, "fill_", _C.copy_op, (src,), {})
+        self._data[...] = value._data if isinstance(value, Tensor) else value
+        self._version[0] += 1
+        return self
+
+    def copy_(self, src, non_blocking=False):
+        """As ``Tensor.copy_(src)``: broadcast ``src`` to this shape and cast to this dtype."""
+        if not isinstance(src, Tensor):
+            src = Tensor(src)
+        if _tracked(self, (src,)):
+            return _inplace(self, "copy_", _C.copy_op, (src,), {})
+        try:
+            xp.copyto(self._data, src._data, casting="unsafe")
+        except ValueError:
+            raise RuntimeError(f"copy_: the source of shape {tuple(src.shape)} cannot be "
+                               f"broadcast to the destination's shape {tuple(self.shape)}") \
+                from None
+        self._version[0] += 1
+        return self
+
+    def normal_(self, mean=0.0, std=1.0, *, generator=None):
+        """As ``Tensor.normal_(mean, std)``: refill with normal draws (tapegrad's stream)."""
+        from tapegrad import random
+
+        _check_float_result(self, "normal_")
+        values = mean + std * random.normal_array(random.numpy_rng(generator), self.shape,
+                                                  self.dtype)
+        return self._refill(values, "normal_")
+
+    def uniform_(self, from_=0.0, to=1.0, *, generator=None, **kwargs):
+        """As ``Tensor.uniform_(from, to)`` (``from`` may be passed by keyword)."""
+        from tapegrad import random
+
+        from_ = kwargs.pop("from", from_)
+        _check_float_result(self, "uniform_")
+        u = random.uniform_array(random.numpy_rng(generator), self.shape, self.dtype)
+        return self._refill(from_ + (to - from_) * u, "uniform_")
+
+    def bernoulli_(self, p=0.5, *, generator=None):
+        """As ``Tensor.bernoulli_(p)``: refill with 0/1 draws, 1 with probability ``p``."""
+        from tapegrad import random
+
+        probs = p._data if isinstance(p, Tensor) else p
+        return self._refill(random.numpy_rng(generator).random(self.shape) < probs,
+                            "bernoulli_")
+
+    def _refill(self, values, name):
+        if grad_state.enabled and self._requires_grad:
+            return _inplace(self, name, _C.copy_op,
+                            (Tensor._make(xp.asarray(values, self._data.dtype)),), {})
+        self._data[...] = values
+        self._version[0] += 1
+        return self
+
+    def exp_(self):
+        return _unary_inplace(self, "exp_", xp.exp, _E.exp, True)
+
+    def log_(self):
+        return _unary_inplace(self, "log_", xp.log, _E.log, True)
+
+    def sqrt_(self):
+        return _unary_inplace(self, "sqrt_", xp.sqrt, _E.sqrt, True)
+
+    def tanh_(self):
+        return _unary_inplace(self, "tanh_", xp.tanh, _E.tanh, True)
+
+    def neg_(self):
+        return _unary_inplace(self, "neg_", xp.negative, _E.neg, False)
+
+    def relu_(self):
+        """As ``Tensor.relu_()`` (``nn.ReLU(inplace=True)``)."""
+        return _unary_inplace(self, "relu_", lambda a, out: xp.maximum(a, 0, out=out), _E.relu,
+                              False)
+
+    def sigmoid_(self):
+        return _inplace(self, "sigmoid_", _E.sigmoid, (), {})
+
+    def abs_(self):
+        return _inplace(self, "abs_", _public("abs"), (), {})
+
+    def masked_fill_(self, mask, value):
+        """As ``Tensor.masked_fill_(mask, value)``."""
+        return _inplace(self, "masked_fill_", _public("masked_fill"), (mask, value), {})
+
+    def __setitem__(self, index, value):
+        """As ``x[index] = value`` (basic, integer-array and boolean-mask indices)."""
+        if _tracked(self, (value,)):
+            from tapegrad.ops import movement
+
+            index_put = getattr(movement, "index_put", None)
+            if index_put is None:
+                raise RuntimeError("__setitem__: assigning a tensor that requires grad (or into "
+                                   "one) needs the index_put op, which is not available")
+            if not isinstance(value, Tensor):
+                value = Tensor._make(xp.asarray(value, dtype=self._data.dtype))
+            return _inplace(self, "__setitem__", lambda a, v: index_put(a, v, index=index),
+                            (value,), {})
+        v = value._data if isinstance(value, Tensor) else value
+        try:
+            self._data[_index_arrays(index)] = v
+        except (ValueError, IndexError, TypeError) as e:
+            raise type(e)(f"__setitem__: {e} (tensor of shape {tuple(self.shape)}, index "
+                          f"{index!r})") from None
+        self._version[0] += 1
+
     # --- autograd ---------------------------------------------------------------------
     def backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
         """As ``Tensor.backward``: accumulate d(self)/d(leaf) into every leaf's ``.grad``."""
@@ -218,6 +507,281 @@ class Tensor:
             self._hooks = []
         self._hooks.append(hook)
         return engine._Handle(self._hooks, hook)
+
+
+# --- conversion helpers -------------------------------------------------------------------
+_TYPE_NAMES = {"float32": "FloatTensor", "float64": "DoubleTensor", "float16": "HalfTensor",
+               "bfloat16": "BFloat16Tensor", "int64": "LongTensor", "int32": "IntTensor",
+               "int16": "ShortTensor", "int8": "CharTensor", "uint8": "ByteTensor",
+               "bool": "BoolTensor"}
+_TYPE_BY_NAME = {v: dtypes.to_dtype(k) for k, v in _TYPE_NAMES.items() if k in dtypes._NAMES}
+
+
+def _to_args(t, args, kwargs):
+    """Parse ``Tensor.to``'s overloads into (dtype or None, copy)."""
+    dtype, device = kwargs.pop("dtype", None), kwargs.pop("device", None)
+    copy = bool(kwargs.pop("copy", False))
+    kwargs.pop("non_blocking", None)
+    kwargs.pop("memory_format", None)
+    if kwargs:
+        raise TypeError(f"to: unexpected keyword arguments {sorted(kwargs)}")
+    for a in args:
+        if isinstance(a, Tensor):
+            dtype = a.dtype
+        elif isinstance(a, dtypes.dtype):
+            dtype = a
+        elif isinstance(a, bool):
+            copy = a  # to(dtype, non_blocking, copy) positional flags: the last bool wins
+        elif a is None:
+            continue
+        elif isinstance(a, str) or hasattr(a, "type"):
+            device = a
+        else:
+            dtype = dtypes.to_dtype(a)
+    if device is not None:
+        from tapegrad.creation import check_device
+
+        check_device(device, "to")
+    return (None if dtype is None else dtypes.to_dtype(dtype)), copy
+
+
+# --- in-place machinery -------------------------------------------------------------------
+# Outside grad mode (optimizers, init) an in-place op is a numpy operation on the buffer plus a
+# version bump. In grad mode, when the tensor or an operand requires grad, it is the
+# out-of-place op on a snapshot of the old value, whose result is copied into the buffer and
+# whose Node the tensor takes over ("rebasing" its history); Nodes that saved the old tensor
+# see its new version and raise at backward, as in PyTorch.
+
+def _tracked(t, operands):
+    if not grad_state.enabled:
+        return False
+    if t._requires_grad:
+        return True
+    for o in operands:
+        if isinstance(o, Tensor) and o._requires_grad:
+            return True
+    return False
+
+
+def _public(name):
+    import tapegrad
+
+    fn = getattr(tapegrad, name, None)
+    if fn is None:
+        raise RuntimeError(f"{name}_: the out-of-place tapegrad.{name} is not available")
+    return fn
+
+
+def _can_cast(src, dst):
+    """PyTorch's canCast for in-place results: no float -> integer, no non-bool -> bool."""
+    if src.category == dtypes.FLOAT and dst.category != dtypes.FLOAT:
+        return False
+    return not (dst is dtypes.bool_ and src is not dtypes.bool_)
+
+
+def _cast_error(name, result, out):
+    return RuntimeError(f"{name}: result type {_TYPE_NAMES.get(result.name, result.name)[:-6]}"
+                        f" can't be cast to the desired output type "
+                        f"{_TYPE_NAMES.get(out.name, out.name)[:-6]}")
+
+
+def _check_float_result(t, name, *operands):
+    if t._data.dtype.kind != "f":
+        raise _cast_error(name, dtypes.get_default_dtype(), t.dtype)
+
+
+def _shape_error(name, t, shape):
+    return RuntimeError(f"{name}: output with shape {list(t.shape)} doesn't match the "
+                        f"broadcast shape {list(shape)}")
+
+
+def _write(t, values, name):
+    """Store ``values`` (an array that broadcasts to ``t``) into ``t``'s buffer; bump."""
+    data = t._data
+    if values.shape != data.shape:
+        try:
+            shape = xp.broadcast_shapes(values.shape, data.shape)
+        except ValueError:
+            shape = values.shape
+        if shape != data.shape:
+            raise _shape_error(name, t, shape)
+    res = dtypes.from_numpy_dtype(values.dtype)
+    if res.np != data.dtype and not _can_cast(res, t.dtype):
+        raise _cast_error(name, res, t.dtype)
+    xp.copyto(data, values, casting="unsafe")
+    t._version[0] += 1
+    return t
+
+
+def _binary_inplace(t, name, ufunc, other, alpha, fn, float_only=False):
+    if _tracked(t, (other,)):
+        args = (other,) if alpha == 1 else (other, alpha)
+        return _inplace(t, name, fn, args, {})
+    data = t._data
+    if isinstance(other, Tensor):
+        od = other._data
+        if od.dtype is data.dtype and not (float_only and data.dtype.kind != "f"):
+            dt_np = data.dtype
+        else:
+            dt = dtypes.result_type(t, other)
+            if float_only and dt.category != dtypes.FLOAT:
+                dt = dtypes.get_default_dtype()
+            if not _can_cast(dt, t.dtype):
+                raise _cast_error(name, dt, t.dtype)
+            dt_np = dt.np
+            if od.dtype != dt_np:
+                od = od.astype(dt_np)
+    else:
+        od = other
+        if data.dtype.kind == "f" and not isinstance(other, Tensor):
+            dt_np = data.dtype
+        else:
+            try:
+                dt = dtypes.result_type(t, other)
+            except TypeError:
+                raise TypeError(f"{name}: expected a Tensor or a number, got "
+                                f"{type(other).__name__}") from None
+            if float_only and dt.category != dtypes.FLOAT:
+                dt = dtypes.get_default_dtype()
+            if not _can_cast(dt, t.dtype):
+                raise _cast_error(name, dt, t.dtype)
+            dt_np = dt.np
+    if alpha != 1:
+        od = od * alpha
+    try:
+        ufunc(data, od, out=data, dtype=dt_np, casting="unsafe")
+    except ValueError:
+        raise _shape_error(name, t, xp.broadcast_shapes(data.shape, xp.shape(od))) from None
+    t._version[0] += 1
+    return t
+
+
+def _unary_inplace(t, name, ufunc, fn, float_only):
+    if grad_state.enabled and t._requires_grad:
+        return _inplace(t, name, fn, (), {})
+    if float_only and t._data.dtype.kind != "f":
+        raise _cast_error(name, dtypes.get_default_dtype(), t.dtype)
+    ufunc(t._data, out=t._data)
+    t._version[0] += 1
+    return t
+
+
+def _lerp(a, end, weight):
+    # PyTorch's form: exact at both ends, from whichever end is nearer
+    if isinstance(weight, (int, float)):
+        return a + weight * (end - a) if abs(weight) < 0.5 else end - (end - a) * (1 - weight)
+    return _E.where(abs(weight) < 0.5, a + weight * (end - a), end - (end - a) * (1 - weight))
+
+
+def _inplace(t, name, fn, args, kwargs):
+    """The general in-place op: ``fn(t, *args, **kwargs)`` out of place, written back into
+    ``t``'s buffer. In grad mode with something requiring grad, ``t`` takes over the result's
+    Node; otherwise this is a plain write."""
+    if not _tracked(t, args + tuple(kwargs.values())):
+        from tapegrad.autograd.grad_mode import no_grad
+
+        with no_grad():
+            result = fn(t, *args, **kwargs)
+        return _write(t, result._data, name)
+    node = t.grad_fn
+    if node is None and t._requires_grad:
+        raise RuntimeError(f"{name}: a leaf Variable that requires grad is being used in an "
+                           "in-place operation.")
+    if node is not None and node.op.view or node is None and t._data.base is not None:
+        raise RuntimeError(
+            f"{name}: in-place operation on a view (shape {tuple(t.shape)}) while recording "
+            "gradients is not supported by tapegrad (PyTorch would rewrite the base tensor's "
+            "history). Apply the op to the base tensor with an index assignment (base[idx] = "
+            "value), use the out-of-place op, or run it under no_grad() if no gradient must "
+            "flow through it. See docs/differences.md.")
+    old = Tensor._make(t._data.copy(), grad_fn=node)
+    old._requires_grad = t._requires_grad
+    result = fn(old, *args, **kwargs)
+    if not isinstance(result, Tensor):
+        raise TypeError(f"{name}: the out-of-place op returned {type(result).__name__}")
+    if result.shape != t.shape:
+        raise _shape_error(name, t, result.shape)
+    res = result.dtype
+    if res.np != t._data.dtype:
+        if not _can_cast(res, t.dtype):
+            raise _cast_error(name, res, t.dtype)
+        result = _E.to_dtype(result, dtype=t.dtype)
+    xp.copyto(t._data, result._data, casting="unsafe")
+    t._version[0] += 1
+    new = result.grad_fn
+    t.grad_fn = new
+    t._requires_grad = result._requires_grad
+    if new is not None:
+        if new.out is result._data:  # the Node saved its output: make that ``t`` itself
+            new.out = t._data
+            new.out_version = (t._version, t._version[0])
+        if node is not None and node.retained is not None:
+            new.retained, node.retained = node.retained, None
+    return t
+
+
+def _index_arrays(index):
+    """An index for numpy: Tensors become their arrays (bool tensors masks)."""
+    if isinstance(index, Tensor):
+        return index._data
+    if isinstance(index, tuple):
+        return tuple(i._data if isinstance(i, Tensor) else i for i in index)
+    if isinstance(index, list) and any(isinstance(i, Tensor) for i in index):
+        return [i._data if isinstance(i, Tensor) else i for i in index]
+    return index
+
+
+# --- printing, as PyTorch's _tensor_str ---------------------------------------------------
+def _float_formatter(arr):
+    finite = arr[xp.isfinite(arr)]
+    nonzero = xp.abs(finite[finite != 0])
+    sci = False
+    if nonzero.size:
+        lo, hi = float(nonzero.min()), float(nonzero.max())
+        sci = hi / lo > 1000.0 or hi > 1e8
+    if finite.size and (finite == xp.ceil(finite)).all():
+        fmt = "{:.4e}" if sci else "{:.0f}."
+    else:
+        if nonzero.size and float(nonzero.min()) < 1e-4:
+            sci = True
+        fmt = "{:.4e}" if sci else "{:.4f}"
+
+    def one(v):
+        v = float(v)
+        return ("nan" if v != v else ("inf" if v > 0 else "-inf")) if not xp.isfinite(v) \
+            else fmt.format(v)
+
+    width = max((len(one(v)) for v in finite.flat), default=1)
+    width = max(width, *(len(one(v)) for v in arr[~xp.isfinite(arr)].flat)) \
+        if (~xp.isfinite(arr)).any() else width
+    return lambda v: one(v).rjust(width)
+
+
+def _repr(t):
+    data = t._data
+    suffix = []
+    if data.size == 0 and data.ndim != 1:
+        body = "[]"
+        suffix.append(f"size={tuple(data.shape)}")
+    elif data.dtype.kind == "f":
+        shown = data.astype(xp.float64)
+        summary = shown
+        if shown.size > 1000:  # format only what is printed, as PyTorch does
+            summary = xp.concatenate([shown.reshape(-1)[:3], shown.reshape(-1)[-3:]])
+        body = xp.array2string(shown, separator=", ", prefix="tensor(", max_line_width=80,
+                               formatter={"float_kind": _float_formatter(summary)},
+                               threshold=1000, edgeitems=3)
+    else:
+        body = xp.array2string(data, separator=", ", prefix="tensor(", max_line_width=80,
+                               threshold=1000, edgeitems=3)
+    default = (dtypes.get_default_dtype().np, xp.int64, xp.bool_)
+    if data.dtype not in default or (data.size == 0 and data.dtype != default[0]):
+        suffix.append(f"dtype={t.dtype}")
+    if t.grad_fn is not None:
+        suffix.append(f"grad_fn=<{t.grad_fn.name()}>")
+    elif t._requires_grad:
+        suffix.append("requires_grad=True")
+    return "tensor(" + body + "".join(", " + s for s in suffix) + ")"
 
 
 def _to_array(data, dtype):
@@ -258,6 +822,7 @@ registry.make = make
 
 # --- operators and methods: each delegates to an op --------------------------------------
 from tapegrad.ops import elementwise as _E, reduce as _R, movement as _M, linalg as _L  # noqa: E402
+from tapegrad import creation as _C  # noqa: E402  (clone, copy_op, factories)
 
 def _method(fn):
     return fn  # plain functions and ops (Op.__get__) both bind as methods
@@ -280,10 +845,24 @@ Tensor.__sub__ = _binary(_E.sub)
 Tensor.__rsub__ = _binary(_E.sub, True)
 Tensor.__mul__ = _binary(_E.mul)
 Tensor.__rmul__ = _binary(_E.mul, True)
-Tensor.__truediv__ = _binary(_E.div)
-Tensor.__rtruediv__ = _binary(_E.div, True)
+Tensor.__truediv__ = _binary(_E.div_op)
+Tensor.__rtruediv__ = _binary(_E.div_op, True)
+Tensor.__floordiv__ = _binary(_E.floor_divide)
+Tensor.__rfloordiv__ = _binary(_E.floor_divide, True)
+Tensor.__mod__ = _binary(_E.remainder)
+Tensor.__rmod__ = _binary(_E.remainder, True)
 Tensor.__pow__ = _binary(_E.pow)
 Tensor.__rpow__ = _binary(_E.pow, True)
+Tensor.__and__ = _binary(_E.bitwise_and)
+Tensor.__rand__ = _binary(_E.bitwise_and, True)
+Tensor.__or__ = _binary(_E.bitwise_or)
+Tensor.__ror__ = _binary(_E.bitwise_or, True)
+Tensor.__xor__ = _binary(_E.bitwise_xor)
+Tensor.__rxor__ = _binary(_E.bitwise_xor, True)
+Tensor.__invert__ = _method(_E.bitwise_not)
+Tensor.__abs__ = _method(_E.abs)
+Tensor.__pos__ = _method(_E.positive)
+Tensor.where = lambda self, condition, other: _E.where(condition, self, other)
 Tensor.__matmul__ = _binary(_L.matmul)
 Tensor.__rmatmul__ = _binary(_L.matmul, True)
 Tensor.__eq__ = _binary(_E.eq)
