@@ -1,5 +1,5 @@
 """``tapegrad.nn``: modules, layers, init, functional (as ``torch.nn``)."""
 from tapegrad.nn.parameter import Parameter, Buffer  # noqa: F401
 from tapegrad.nn.module import Module  # noqa: F401
-from tapegrad.nn import functional, init  # noqa: F401
+from tapegrad.nn import functional, init, utils  # noqa: F401
 from tapegrad.nn.layers import *  # noqa: F401,F403

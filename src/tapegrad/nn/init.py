@@ -8,17 +8,16 @@ import math
 import warnings
 
 from tapegrad.backend import xp
+from tapegrad.random import numpy_rng
 
 __all__ = ["calculate_gain", "uniform_", "normal_", "trunc_normal_", "constant_", "ones_",
            "zeros_", "eye_", "dirac_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_",
            "kaiming_normal_", "orthogonal_"]
 
-_default_rng = xp.random.default_rng()
-
-
 def _numpy_generator(generator=None):
-    """The numpy Generator a draw uses: ``generator`` itself, else the default stream."""
-    return _default_rng if generator is None else generator
+    """The numpy Generator a draw uses: ``generator``'s stream, else tapegrad's default one
+    (which ``tapegrad.manual_seed`` seeds)."""
+    return numpy_rng(generator)
 
 
 def _fill(tensor, values):

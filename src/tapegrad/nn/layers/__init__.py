@@ -9,3 +9,5 @@ from tapegrad.nn.layers.linear import *  # noqa: F401,F403
 from tapegrad.nn.layers.loss import *  # noqa: F401,F403
 from tapegrad.nn.layers.norm import *  # noqa: F401,F403
 from tapegrad.nn.layers.pooling import *  # noqa: F401,F403
+from tapegrad.nn.layers.attention import *  # noqa: F401,F403
+from tapegrad.nn.layers.rnn import *  # noqa: F401,F403
