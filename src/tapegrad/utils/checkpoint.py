@@ -93,16 +93,30 @@ class _Frame:
                 f"({len(fresh)} ops {[f.op.name for f in fresh][:8]}... against {len(recorded)} "
                 f"ops {recorded[:8]}...): the checkpointed function must be deterministic in "
                 "the ops it runs and in which of its inputs require grad")
+        # with create_graph, a refilled value made inside the segment is re-attached to the
+        # recorded Node that made it, so the gradient's graph is the unchecked one, node for node
+        recorded = {id(f): r() for r, f in zip(self.nodes, fresh)} if create_graph else None
         for ref, twin in zip(self.nodes, fresh):
             node = ref()
             if node is None or node.recompute is not self:
                 continue
             node.recompute = None
             saved = twin.saved
-            if not create_graph and twin.op.save_inputs:
-                saved = [a.detach() if isinstance(a, Tensor) else a for a in saved]
+            if twin.op.save_inputs:
+                saved = [_reattach(a, recorded) if isinstance(a, Tensor) else a for a in saved]
             node.saved = saved
             node.out = twin.out
+
+
+def _reattach(a, recorded):
+    if recorded is None:
+        return a.detach()
+    node = recorded.get(id(a.grad_fn)) if a.grad_fn is not None else None
+    if node is None:
+        return a  # an input of the segment (or made by a nested segment): as it is
+    t = Tensor._make(a._data, grad_fn=node)
+    t._version = a._version
+    return t
 
 
 def checkpoint(function, *args, use_reentrant=None, preserve_rng_state=True, **kwargs):
