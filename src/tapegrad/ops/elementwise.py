@@ -1,10 +1,35 @@
-"""Elementwise ops. Binary ops see inputs already promoted and broadcast by dispatch."""
+"""Elementwise ops. Binary ops see inputs already promoted and broadcast by dispatch.
+
+Unary ops that only make sense on floats (``exp``, ``sin``...) turn integer and bool inputs
+into the default float dtype in their forward, as PyTorch does; ops that keep the input's
+dtype (``abs``, ``floor``, ``relu``...) work on integers too. Gradient rules use only Python
+operators and registered ops, so they run on raw arrays and, with ``create_graph``, on
+Tensors.
+"""
+import math
+
 from tapegrad import dtypes
 from tapegrad.ops.registry import op, xp
+
+try:  # scipy is an optional speed-up for erf, never a run-time dependency
+    from scipy.special import erf as _erf_array
+except ImportError:  # pragma: no cover - exercised by tests that hide scipy
+    _erf_array = None
+
+_math_erf = xp.frompyfunc(math.erf, 1, 1)
 
 
 def np_dtype(d):
     return d.np if isinstance(d, dtypes.dtype) else xp.dtype(d)
+
+
+def _floating(a):
+    """Integer and bool arrays become the default float dtype (PyTorch's unary float ops)."""
+    return a if a.dtype.kind == "f" else a.astype(dtypes.get_default_dtype().np)
+
+
+def _is_scalar(x):
+    return isinstance(x, (int, float))
 
 
 @op(saves="none")
@@ -18,6 +43,13 @@ def _(g, out, a, dtype):
     return to_dtype(g, dtype=a.dtype)
 
 
+@op(saves="none", differentiable=False, name="zeros_like_grad")
+def zeros_like_grad(a):
+    """Zeros of ``a``'s shape and dtype: the gradient of piecewise-constant ops."""
+    return xp.zeros(a.shape, a.dtype)
+
+
+# --- arithmetic -------------------------------------------------------------------------
 @op(flops=1, saves="none", elementwise=True)
 def add(a, b):
     return a + b
@@ -40,6 +72,7 @@ def _(g, out, a, b):
 
 @op(flops=1, elementwise=True)
 def mul(a, b):
+    """As ``torch.mul``: ``a * b`` elementwise, with broadcasting and type promotion."""
     return a * b
 
 
@@ -48,19 +81,77 @@ def _(g, out, a, b):
     return g * b, g * a
 
 
-@op(flops=1, elementwise=True, float_only=True)
-def div(a, b):
+@op(flops=1, elementwise=True, float_only=True, name="div")
+def div_op(a, b):
     return a / b
 
 
-@div.grad
+@div_op.grad
 def _(g, out, a, b):
     gb = g / b
     return gb, -gb * a / b
 
 
+def _check_int_divisor(name, a, b):
+    kind = (a if hasattr(a, "dtype") else b).dtype.kind
+    if kind in "iub" and xp.any(b == 0):
+        raise RuntimeError(f"{name}: ZeroDivisionError (integer division by zero)")
+
+
+@op(flops=1, saves="none", elementwise=True)
+def floor_divide(a, b):
+    """As ``torch.floor_divide`` / ``a // b``: division rounded down (zero gradient)."""
+    _check_int_divisor("floor_divide", a, b)
+    return xp.floor_divide(a, b)
+
+
+@floor_divide.grad
+def _(g, out, a, b):
+    return zeros_like_grad(g), zeros_like_grad(g)
+
+
+@op(flops=1, saves="none", elementwise=True, name="trunc_divide")
+def trunc_divide(a, b):
+    """``torch.div(a, b, rounding_mode='trunc')``: division rounded toward zero."""
+    _check_int_divisor("div", a, b)
+    if (a if hasattr(a, "dtype") else b).dtype.kind == "f":
+        return xp.trunc(a / b)
+    q = xp.floor_divide(a, b)
+    return q + ((xp.remainder(a, b) != 0) & ((a < 0) != (b < 0)))
+
+
+@trunc_divide.grad
+def _(g, out, a, b):
+    return zeros_like_grad(g), zeros_like_grad(g)
+
+
+@op(flops=2, elementwise=True, needs=True)
+def remainder(a, b):
+    """As ``torch.remainder`` / ``a % b``: the remainder takes the divisor's sign (Python's)."""
+    _check_int_divisor("remainder", a, b)
+    return xp.remainder(a, b)
+
+
+@remainder.grad
+def _(g, out, a, b, needs=(True, True)):
+    return g, (-g * floor_divide(a, b) if needs[1] else None)
+
+
+@op(flops=2, elementwise=True, needs=True)
+def fmod(a, b):
+    """As ``torch.fmod``: the remainder takes the dividend's sign (C's ``fmod``)."""
+    _check_int_divisor("fmod", a, b)
+    return xp.fmod(a, b)
+
+
+@fmod.grad
+def _(g, out, a, b, needs=(True, True)):
+    return g, (-g * trunc_divide(a, b) if needs[1] else None)
+
+
 @op(flops=1, saves="none")
 def neg(a):
+    """As ``torch.neg`` / ``-a``."""
     return -a
 
 
@@ -69,25 +160,116 @@ def _(g, out, a):
     return -g
 
 
-@op(flops=10, saves="both", elementwise=True)
+def _int_pow(a, b):
+    """Integer powers as PyTorch computes them: negative exponents give 0, 1 or -1."""
+    if _is_scalar(b):
+        return a**b  # numpy raises for a negative scalar exponent, as PyTorch does
+    a = xp.asarray(a)
+    neg_exp = b < 0
+    if not neg_exp.any():
+        return a**b
+    small = xp.where(a == 1, 1, xp.where(a == -1, xp.where(b % 2 == 0, 1, -1), 0))
+    return xp.where(neg_exp, small, a ** xp.where(neg_exp, 0, b)).astype(
+        xp.result_type(a, b), copy=False)
+
+
+@op(flops=10, saves="both", elementwise=True, needs=True)
 def pow(a, b):
-    """As ``torch.pow``: ``a ** b`` elementwise (tensor or scalar exponent)."""
+    """As ``torch.pow``: ``a ** b`` with tensor or scalar base and exponent."""
+    if (a if hasattr(a, "dtype") else b).dtype.kind in "iub":
+        return _int_pow(a, b)
     return a**b
 
 
 @pow.grad
-def _(g, out, a, b):
-    ga = g * b * a ** (b - 1) if not isinstance(b, (int, float)) or b != 0 else g * 0
-    gb = None
-    if not isinstance(b, (int, float)):
-        # d/db a^b = a^b log a; PyTorch masks a == 0 (where b >= 0) to 0 rather than nan
-        gb = g * where(a == 0, 0.0, out * log(where(a == 0, 1.0, a)))
+def _(g, out, a, b, needs=(True, True)):
+    ga = gb = None
+    if _is_scalar(b):
+        ga = zeros_like_grad(g) if b == 0 else g * (b * a ** (b - 1))
+        return ga, None
+    if needs[0]:
+        ga = where_op(b == 0, 0.0, g * (b * a ** (b - 1)))
+    if needs[1]:
+        if _is_scalar(a):
+            # PyTorch: result * log(base); a zero base gives 0 where the exponent is >= 0
+            if a == 0:
+                gb = g * where_op(b >= 0, 0.0, out * -math.inf)
+            else:
+                gb = g * (out * (math.log(a) if a > 0 else math.nan))
+        else:
+            zero = (a == 0) & (b >= 0)  # log(0) masked only where the power is finite
+            gb = g * where_op(zero, 0.0, out * log(where_op(zero, 1.0, a)))
     return ga, gb
 
 
+@op(flops=2, elementwise=True, needs=True)
+def maximum(a, b):
+    """As ``torch.maximum``: elementwise max (NaN propagates); ties split the gradient."""
+    return xp.maximum(a, b)
+
+
+@maximum.grad
+def _(g, out, a, b, needs=(True, True)):
+    tie = where_op(a == b, g * 0.5, g)
+    return (where_op(a < b, 0.0, tie) if needs[0] else None,
+            where_op(a > b, 0.0, tie) if needs[1] else None)
+
+
+@op(flops=2, elementwise=True, needs=True)
+def minimum(a, b):
+    """As ``torch.minimum``: elementwise min (NaN propagates); ties split the gradient."""
+    return xp.minimum(a, b)
+
+
+@minimum.grad
+def _(g, out, a, b, needs=(True, True)):
+    tie = where_op(a == b, g * 0.5, g)
+    return (where_op(a > b, 0.0, tie) if needs[0] else None,
+            where_op(a < b, 0.0, tie) if needs[1] else None)
+
+
+@op(flops=2, elementwise=True, needs=True, name="clamp")
+def clamp_op(a, lo, hi):
+    return xp.minimum(xp.maximum(a, lo), hi)
+
+
+@clamp_op.grad
+def _(g, out, a, lo, hi, needs=(True, True, True)):
+    # PyTorch's clamp_backward_min_max: with lo > hi everything is clamped to hi
+    return (where_op((a >= lo) & (a <= hi), g, 0.0) if needs[0] else None,
+            where_op((lo > a) & (lo <= hi), g, 0.0) if needs[1] else None,
+            where_op((hi < a) | (hi < lo), g, 0.0) if needs[2] else None)
+
+
+@op(flops=1, elementwise=True, needs=True)
+def clamp_min(a, lo):
+    """As ``torch.clamp_min``: ``max(a, lo)``; the gradient goes to ``a`` where ``a >= lo``."""
+    return xp.maximum(a, lo)
+
+
+@clamp_min.grad
+def _(g, out, a, lo, needs=(True, True)):
+    return (where_op(a >= lo, g, 0.0) if needs[0] else None,
+            where_op(a < lo, g, 0.0) if needs[1] else None)
+
+
+@op(flops=1, elementwise=True, needs=True)
+def clamp_max(a, hi):
+    """As ``torch.clamp_max``: ``min(a, hi)``; the gradient goes to ``a`` where ``a <= hi``."""
+    return xp.minimum(a, hi)
+
+
+@clamp_max.grad
+def _(g, out, a, hi, needs=(True, True)):
+    return (where_op(a <= hi, g, 0.0) if needs[0] else None,
+            where_op(a > hi, g, 0.0) if needs[1] else None)
+
+
+# --- unary float functions --------------------------------------------------------------
 @op(flops=10, saves="out", float_only=True)
 def exp(a):
-    return xp.exp(a)
+    """As ``torch.exp``."""
+    return xp.exp(_floating(a))
 
 
 @exp.grad
@@ -95,9 +277,21 @@ def _(g, out, a):
     return g * out
 
 
+@op(flops=10, saves="out", float_only=True)
+def expm1(a):
+    """As ``torch.expm1``: ``exp(a) - 1``, accurate near 0."""
+    return xp.expm1(_floating(a))
+
+
+@expm1.grad
+def _(g, out, a):
+    return g * (out + 1)
+
+
 @op(flops=10, float_only=True)
 def log(a):
-    return xp.log(a)
+    """As ``torch.log``."""
+    return xp.log(_floating(a))
 
 
 @log.grad
@@ -105,9 +299,21 @@ def _(g, out, a):
     return g / a
 
 
+@op(flops=10, float_only=True)
+def log1p(a):
+    """As ``torch.log1p``: ``log(1 + a)``, accurate near 0."""
+    return xp.log1p(_floating(a))
+
+
+@log1p.grad
+def _(g, out, a):
+    return g / (a + 1)
+
+
 @op(flops=10, saves="out", float_only=True)
 def sqrt(a):
-    return xp.sqrt(a)
+    """As ``torch.sqrt``."""
+    return xp.sqrt(_floating(a))
 
 
 @sqrt.grad
@@ -116,8 +322,54 @@ def _(g, out, a):
 
 
 @op(flops=10, saves="out", float_only=True)
+def rsqrt(a):
+    """As ``torch.rsqrt``: ``1 / sqrt(a)``."""
+    a = _floating(a)
+    return 1 / xp.sqrt(a)
+
+
+@rsqrt.grad
+def _(g, out, a):
+    return -0.5 * g * out**3
+
+
+@op(flops=1, saves="out", float_only=True)
+def reciprocal(a):
+    """As ``torch.reciprocal``: ``1 / a``."""
+    return 1 / _floating(a)
+
+
+@reciprocal.grad
+def _(g, out, a):
+    return -g * (out * out)
+
+
+@op(flops=10, float_only=True)
+def sin(a):
+    """As ``torch.sin``."""
+    return xp.sin(_floating(a))
+
+
+@sin.grad
+def _(g, out, a):
+    return g * cos(a)
+
+
+@op(flops=10, float_only=True)
+def cos(a):
+    """As ``torch.cos``."""
+    return xp.cos(_floating(a))
+
+
+@cos.grad
+def _(g, out, a):
+    return g * -sin(a)
+
+
+@op(flops=10, saves="out", float_only=True)
 def tanh(a):
-    return xp.tanh(a)
+    """As ``torch.tanh``."""
+    return xp.tanh(_floating(a))
 
 
 @tanh.grad
@@ -127,8 +379,9 @@ def _(g, out, a):
 
 @op(flops=4, saves="out", float_only=True)
 def sigmoid(a):
-    # split by sign so exp never overflows
-    e = xp.exp(-xp.abs(a))
+    """As ``torch.sigmoid``: ``1 / (1 + exp(-a))``, without overflow."""
+    a = _floating(a)
+    e = xp.exp(-xp.abs(a))  # split by sign so exp never overflows
     return xp.where(a >= 0, 1 / (1 + e), e / (1 + e)).astype(a.dtype, copy=False)
 
 
@@ -137,8 +390,36 @@ def _(g, out, a):
     return g * out * (1 - out)
 
 
+def _erf_fallback(a):
+    return _math_erf(a).astype(xp.float64)
+
+
+@op(flops=20, float_only=True)
+def erf(a):
+    """As ``torch.erf``: the error function (scipy when importable, else ``math.erf``)."""
+    a = _floating(a)
+    out = _erf_array(a) if _erf_array is not None else _erf_fallback(a)
+    return xp.asarray(out).astype(a.dtype, copy=False)
+
+
+_TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
+
+
+@erf.grad
+def _(g, out, a):
+    return g * (_TWO_OVER_SQRT_PI * exp(-(a * a)))
+
+
+# --- unary functions that keep the dtype ------------------------------------------------
+def _no_bool(name, a):
+    if a.dtype.kind == "b":
+        raise RuntimeError(f"{name}: Boolean inputs are not supported (input dtype bool)")
+
+
 @op(flops=1, saves="out")
 def relu(a):
+    """As ``torch.relu``: ``max(a, 0)``; the gradient at 0 is 0."""
+    _no_bool("relu", a)
     return xp.maximum(a, 0)
 
 
@@ -147,22 +428,112 @@ def _(g, out, a):
     return g * (out > 0)
 
 
-@op(flops=1, elementwise=True)
-def where(cond, a, b):
-    """As ``torch.where(cond, a, b)``."""
+@op(flops=1)
+def abs(a):
+    """As ``torch.abs``; the gradient at 0 is 0 (``sign``)."""
+    _no_bool("abs", a)
+    return xp.abs(a)
+
+
+@abs.grad
+def _(g, out, a):
+    return g * sign(a)
+
+
+@op(flops=1, saves="none")
+def sign(a):
+    """As ``torch.sign``: -1, 0 or 1 (zero gradient)."""
+    return a.copy() if a.dtype.kind == "b" else xp.sign(a)
+
+
+def _zero_rule(g, out, a, **params):
+    return zeros_like_grad(g)
+
+
+sign.grad(_zero_rule)
+
+
+@op(flops=1, saves="none")
+def floor(a):
+    """As ``torch.floor`` (zero gradient)."""
+    return xp.floor(a) if a.dtype.kind == "f" else a.copy()
+
+
+@op(flops=1, saves="none")
+def ceil(a):
+    """As ``torch.ceil`` (zero gradient)."""
+    return xp.ceil(a) if a.dtype.kind == "f" else a.copy()
+
+
+@op(flops=1, saves="none")
+def trunc(a):
+    """As ``torch.trunc``: round toward zero (zero gradient)."""
+    return xp.trunc(a) if a.dtype.kind == "f" else a.copy()
+
+
+@op(flops=2, saves="none", name="round")
+def round_op(a, decimals=0):
+    if a.dtype.kind != "f":
+        if decimals:
+            raise RuntimeError(f"round: decimals is not supported for {a.dtype} inputs")
+        return a.copy()
+    if decimals == 0:
+        return xp.rint(a)
+    # PyTorch's kernel: scale by 10**|decimals| in the input's precision, round half-even
+    scale = a.dtype.type(10.0 ** (-decimals if decimals < 0 else decimals))
+    return xp.rint(a / scale) * scale if decimals < 0 else xp.rint(a * scale) / scale
+
+
+for _o in (floor, ceil, trunc, round_op):
+    _o.grad(_zero_rule)
+
+
+def _predicate(name, fn, doc):
+    f = lambda a: fn(a)  # noqa: E731
+    f.__name__ = name
+    f.__doc__ = doc
+    return op(flops=1, saves="none", differentiable=False)(f)
+
+
+isnan = _predicate("isnan", xp.isnan, "As ``torch.isnan``: bool, without grad.")
+isinf = _predicate("isinf", xp.isinf, "As ``torch.isinf``: bool, without grad.")
+isfinite = _predicate("isfinite", xp.isfinite, "As ``torch.isfinite``: bool, without grad.")
+logical_not = _predicate("logical_not", xp.logical_not,
+                         "As ``torch.logical_not``: bool, without grad.")
+
+
+@op(flops=1, saves="none", differentiable=False)
+def bitwise_not(a):
+    """As ``torch.bitwise_not`` / ``~a``: on bool and integer tensors only."""
+    if a.dtype.kind == "f":
+        raise RuntimeError(f"bitwise_not: only integer and bool tensors are supported, got "
+                           f"{a.dtype}")
+    return xp.invert(a)
+
+
+# --- where, comparisons, logical and bitwise ops ----------------------------------------
+@op(flops=1, elementwise=True, needs=True, name="where")
+def where_op(cond, a, b):
     return xp.where(cond, a, b)
 
 
-@where.grad
-def _(g, out, cond, a, b):
-    return None, where(cond, g, 0), where(cond, 0, g)
+@where_op.grad
+def _(g, out, cond, a, b, needs=(False, True, True)):
+    return (None, where_op(cond, g, 0.0) if needs[1] else None,
+            where_op(cond, 0.0, g) if needs[2] else None)
+
+
+def _binary_predicate(name, fn, doc):
+    f = lambda a, b: fn(a, b)  # noqa: E731
+    f.__name__ = name
+    f.__doc__ = doc
+    return op(flops=1, elementwise=True, differentiable=False)(f)
 
 
 def _compare(name, fn):
-    f = lambda a, b: fn(a, b)  # noqa: E731
-    f.__name__ = name
-    f.__doc__ = f"As ``torch.{name}``: elementwise comparison; the result is bool, without grad."
-    return op(flops=1, elementwise=True, differentiable=False)(f)
+    return _binary_predicate(
+        name, fn, f"As ``torch.{name}``: elementwise comparison; the result is bool, without "
+        "grad.")
 
 
 eq = _compare("eq", xp.equal)
@@ -173,17 +544,156 @@ gt = _compare("gt", xp.greater)
 ge = _compare("ge", xp.greater_equal)
 
 
+def _logical(name, fn):
+    return _binary_predicate(name, fn, f"As ``torch.{name}``: bool result, without grad.")
+
+
+logical_and = _logical("logical_and", xp.logical_and)
+logical_or = _logical("logical_or", xp.logical_or)
+logical_xor = _logical("logical_xor", xp.logical_xor)
+
+
+def _bitwise(name, fn):
+    def f(a, b):
+        if (a if hasattr(a, "dtype") else b).dtype.kind == "f":
+            raise RuntimeError(f"{name}: only integer and bool tensors are supported, got "
+                               "floating point")
+        return fn(a, b)
+
+    f.__name__ = name
+    f.__doc__ = f"As ``torch.{name}``: on bool and integer tensors (promoted), without grad."
+    return op(flops=1, elementwise=True, differentiable=False)(f)
+
+
+bitwise_and = _bitwise("bitwise_and", xp.bitwise_and)
+bitwise_or = _bitwise("bitwise_or", xp.bitwise_or)
+bitwise_xor = _bitwise("bitwise_xor", xp.bitwise_xor)
+
+
 # --- PyTorch-signature functions (exported as tapegrad.X and Tensor.X) ------------------
+def _check_alpha(name, input, other, alpha):
+    if isinstance(alpha, float) and dtypes.result_type(input, other).category != dtypes.FLOAT:
+        raise RuntimeError(f"{name}: for integral input tensors, argument alpha must not be a "
+                           f"floating point number (got alpha={alpha})")
+
+
 def add_alpha(input, other, alpha=1):
-    """As ``torch.add(input, other, alpha=1)``."""
-    return add(input, other if alpha == 1 else mul(other, alpha))
+    """As ``torch.add(input, other, alpha=1)``: ``input + alpha * other``."""
+    if alpha == 1 and not isinstance(alpha, float):
+        return add(input, other)
+    _check_alpha("add", input, other, alpha)
+    return add(input, mul(other, alpha))
 
 
 def sub_alpha(input, other, alpha=1):
-    """As ``torch.sub(input, other, alpha=1)``."""
-    return sub(input, other if alpha == 1 else mul(other, alpha))
+    """As ``torch.sub(input, other, alpha=1)``: ``input - alpha * other``."""
+    if alpha == 1 and not isinstance(alpha, float):
+        return sub(input, other)
+    _check_alpha("sub", input, other, alpha)
+    return sub(input, mul(other, alpha))
 
 
-__all__ = ["mul", "div", "neg", "pow", "exp", "log", "sqrt", "tanh", "sigmoid", "relu",
-           "where", "eq", "ne", "lt", "le", "gt", "ge"]
-TENSOR_METHODS = __all__[:]
+def div(input, other, *, rounding_mode=None):
+    """As ``torch.div``: true division, or rounded with ``rounding_mode='trunc'|'floor'``.
+
+    >>> tapegrad.div(tapegrad.tensor([7, -7]), 2, rounding_mode="floor")  # tensor([3, -4])
+    """
+    if rounding_mode is None:
+        return div_op(input, other)
+    if rounding_mode == "floor":
+        return floor_divide(input, other)
+    if rounding_mode == "trunc":
+        return trunc_divide(input, other)
+    raise RuntimeError("div expected rounding_mode to be one of None, 'trunc', or 'floor' but "
+                       f"found '{rounding_mode}'")
+
+
+def true_divide(input, other):
+    """As ``torch.true_divide``: ``div`` without rounding."""
+    return div_op(input, other)
+
+
+def clamp(input, min=None, max=None):
+    """As ``torch.clamp`` / ``torch.clip``: ``min``/``max`` are numbers or tensors, one may be
+    None. The gradient reaches ``input`` where ``min <= input <= max``.
+
+    >>> tapegrad.clamp(tapegrad.tensor([-2.0, 0.5, 3.0]), min=0, max=1)  # tensor([0., .5, 1.])
+    """
+    if min is None and max is None:
+        raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
+    if max is None:
+        return clamp_min(input, min)
+    if min is None:
+        return clamp_max(input, max)
+    return clamp_op(input, min, max)
+
+
+clip = clamp
+
+
+def round(input, *, decimals=0):
+    """As ``torch.round``: half to even, optionally to ``decimals`` places (zero gradient)."""
+    return round_op(input, decimals=int(decimals))
+
+
+def positive(input):
+    """As ``torch.positive`` / ``+a``: the input itself (bool raises, as in PyTorch)."""
+    if input.dtype is dtypes.bool_:
+        raise RuntimeError("positive: the `+` operator on a bool tensor is not supported")
+    return input
+
+
+def square(input):
+    """As ``torch.square``: ``input * input``."""
+    return mul(input, input)
+
+
+def where(condition, input=None, other=None):
+    """As ``torch.where(condition, input, other)``; ``torch.where(condition)`` gives the
+    indices of the True elements (as ``nonzero(as_tuple=True)``).
+    """
+    from tapegrad.tensor import Tensor
+
+    if isinstance(condition, Tensor):
+        if condition._data.dtype.kind != "b":
+            raise RuntimeError("where expected condition to be a boolean tensor, but got a "
+                               f"tensor with dtype {condition.dtype}")
+        if input is None and other is None:
+            return tuple(Tensor._make(i) for i in xp.nonzero(condition._data))
+    if input is None or other is None:
+        raise TypeError("where: pass both input and other (or neither)")
+    return where_op(condition, input, other)
+
+
+def masked_fill(input, mask, value):
+    """As ``torch.masked_fill``: ``value`` where ``mask`` is True; keeps ``input``'s dtype.
+
+    ``value`` is a number or a 0-dim tensor (which then receives the gradient).
+    """
+    from tapegrad.tensor import Tensor
+
+    if mask._data.dtype.kind != "b":
+        raise RuntimeError(f"masked_fill: only supports boolean masks, but got mask with dtype "
+                           f"{mask.dtype}")
+    dt = input._data.dtype
+    if isinstance(value, Tensor):
+        if value.ndim != 0:
+            raise RuntimeError("masked_fill: only supports a 0-dimensional value tensor, but got "
+                               f"tensor with {value.ndim} dimension(s).")
+        if value._data.dtype != dt:
+            value = to_dtype(value, dtype=dt)
+    else:
+        value = bool(value) if dt.kind == "b" else int(value) if dt.kind in "iu" else \
+            float(value)
+    return where_op(mask, value, input)
+
+
+__all__ = ["mul", "div", "true_divide", "floor_divide", "remainder", "fmod", "neg", "pow",
+           "exp", "expm1", "log", "log1p", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh",
+           "sigmoid", "erf", "relu", "abs", "sign", "floor", "ceil", "trunc", "round",
+           "clamp", "clip", "clamp_min", "clamp_max", "maximum", "minimum", "where",
+           "masked_fill", "isnan", "isinf", "isfinite", "positive", "square",
+           "logical_and", "logical_or", "logical_xor", "logical_not",
+           "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not",
+           "eq", "ne", "lt", "le", "gt", "ge"]
+TENSOR_METHODS = [n for n in __all__ if n != "where"]
