@@ -58,7 +58,7 @@ class Node:
 
     def name(self) -> str:
         """As ``grad_fn.name()``: e.g. ``MulBackward``."""
-        return "".join(w.capitalize() for w in self.op.name.split("_")) + "Backward"
+        return "".join(w[:1].upper() + w[1:] for w in self.op.name.split("_")) + "Backward"
 
     @property
     def next_functions(self):
