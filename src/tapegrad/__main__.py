@@ -1,3 +1,3 @@
 from tapegrad.cli import main
 
-main()
+raise SystemExit(main())

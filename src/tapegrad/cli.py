@@ -1,7 +1,72 @@
-"""``python -m tapegrad demo|bench|...``"""
+"""``python -m tapegrad demo|bench ...`` (also the ``tapegrad`` console script).
+
+    tapegrad demo [--quick] [--no-torch]     the guided report (README's ``make demo``)
+    tapegrad bench [NAME] [OPTIONS]          the benchmark suite (``make bench``): NAME is
+                                             one of ``tapegrad bench --list``, default all
+"""
+import argparse
 import sys
+
+USAGE = __doc__.split("\n\n", 1)[1]
+
+
+def _demo(argv):
+    from tapegrad import demo
+
+    return demo.main(argv)
+
+
+def _bench(argv):
+    from tapegrad import bench
+
+    p = argparse.ArgumentParser(
+        prog="tapegrad bench",
+        description="tapegrad eager vs PyTorch eager vs raw numpy, in one process. Options "
+                    "after NAME go to that benchmark (tapegrad bench NAME --help); with "
+                    "'all', --threads, --rounds, --quick and --no-torch go to the built-in ones.")
+    p.add_argument("name", nargs="?", default="all",
+                   help=f"one of: all, {', '.join(bench.BENCHMARKS)} (default: all)")
+    p.add_argument("--list", action="store_true", help="list the benchmarks and exit")
+    if argv and not argv[0].startswith("-"):  # NAME first: everything after it is its own
+        args, rest = p.parse_args(argv[:1]), argv[1:]
+    else:
+        args, rest = p.parse_known_args(argv)
+    if args.list:
+        for name, (_, description) in bench.BENCHMARKS.items():
+            note = "" if bench.available(name) else "  [not available in this install]"
+            print(f"{name:12s} {description}{note}")
+        return 0
+    if args.name == "all":
+        for name, (module, _) in bench.BENCHMARKS.items():
+            if not bench.available(name):
+                print(f"\n(skipping {name}: {module} is not in this install)")
+                continue
+            print()
+            # repository scripts take their own options: only --quick is passed on to them
+            own = rest if not module.endswith(".py") else [a for a in rest if a == "--quick"]
+            bench.load(name).main(own)
+        return 0
+    if args.name not in bench.BENCHMARKS:
+        p.error(f"unknown benchmark {args.name!r}; choose from all, {', '.join(bench.BENCHMARKS)}")
+    bench.load(args.name).main(rest)
+    return 0
+
+
+COMMANDS = {"demo": _demo, "bench": _bench}
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    raise SystemExit(f"tapegrad: unknown command {argv!r}")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: python -m tapegrad COMMAND ...\n\n" + USAGE)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"tapegrad: unknown command {command!r}; choose from {', '.join(COMMANDS)}\n\n"
+              + USAGE, file=sys.stderr)
+        return 2
+    return COMMANDS[command](rest) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

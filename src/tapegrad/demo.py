@@ -1,0 +1,279 @@
+"""``python -m tapegrad demo``: the tape at work, checked against PyTorch, in one report.
+
+(a) z = (x + y) * y and its gradients; (b) the diamond y = x * x, and what overwriting
+instead of accumulating would have given; (c) a bias broadcast over 4 rows and its summed
+gradient; (d) gradcheck over the core ops; (e) the spiral MLP trained by tapegrad and by
+PyTorch from identical weights; (f) the dispatch-overhead table. Without PyTorch installed
+the tapegrad half runs and the report says so.
+"""
+import argparse
+import os
+import time
+
+import numpy as np
+
+import tapegrad
+import tapegrad.nn.functional as F
+from tapegrad.bench import dispatch
+from tapegrad.bench import harness as H
+from tapegrad.bench.spiral import MLPTrainer, init_params, spiral_data
+
+f64 = tapegrad.float64
+
+
+def _title(text):
+    H.out()
+    H.out(text)
+    H.out("-" * len(text))
+
+
+def _scalar(value):
+    return tapegrad.tensor(value, dtype=f64, requires_grad=True)
+
+
+# --- (a) ---------------------------------------------------------------------------------
+def chain_rule(torch):
+    _title("(a) z = (x + y) * y: the chain rule on a tape")
+    x, y = _scalar(2.0), _scalar(3.0)
+    z = (x + y) * y
+    z.backward()
+    H.out(f"x = 2, y = 3:  z = {z.item():g}   tape: {z.grad_fn.name()} <- "
+          f"({', '.join(_parents(z))})")
+    H.out(f"dz/dx = {x.grad.item():g}   (analytically y = 3)")
+    H.out(f"dz/dy = {y.grad.item():g}   (analytically (x + y) + y = x + 2y = 8: y is used twice, "
+          "its two contributions add up)")
+    ok = x.grad.item() == 3.0 and y.grad.item() == 8.0
+    if torch is not None:
+        tx = torch.tensor(2.0, dtype=torch.float64, requires_grad=True)
+        ty = torch.tensor(3.0, dtype=torch.float64, requires_grad=True)
+        ((tx + ty) * ty).backward()
+        ok = ok and tx.grad.item() == x.grad.item() and ty.grad.item() == y.grad.item()
+        H.out(f"PyTorch: dz/dx = {tx.grad.item():g}, dz/dy = {ty.grad.item():g}")
+    H.out("agrees" if ok else "DISAGREES")
+    return ok
+
+
+def _parents(t):
+    """The producers of ``t``'s inputs, by name (``grad_fn.next_functions``, as PyTorch)."""
+    return [fn.name() if fn is not None else "leaf" for fn, _ in t.grad_fn.next_functions]
+
+
+# --- (b) ---------------------------------------------------------------------------------
+def diamond():
+    _title("(b) the diamond y = x * x: gradients from two paths must be summed")
+    x = _scalar(3.0)
+    y = x * x
+    y.backward()
+    # each path alone: the gradient mul sends to its first input, and to its second
+    first, = tapegrad.autograd.grad(x * x.detach(), [x])
+    second, = tapegrad.autograd.grad(x.detach() * x, [x])
+    H.out("x = 3: y = x * x reaches x by two paths (mul's first and second input)")
+    H.out(f"path 1 sends {first.item():g}, path 2 sends {second.item():g}")
+    H.out(f"accumulated (grad += ...): x.grad = {x.grad.item():g}  = dy/dx = 2x = 6  correct")
+    H.out(f"overwritten (grad = ...):  x.grad would be {second.item():g}  (only the last path: "
+          "half the true gradient)")
+    return x.grad.item() == 6.0 and first.item() + second.item() == 6.0
+
+
+# --- (c) ---------------------------------------------------------------------------------
+def bias_broadcast():
+    _title("(c) a bias broadcast over 4 rows: its gradient is summed over the rows")
+    X = tapegrad.tensor(np.arange(12.0).reshape(4, 3), dtype=f64)
+    b = tapegrad.tensor([0.1, 0.2, 0.3], dtype=f64, requires_grad=True)
+    C = tapegrad.tensor(np.arange(1.0, 13.0).reshape(4, 3), dtype=f64)
+    out = X + b  # b of shape (3,) broadcast to (4, 3)
+    (out * C).sum().backward()
+    expected = np.arange(1.0, 13.0).reshape(4, 3).sum(axis=0)
+    H.out(f"out = X + b with X {tuple(X.shape)}, b {tuple(b.shape)}; loss = (out * C).sum(), "
+          "C = [[1, 2, 3], ..., [10, 11, 12]]")
+    H.out(f"upstream gradient dloss/dout = C has shape {tuple(C.shape)}; b.grad has shape "
+          f"{tuple(b.grad.shape)}:")
+    H.out(f"b.grad = {b.grad.numpy().tolist()}  = C summed over the 4 rows "
+          f"{expected.tolist()}")
+    return b.grad.shape == b.shape and np.array_equal(b.grad.numpy(), expected)
+
+
+# --- (d) ---------------------------------------------------------------------------------
+def _pos(shape):
+    return lambda rng: rng.uniform(0.5, 2.0, size=shape)
+
+
+def _normal(shape, away_from_zero=False):
+    def make(rng):
+        a = rng.standard_normal(shape)
+        if away_from_zero:  # kinks (relu, abs) are nudged out of the difference's reach
+            a = np.where(np.abs(a) < 0.1, a + 0.2 * np.sign(a + 1e-3), a)
+        return a
+    return make
+
+
+def _labels(rng):
+    return rng.integers(0, 4, size=3)
+
+
+GRADCHECK_OPS = [
+    ("add (broadcast)", lambda a, b: a + b, [_normal((3, 4)), _normal((4,))]),
+    ("sub", lambda a, b: a - b, [_normal((2, 3)), _normal((2, 3))]),
+    ("mul (broadcast)", lambda a, b: a * b, [_normal((3, 4)), _normal((3, 1))]),
+    ("div", lambda a, b: a / b, [_normal((2, 3)), _pos((2, 3))]),
+    ("neg", lambda a: -a, [_normal((2, 3))]),
+    ("pow", lambda a, b: a ** b, [_pos((2, 3)), _normal((2, 3))]),
+    ("exp", tapegrad.exp, [_normal((2, 3))]),
+    ("log", tapegrad.log, [_pos((2, 3))]),
+    ("sqrt", tapegrad.sqrt, [_pos((2, 3))]),
+    ("tanh", tapegrad.tanh, [_normal((2, 3))]),
+    ("sigmoid", tapegrad.sigmoid, [_normal((2, 3))]),
+    ("relu", tapegrad.relu, [_normal((2, 3), away_from_zero=True)]),
+    ("matmul", lambda a, b: a @ b, [_normal((2, 3)), _normal((3, 4))]),
+    ("matmul (batched)", lambda a, b: a @ b, [_normal((2, 2, 3)), _normal((3, 2))]),
+    ("sum(dim=1)", lambda a: a.sum(dim=1), [_normal((3, 4))]),
+    ("reshape", lambda a: a.reshape(4, 3), [_normal((3, 4))]),
+    ("transpose", lambda a: a.transpose(0, 1), [_normal((3, 4))]),
+    ("cross_entropy", lambda a, y: F.cross_entropy(a, y), [_normal((3, 4)), _labels]),
+]
+
+
+def vjp_error(fn, inputs, eps=1e-6, seed=0):
+    """Max |tape gradient - central difference| of ``sum(fn(*inputs) * v)``, random ``v``."""
+    out = fn(*inputs)
+    v = tapegrad.tensor(np.random.default_rng(seed).standard_normal(out.shape), dtype=f64)
+    diff = [x for x in inputs if x.requires_grad]
+    grads = tapegrad.autograd.grad([out], diff, grad_outputs=[v])
+    worst = 0.0
+    for x, g in zip(diff, grads):
+        flat = x.detach().numpy().reshape(-1)  # shares x's storage: nudging it nudges x
+        g = g.numpy().reshape(-1)
+        for j in range(flat.size):
+            orig = flat[j]
+            with tapegrad.no_grad():
+                flat[j] = orig + eps
+                plus = float((fn(*inputs) * v).sum().item())
+                flat[j] = orig - eps
+                minus = float((fn(*inputs) * v).sum().item())
+            flat[j] = orig
+            worst = max(worst, abs((plus - minus) / (2 * eps) - g[j]))
+    return worst
+
+
+def gradcheck_table():
+    _title("(d) gradcheck: tape gradients vs central differences (float64, eps 1e-6)")
+    rng = np.random.default_rng(0)
+    rows, ok = [], True
+    for name, fn, makers in GRADCHECK_OPS:
+        arrays = [m(rng) for m in makers]
+        inputs = [tapegrad.tensor(a, dtype=f64, requires_grad=True) if a.dtype.kind == "f"
+                  else tapegrad.tensor(a) for a in arrays]
+        passed = tapegrad.autograd.gradcheck(fn, inputs, raise_exception=False)
+        err = vjp_error(fn, inputs)
+        ok = ok and passed
+        shapes = ", ".join(str(tuple(a.shape)) for a in arrays)
+        rows.append([name, shapes, "pass" if passed else "FAIL", f"{err:.1e}"])
+    H.out(H.table(rows, ["op", "input shapes", "gradcheck", "max abs error of v^T J"]))
+    return ok
+
+
+# --- (e) ---------------------------------------------------------------------------------
+def spiral(torch, threads, steps=300, repeats=3):
+    _title(f"(e) the spiral MLP: 2 -> 32 -> 3, ReLU, cross-entropy, {steps} SGD steps "
+           "at lr 0.5, float64")
+    X, y = spiral_data(512)
+    params = init_params((2, 32, 3), seed=1)
+    H.out("512 points in 3 classes on 2-D spiral arms; both frameworks start from the same "
+          "weights and run the same code (tapegrad.bench.spiral.MLPTrainer)")
+    runs = {}
+    libs = [("tapegrad", tapegrad)] + ([("torch", torch)] if torch is not None else [])
+    for name, T in libs:
+        trainer = MLPTrainer(T, params, X, y)
+        losses = trainer.train(steps)
+        runs[name] = (np.array(losses), trainer.accuracy())
+    cases = {"tapegrad": [H.Case("tapegrad", lambda: MLPTrainer(tapegrad, params, X, y)
+                                 .run(steps))]}
+    if torch is not None:
+        cases["torch"] = H.torch_cases(
+            "torch", lambda: (lambda: MLPTrainer(torch, params, X, y).run(steps)),
+            threads, threads.blas)
+    flat = [c for group in cases.values() for c in group]
+    H.interleave(flat, threads, rounds=repeats, min_time=0, warmup=0)
+    times = {name: H.median(H.best(group)) for name, group in cases.items()}
+    rows = []
+    for name, _ in libs:
+        losses, acc = runs[name]
+        rows.append([name, f"{losses[0]:.6f}", f"{losses[-1]:.15f}", f"{acc:.1%}",
+                     f"{times[name] * 1e3:.1f} ms", f"{times[name] / steps * 1e6:.0f} us"])
+    H.out(H.table(rows, ["framework", "first loss", f"loss after {steps} steps",
+                         "train accuracy", f"time ({steps} steps)", "per step"]))
+    if torch is None:
+        H.out("PyTorch is not installed: tapegrad's half only (pip install torch to compare)")
+        return bool(np.isfinite(runs["tapegrad"][0]).all())
+    diff = np.abs(runs["tapegrad"][0] - runs["torch"][0])
+    H.out(f"max |loss difference| over the {steps} steps: {diff.max():.2e}  "
+          f"(at step {int(diff.argmax()) + 1}; target <= 1e-15: "
+          f"{'met' if diff.max() <= 1e-15 else 'NOT met'})")
+    torch_threads = H.best(cases["torch"]).torch_threads
+    H.out(f"speed: tapegrad runs at {times['torch'] / times['tapegrad']:.2f}x PyTorch's speed "
+          f"(PyTorch's time / tapegrad's; medians of {repeats} interleaved runs, PyTorch at its "
+          f"best thread count, {torch_threads})")
+    return diff.max() <= 1e-12
+
+
+# --- (f) ---------------------------------------------------------------------------------
+def dispatch_table(torch, threads, sizes=dispatch.SIZES, rounds=9, min_time=0.003):
+    _title("(f) dispatch overhead: square matmul, raw numpy vs tapegrad's tape vs PyTorch")
+    results = [r for r in dispatch.measure(threads, torch, sizes=sizes, rounds=rounds,
+                                           min_time=min_time)
+               if r[0].startswith("matmul")]
+    names = ["numpy", "tapegrad"] + (["torch"] if torch is not None else [])
+    rows = []
+    for label, n, mode, m in results:
+        row = [str(n), mode] + [f"{m[k] * 1e6:.1f}" for k in names]
+        row.append(f"{(m['tapegrad'] - m['numpy']) * 1e6:+.1f}")
+        if torch is not None:
+            row.append(f"{(m['torch'] - m['numpy']) * 1e6:+.1f}")
+        rows.append(row)
+    headers = ["n", "inputs require grad"] + [f"{k} us" for k in names] + ["tapegrad - numpy"]
+    if torch is not None:
+        headers.append("torch - numpy")
+    H.out("median microseconds per call over many interleaved runs; 'forward+backward' is the "
+          "matmul then out.backward(g)")
+    H.out(H.table(rows, headers))
+    if torch is None:
+        H.out("PyTorch is not installed: its column is left out")
+    return True
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="tapegrad demo", description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true",
+                   help="30 spiral steps and small matmuls: a few seconds (smoke test)")
+    p.add_argument("--no-torch", action="store_true", help="run tapegrad's half only")
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="numpy BLAS threads")
+    args = p.parse_args(argv)
+    torch = None if args.no_torch else H.import_torch()
+    with H.Threads(args.threads, torch) as threads:
+        return _run(args, torch, threads)
+
+
+def _run(args, torch, threads):
+    t0 = time.perf_counter()
+    H.out(f"tapegrad {tapegrad.__version__} demo: a tape, not calculus")
+    if torch is None:
+        H.out("PyTorch is not installed (or --no-torch): the report shows tapegrad's half only")
+    else:
+        H.out(f"compared with PyTorch {torch.__version__} in the same process")
+    H.out(H.header(threads, torch, "set-up").split("\n", 1)[1])
+    results = {
+        "a": chain_rule(torch),
+        "b": diamond(),
+        "c": bias_broadcast(),
+        "d": gradcheck_table(),
+        "e": spiral(torch, threads, steps=30 if args.quick else 300,
+                    repeats=1 if args.quick else 3),
+        "f": dispatch_table(torch, threads, sizes=(8, 32) if args.quick else dispatch.SIZES,
+                            rounds=2 if args.quick else 9,
+                            min_time=0.0005 if args.quick else 0.003),
+    }
+    bad = [k for k, ok in results.items() if not ok]
+    H.out()
+    H.out(f"demo finished in {time.perf_counter() - t0:.1f} s: "
+          + ("every check agreed" if not bad else f"checks FAILED in section(s) {', '.join(bad)}"))
+    return 1 if bad else 0
