@@ -7,6 +7,7 @@ distributions as PyTorch, not PyTorch's random stream.
 import math
 import warnings
 
+from tapegrad.autograd.grad_mode import no_grad
 from tapegrad.backend import xp
 from tapegrad.random import numpy_rng
 
@@ -55,12 +56,14 @@ def calculate_gain(nonlinearity, param=None):
 
 def uniform_(tensor, a: float = 0.0, b: float = 1.0, generator=None):
     """As ``torch.nn.init.uniform_``: fill with draws from U(a, b)."""
-    return _fill(tensor, _numpy_generator(generator).uniform(a, b, tensor.shape))
+    with no_grad():
+        return tensor.uniform_(a, b, generator=generator)
 
 
 def normal_(tensor, mean: float = 0.0, std: float = 1.0, generator=None):
     """As ``torch.nn.init.normal_``: fill with draws from N(mean, std^2)."""
-    return _fill(tensor, _numpy_generator(generator).normal(mean, std, tensor.shape))
+    with no_grad():
+        return tensor.normal_(mean, std, generator=generator)
 
 
 def trunc_normal_(tensor, mean: float = 0.0, std: float = 1.0, a: float = -2.0, b: float = 2.0,
