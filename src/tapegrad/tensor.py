@@ -794,13 +794,14 @@ def _to_array(data, dtype):
         arr = xp.asarray(data)
     else:
         arr = xp.asarray(data)
-        if arr.dtype == xp.float64 and not _has_numpy_floats(data):
-            arr = arr.astype(dtypes.get_default_dtype().np)
-        elif arr.dtype.kind == "i":
-            arr = arr.astype(xp.int64)
-        elif arr.dtype.kind not in "biuf":
+        if arr.dtype.kind not in "biuf":
             raise TypeError(f"tensor: cannot build a tensor from {type(data).__name__} "
                             f"(numpy made dtype {arr.dtype})")
+        if dtype is None:  # with a dtype, cast once from what numpy built (no double rounding)
+            if arr.dtype == xp.float64 and not _has_numpy_floats(data):
+                arr = arr.astype(dtypes.get_default_dtype().np)
+            elif arr.dtype.kind == "i":
+                arr = arr.astype(xp.int64)
     if dtype is not None:
         arr = arr.astype(dtypes.to_dtype(dtype).np, copy=False)
     dtypes.from_numpy_dtype(arr.dtype)  # raises for unsupported dtypes
@@ -876,3 +877,4 @@ Tensor.add = _E.add_alpha
 Tensor.sub = _E.sub_alpha
 Tensor.T = property(lambda self: _M.permute_op(self, dims=tuple(range(self.ndim))[::-1]))
 Tensor.mT = property(lambda self: _M.transpose(self, -2, -1))
+Tensor.__getitem__ = _M.tensor_getitem
