@@ -172,8 +172,9 @@ def default_plot_path():
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="tapegrad bench dispatch", description=__doc__.split("\n")[0])
-    p.add_argument("--threads", type=int, default=os.cpu_count(),
-                   help="numpy BLAS threads (and PyTorch's second thread count)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="numpy BLAS threads and PyTorch's second thread count (default 1: a "
+                        "per-op cost is measured without thread wake-ups in it)")
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--quick", action="store_true", help="small sizes, few rounds (smoke test)")
     p.add_argument("--plot", default=None, help=f"PNG path (default {default_plot_path()})")
