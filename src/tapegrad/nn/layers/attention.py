@@ -1,6 +1,7 @@
 """``MultiheadAttention`` (as in ``torch.nn``), with PyTorch's parameter names
 (``in_proj_weight``, ``in_proj_bias``, ``out_proj``) and its forward's semantics."""
 import math
+import warnings
 
 import tapegrad
 from tapegrad.nn import functional as F
@@ -162,6 +163,10 @@ def _mha_forward(m, query, key, value, key_padding_mask, need_weights, attn_mask
             key_padding_mask = key_padding_mask.unsqueeze(0)
     tgt_len, bsz, embed_dim = query.shape
     src_len = key.shape[0]
+    if (key_padding_mask is not None and attn_mask is not None
+            and key_padding_mask.dtype != attn_mask.dtype):
+        warnings.warn("Support for mismatched key_padding_mask and attn_mask is deprecated. Use "
+                      "same type for both instead.", stacklevel=3)
     key_padding_mask = _float_mask(key_padding_mask, "key_padding_mask", query.dtype)
     if is_causal and attn_mask is None:
         raise RuntimeError("Need attn_mask if specifying the is_causal hint. You may use the "
