@@ -98,16 +98,33 @@ def _check_int_divisor(name, a, b):
         raise RuntimeError(f"{name}: ZeroDivisionError (integer division by zero)")
 
 
-@op(flops=1, saves="none", elementwise=True)
-def floor_divide(a, b):
-    """As ``torch.floor_divide`` / ``a // b``: division rounded down (zero gradient)."""
+def _floor_divide(a, b):
     _check_int_divisor("floor_divide", a, b)
     return xp.floor_divide(a, b)
 
 
-@floor_divide.grad
+@op(flops=1, saves="none", elementwise=True, name="div_floor")
+def floor_div_op(a, b):
+    """``torch.div(a, b, rounding_mode='floor')``: division rounded down (zero gradient)."""
+    return _floor_divide(a, b)
+
+
+@floor_div_op.grad
 def _(g, out, a, b):
     return zeros_like_grad(g), zeros_like_grad(g)
+
+
+@op(flops=1, saves="none", elementwise=True)
+def floor_divide(a, b):
+    """As ``torch.floor_divide`` / ``a // b``: division rounded down. As in PyTorch it has no
+    derivative; ``div(a, b, rounding_mode='floor')`` is the same with a zero gradient."""
+    return _floor_divide(a, b)
+
+
+@floor_divide.grad
+def _(g, out, a, b):
+    raise RuntimeError("floor_divide: the derivative is not implemented (as in PyTorch); use "
+                       "div(a, b, rounding_mode='floor'), whose gradient is zero")
 
 
 @op(flops=1, saves="none", elementwise=True, name="trunc_divide")
@@ -134,7 +151,7 @@ def remainder(a, b):
 
 @remainder.grad
 def _(g, out, a, b, needs=(True, True)):
-    return g, (-g * floor_divide(a, b) if needs[1] else None)
+    return g, (-g * floor_div_op(a, b) if needs[1] else None)
 
 
 @op(flops=2, elementwise=True, needs=True)
@@ -601,7 +618,7 @@ def div(input, other, *, rounding_mode=None):
     if rounding_mode is None:
         return div_op(input, other)
     if rounding_mode == "floor":
-        return floor_divide(input, other)
+        return floor_div_op(input, other)
     if rounding_mode == "trunc":
         return trunc_divide(input, other)
     raise RuntimeError("div expected rounding_mode to be one of None, 'trunc', or 'floor' but "
@@ -662,6 +679,9 @@ def where(condition, input=None, other=None):
             return tuple(Tensor._make(i) for i in xp.nonzero(condition._data))
     if input is None or other is None:
         raise TypeError("where: pass both input and other (or neither)")
+    if not isinstance(input, Tensor) and not isinstance(other, Tensor):
+        # two Python scalars: numpy would make float64; PyTorch gives their result dtype
+        input = Tensor._make(xp.asarray(input, dtypes.result_type(input, other).np))
     return where_op(condition, input, other)
 
 
