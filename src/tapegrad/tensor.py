@@ -452,24 +452,26 @@ class Tensor:
         return _inplace(self, "masked_fill_", _public("masked_fill"), (mask, value), {})
 
     def __setitem__(self, index, value):
-        """As ``x[index] = value`` (basic, integer-array and boolean-mask indices)."""
-        if _tracked(self, (value,)):
-            from tapegrad.ops import movement
+        """As ``x[index] = value`` (basic, integer-array and boolean-mask indices); ``value``
+        broadcasts to the indexed shape and is cast to this dtype. Differentiable (through
+        the ``index_put`` op) when this tensor or ``value`` requires grad."""
+        from tapegrad.ops import movement
 
-            index_put = getattr(movement, "index_put", None)
-            if index_put is None:
-                raise RuntimeError("__setitem__: assigning a tensor that requires grad (or into "
-                                   "one) needs the index_put op, which is not available")
+        if _tracked(self, (value,)):
             if not isinstance(value, Tensor):
                 value = Tensor._make(xp.asarray(value, dtype=self._data.dtype))
-            return _inplace(self, "__setitem__", lambda a, v: index_put(a, v, index=index),
-                            (value,), {})
+            _inplace(self, "__setitem__",
+                     lambda a, v: movement.index_put(a, v, index=index), (value,), {})
+            return
+        key = movement.index_key(self, index)[0]
         v = value._data if isinstance(value, Tensor) else value
         try:
-            self._data[_index_arrays(index)] = v
-        except (ValueError, IndexError, TypeError) as e:
-            raise type(e)(f"__setitem__: {e} (tensor of shape {tuple(self.shape)}, index "
-                          f"{index!r})") from None
+            self._data[key] = v
+        except (ValueError, TypeError) as e:
+            shape = tuple(self._data[key].shape)
+            raise RuntimeError(f"__setitem__: cannot assign a value of shape {xp.shape(v)} to "
+                               f"the indexed shape {shape} of a tensor of shape "
+                               f"{tuple(self.shape)} ({e})") from None
         self._version[0] += 1
 
     # --- autograd ---------------------------------------------------------------------
@@ -718,17 +720,6 @@ def _inplace(t, name, fn, args, kwargs):
         if node is not None and node.retained is not None:
             new.retained, node.retained = node.retained, None
     return t
-
-
-def _index_arrays(index):
-    """An index for numpy: Tensors become their arrays (bool tensors masks)."""
-    if isinstance(index, Tensor):
-        return index._data
-    if isinstance(index, tuple):
-        return tuple(i._data if isinstance(i, Tensor) else i for i in index)
-    if isinstance(index, list) and any(isinstance(i, Tensor) for i in index):
-        return [i._data if isinstance(i, Tensor) else i for i in index]
-    return index
 
 
 # --- printing, as PyTorch's _tensor_str ---------------------------------------------------
