@@ -1,1 +1,905 @@
-"""``tapegrad.nn.functional`` (as ``torch.nn.functional``)."""
+"""``tapegrad.nn.functional`` (as ``torch.nn.functional``): PyTorch's signatures and defaults.
+
+Argument normalisation and error checks live here; the numerics live in ops (the fused ones
+in ``tapegrad.ops.nn``, each with its own gradient rule).
+"""
+import math
+
+from tapegrad import dtypes
+from tapegrad.autograd.grad_mode import state as grad_state
+from tapegrad.backend import xp
+from tapegrad.ops import nn as N
+from tapegrad.ops.elementwise import relu as _relu, tanh as _tanh, sigmoid as _sigmoid
+from tapegrad.ops.elementwise import where, sqrt, to_dtype
+from tapegrad.ops.linalg import matmul
+from tapegrad.ops.movement import reshape_op, broadcast_to, pad  # noqa: F401 (F.pad)
+from tapegrad.ops.reduce import sum_op
+from tapegrad.tensor import Tensor
+
+
+def _const(array):
+    """A Tensor that needs no gradient (targets, masks, pooling matrices)."""
+    return Tensor._make(array)
+
+
+def _reshape(x, shape):
+    shape = tuple(shape)
+    return x if tuple(x.shape) == shape else reshape_op(x, shape=shape)
+
+
+def _dim(dim, ndim, name):
+    n = max(ndim, 1)
+    if not -n <= dim < n:
+        raise IndexError(f"{name}: dimension out of range (expected to be in range of "
+                         f"[{-n}, {n - 1}], but got {dim})")
+    return dim % n
+
+
+def _shape(t):
+    return list(t.shape)
+
+
+def _float_check(name, x):
+    if x._data.dtype.kind not in "f":
+        raise RuntimeError(f"{name}: expected a floating point input, got dtype {x.dtype} "
+                           f"(shape {tuple(x.shape)})")
+
+
+def _tuple(value, n, name, what):
+    if isinstance(value, int):
+        return (value,) * n
+    value = tuple(int(v) for v in value)
+    if len(value) == 1:
+        return value * n
+    if len(value) != n:
+        raise RuntimeError(f"{name}: expected {what} to be a single integer value or a list "
+                           f"of {n} values, but got {list(value)}")
+    return value
+
+
+# --- linear and activations ------------------------------------------------------------
+def linear(input, weight, bias=None):
+    """As ``F.linear``: ``input @ weight.T + bias``; ``weight`` is (out_features, in_features).
+
+    >>> F.linear(x, w, b)  # x (N, in), w (out, in), b (out,)
+    """
+    if weight.ndim != 2:
+        raise RuntimeError(f"linear: weight must be 2-D (out_features, in_features), got "
+                           f"shape {tuple(weight.shape)}")
+    if input.ndim == 0 or input.shape[-1] != weight.shape[1]:
+        raise RuntimeError(
+            f"linear: mat1 and mat2 shapes cannot be multiplied (input {tuple(input.shape)} "
+            f"and weight.T {tuple(weight.shape[::-1])}: {input.shape[-1] if input.ndim else 0}"
+            f" != {weight.shape[1]})")
+    if bias is not None and tuple(bias.shape) not in ((weight.shape[0],), ()):
+        raise RuntimeError(f"linear: bias of shape {tuple(bias.shape)} does not match "
+                           f"out_features {weight.shape[0]}")
+    if bias is not None and bias.ndim == 0:
+        bias = broadcast_to(bias, shape=(weight.shape[0],))
+    return N.linear(input, weight, bias) if bias is not None else N.linear(input, weight)
+
+
+def relu(input, inplace=False):
+    """As ``F.relu`` (``inplace`` is accepted; tapegrad returns a new tensor)."""
+    return _relu(input)
+
+
+def leaky_relu(input, negative_slope=0.01, inplace=False):
+    """As ``F.leaky_relu``: ``x`` where ``x > 0``, else ``negative_slope * x``."""
+    return where(input > 0, input, input * negative_slope)
+
+
+def gelu(input, approximate="none"):
+    """As ``F.gelu``: exact ``x * Phi(x)`` or ``approximate='tanh'``."""
+    if approximate not in ("none", "tanh"):
+        raise RuntimeError(f"gelu: approximate argument must be either none or tanh, got "
+                           f"{approximate!r}")
+    return N.gelu(input, approximate=approximate)
+
+
+def silu(input, inplace=False):
+    """As ``F.silu``: ``x * sigmoid(x)``."""
+    return input * _sigmoid(input)
+
+
+def tanh(input):
+    """As ``F.tanh``."""
+    return _tanh(input)
+
+
+def sigmoid(input):
+    """As ``F.sigmoid``."""
+    return _sigmoid(input)
+
+
+def softplus(input, beta=1.0, threshold=20.0):
+    """As ``F.softplus``: ``log(1 + exp(beta x)) / beta``, ``x`` where ``beta x > threshold``."""
+    return N.softplus(input, beta=beta, threshold=threshold)
+
+
+def elu(input, alpha=1.0, inplace=False):
+    """As ``F.elu``: ``x`` for ``x > 0``, else ``alpha * (exp(x) - 1)``."""
+    return N.elu(input, alpha=alpha)
+
+
+def _softmax_dim(ndim):
+    return 0 if ndim in (0, 1, 3) else 1
+
+
+def _softmax_like(op, name, input, dim, dtype):
+    if dtype is not None:
+        input = to_dtype(input, dtype=dtypes.to_dtype(dtype))
+    if dim is None:
+        dim = _softmax_dim(input.ndim)
+    dim = _dim(dim, input.ndim, name)
+    if input.ndim == 0:
+        return _reshape(op(_reshape(input, (1,)), dim=0), ())
+    return op(input, dim=dim)
+
+
+def softmax(input, dim=None, _stacklevel=3, dtype=None):
+    """As ``F.softmax(input, dim)``: fused and numerically stable."""
+    return _softmax_like(N.softmax, "softmax", input, dim, dtype)
+
+
+def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
+    """As ``F.log_softmax(input, dim)``: fused; never the log of a softmax."""
+    return _softmax_like(N.log_softmax, "log_softmax", input, dim, dtype)
+
+
+def _keep_mask(shape, keep, dtype, generator=None):
+    """Bernoulli(keep) mask divided by ``keep``, drawn from tapegrad's random stream."""
+    from tapegrad.random import numpy_rng
+
+    return ((numpy_rng(generator).random(shape) < keep) / keep).astype(dtype)
+
+
+def dropout(input, p=0.5, training=True, inplace=False):
+    """As ``F.dropout``: zero each element with probability ``p``, scale the rest by 1/(1-p)."""
+    if p < 0.0 or p > 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    if not training or p == 0.0:
+        return input
+    if p == 1.0:
+        return input * _const(xp.zeros(input.shape, dtype=input._data.dtype))
+    return input * _const(_keep_mask(input.shape, 1.0 - p, input._data.dtype))
+
+
+# --- losses ------------------------------------------------------------------------------
+def _reduction(size_average, reduce, reduction):
+    if size_average is not None or reduce is not None:
+        size_average = True if size_average is None else size_average
+        reduce = True if reduce is None else reduce
+        return "none" if not reduce else ("mean" if size_average else "sum")
+    if reduction not in ("none", "mean", "sum"):
+        raise ValueError(f"{reduction} is not a valid value for reduction")
+    return reduction
+
+
+def _reduce(loss, reduction, denominator=None):
+    if reduction == "none":
+        return loss
+    total = sum_op(loss, dims=tuple(range(loss.ndim)))
+    if reduction == "sum":
+        return total
+    return total / (loss.numel() if denominator is None else denominator)
+
+
+def _same_size(name, input, target):
+    if tuple(target.shape) != tuple(input.shape):
+        try:
+            xp.broadcast_shapes(input.shape, target.shape)
+        except ValueError:
+            raise RuntimeError(f"{name}: the size of input {tuple(input.shape)} and target "
+                               f"{tuple(target.shape)} cannot be broadcast together") from None
+
+
+def _class_targets(name, input, target, weight, ignore_index):
+    """One-hot (class dim 1, or 0 for 1-D input) with the class weight folded in."""
+    if input.ndim == 0:
+        raise RuntimeError(f"{name}: input must have at least 1 dimension (got a scalar)")
+    cdim = 0 if input.ndim == 1 else 1
+    n_classes = input.shape[cdim]
+    expected = tuple(s for i, s in enumerate(input.shape) if i != cdim)
+    if tuple(target.shape) != expected:
+        raise ValueError(
+            f"{name}: expected target of shape {expected} (class indices) for input of shape "
+            f"{tuple(input.shape)}, got target of shape {tuple(target.shape)}")
+    t = target._data
+    if t.dtype.kind not in "iu":
+        raise RuntimeError(f"{name}: expected an integer class-index target, got dtype "
+                           f"{target.dtype}")
+    valid = t != ignore_index
+    bad = valid & ((t < 0) | (t >= n_classes))
+    if bad.any():
+        raise IndexError(f"{name}: Target {int(t[bad].flat[0])} is out of bounds "
+                         f"({n_classes} classes)")
+    if weight is not None and weight.requires_grad and grad_state.enabled:
+        raise RuntimeError(f"{name}: the class weight is not differentiable; this input cannot "
+                           "have requires_grad=True (pass weight.detach())")
+    if weight is not None and tuple(weight.shape) != (n_classes,):
+        raise RuntimeError(f"{name}: weight tensor should be defined either for all "
+                           f"{n_classes} classes or no classes but got weight tensor of shape: "
+                           f"{list(weight.shape)}")
+    dt = input._data.dtype
+    safe = xp.where(valid, t, 0)
+    wvec = weight._data.astype(dt) if weight is not None else xp.ones(n_classes, dtype=dt)
+    wy = wvec[safe] * valid  # per-sample weight; 0 where ignored
+    onehot = xp.zeros(input.shape, dtype=dt)
+    xp.put_along_axis(onehot, xp.expand_dims(safe, cdim), xp.expand_dims(wy, cdim), axis=cdim)
+    return onehot, wy, wvec, valid, cdim
+
+
+def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+             reduction="mean"):
+    """As ``F.nll_loss``: ``-weight[t] * input[n, t]``, averaged by the summed weights."""
+    reduction = _reduction(size_average, reduce, reduction)
+    q, wy, _, _, cdim = _class_targets("nll_loss", input, target, weight, ignore_index)
+    loss = N.nll_loss(input, _const(q), dim=cdim)
+    return _reduce(loss, reduction, float(wy.sum()))
+
+
+def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100,
+                  reduce=None, reduction="mean", label_smoothing=0.0):
+    """As ``F.cross_entropy``: logits (N, C) or (N, C, d1, ...) with class indices or class
+    probabilities. Fused: the gradient is ``(softmax - target) / n``, never through a log of a
+    softmax.
+
+    >>> F.cross_entropy(logits, labels, label_smoothing=0.1)
+    """
+    reduction = _reduction(size_average, reduce, reduction)
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise RuntimeError(f"cross_entropy: label_smoothing must be between 0.0 and 1.0. Got: "
+                           f"{label_smoothing}")
+    if input.ndim == 0:
+        raise RuntimeError("cross_entropy: input must have at least 1 dimension (got a scalar)")
+    cdim = 0 if input.ndim == 1 else 1
+    n_classes = input.shape[cdim]
+    if target._data.dtype.kind == "f":  # class probabilities
+        if tuple(target.shape) != tuple(input.shape):
+            raise ValueError(
+                f"cross_entropy: expected target of shape {tuple(input.shape)} (class "
+                f"probabilities) or {tuple(s for i, s in enumerate(input.shape) if i != cdim)} "
+                f"(class indices), got {tuple(target.shape)}")
+        q = target
+        if label_smoothing > 0:
+            q = q * (1 - label_smoothing) + label_smoothing / n_classes
+        if weight is not None:
+            wshape = [1] * input.ndim
+            wshape[cdim] = n_classes
+            q = q * _reshape(weight, wshape)
+        loss = N.softmax_cross_entropy(input, q, dim=cdim)
+        return _reduce(loss, reduction, input.numel() / n_classes if input.numel() else 0)
+    q, wy, wvec, valid, cdim = _class_targets("cross_entropy", input, target, weight,
+                                              ignore_index)
+    if label_smoothing > 0:
+        wshape = [1] * input.ndim
+        wshape[cdim] = n_classes
+        spread = wvec.reshape(wshape) * xp.expand_dims(valid, cdim)
+        q = (1 - label_smoothing) * q + (label_smoothing / n_classes) * spread
+    loss = N.softmax_cross_entropy(input, _const(q.astype(input._data.dtype)), dim=cdim)
+    return _reduce(loss, reduction, float(wy.sum()))
+
+
+def mse_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
+    """As ``F.mse_loss``: ``(input - target) ** 2`` reduced (mean by default)."""
+    reduction = _reduction(size_average, reduce, reduction)
+    _same_size("mse_loss", input, target)
+    d = input - target
+    return _weighted_reduce("mse_loss", d * d, input, reduction, weight)
+
+
+def _weighted_reduce(name, loss, input, reduction, weight):
+    if weight is None:
+        return _reduce(loss, reduction)
+    if tuple(weight.shape) != tuple(input.shape):
+        raise ValueError(f"{name}: Weights and input must have the same size (weight "
+                         f"{tuple(weight.shape)}, input {tuple(input.shape)})")
+    loss = loss * weight
+    if reduction == "mean":
+        return sum_op(loss, dims=tuple(range(loss.ndim))) / sum_op(
+            weight, dims=tuple(range(weight.ndim)))
+    return _reduce(loss, reduction)
+
+
+def _abs(d):
+    """``|d|`` whose gradient is ``sign(d)`` (0 at 0, as PyTorch's abs)."""
+    s = d._data
+    return d * _const((s > 0).astype(s.dtype) - (s < 0).astype(s.dtype))
+
+
+def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
+    """As ``F.l1_loss``: ``|input - target|`` reduced (mean by default)."""
+    reduction = _reduction(size_average, reduce, reduction)
+    _same_size("l1_loss", input, target)
+    return _weighted_reduce("l1_loss", _abs(input - target), input, reduction, weight)
+
+
+def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mean", beta=1.0):
+    """As ``F.smooth_l1_loss``: ``0.5 d**2 / beta`` where ``|d| < beta``, else ``|d| - beta/2``."""
+    reduction = _reduction(size_average, reduce, reduction)
+    if beta < 0:
+        raise RuntimeError(f"smooth_l1_loss: smooth_l1_loss does not support negative values "
+                           f"for beta (got {beta})")
+    _same_size("smooth_l1_loss", input, target)
+    d = input - target
+    ad = _abs(d)
+    if beta == 0:
+        return _reduce(ad, reduction)
+    return _reduce(where(ad < beta, 0.5 * d * d / beta, ad - 0.5 * beta), reduction)
+
+
+def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None,
+                         reduction="mean"):
+    """As ``F.binary_cross_entropy``: probabilities in [0, 1]; each log clamped at -100."""
+    reduction = _reduction(size_average, reduce, reduction)
+    if tuple(target.shape) != tuple(input.shape):
+        raise ValueError(
+            f"binary_cross_entropy: Using a target size ({tuple(target.shape)}) that is "
+            f"different to the input size ({tuple(input.shape)}) is deprecated. Please ensure "
+            "they have the same size.")
+    x = input._data
+    if ((x < 0) | (x > 1)).any():
+        raise RuntimeError("binary_cross_entropy: all elements of input should be between 0 "
+                           "and 1")
+    t = target._data
+    if ((t < 0) | (t > 1)).any():
+        raise RuntimeError("binary_cross_entropy: all elements of target should be between 0 "
+                           "and 1")
+    loss = N.binary_cross_entropy(input, target)
+    if weight is not None:
+        if weight.requires_grad and grad_state.enabled:
+            raise RuntimeError("binary_cross_entropy: the weight is not differentiable; this "
+                               "input cannot have requires_grad=True (pass weight.detach())")
+        loss = loss * weight
+    return _reduce(loss, reduction)
+
+
+def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None,
+                                     reduce=None, reduction="mean", pos_weight=None):
+    """As ``F.binary_cross_entropy_with_logits``: ``(1 - t) x - w_p log sigmoid(x)``, stable."""
+    reduction = _reduction(size_average, reduce, reduction)
+    if tuple(target.shape) != tuple(input.shape):
+        raise ValueError(
+            f"binary_cross_entropy_with_logits: Target size ({tuple(target.shape)}) must be "
+            f"the same as input size ({tuple(input.shape)})")
+    for what, p in (("weight", weight), ("pos_weight", pos_weight)):
+        if p is not None and p.requires_grad and grad_state.enabled:
+            raise RuntimeError(f"binary_cross_entropy_with_logits: {what} is not "
+                               "differentiable; this input cannot have requires_grad=True")
+    log_sig = N.log_sigmoid(input)
+    if pos_weight is not None:
+        log_sig = log_sig * ((pos_weight - 1) * target + 1)
+    loss = (1 - target) * input - log_sig
+    if weight is not None:
+        loss = loss * weight
+    return _reduce(loss, reduction)
+
+
+# --- embedding and normalisation ---------------------------------------------------------
+def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
+              scale_grad_by_freq=False, sparse=False):
+    """As ``F.embedding``: rows of ``weight``; the ``padding_idx`` row receives no gradient."""
+    if sparse:
+        raise NotImplementedError("embedding: sparse gradients are not supported by tapegrad")
+    idx = input._data if isinstance(input, Tensor) else xp.asarray(input)
+    if idx.dtype.kind not in "iu":
+        raise RuntimeError(f"embedding: expected indices of an integer dtype, got {idx.dtype}")
+    if weight.ndim != 2:
+        raise RuntimeError(f"embedding: weight must be 2-D, got shape {tuple(weight.shape)}")
+    num = weight.shape[0]
+    if idx.size and (idx.min() < -num or idx.max() >= num):
+        raise IndexError(f"embedding: index out of range in self (indices span "
+                         f"[{idx.min()}, {idx.max()}], weight has {num} rows)")
+    idx = idx % num if idx.size and idx.min() < 0 else idx
+    if padding_idx is not None:
+        if not -num <= padding_idx < num:
+            raise ValueError(f"embedding: Padding_idx must be within num_embeddings (got "
+                             f"{padding_idx} for {num} rows)")
+        padding_idx %= num
+    if max_norm is not None:
+        _embedding_renorm(weight, idx, max_norm, norm_type)
+    scale = None
+    if scale_grad_by_freq:
+        counts = xp.bincount(idx.reshape(-1), minlength=num)
+        scale = (1.0 / counts[idx]).astype(weight._data.dtype)
+    return N.embedding(weight, _const(idx), padding_idx=padding_idx, scale=scale)
+
+
+def _embedding_renorm(weight, idx, max_norm, norm_type):
+    """In place, as PyTorch: rows used whose norm exceeds max_norm are scaled down to it."""
+    w = weight._data
+    rows = xp.unique(idx)
+    norms = xp.linalg.norm(w[rows], ord=norm_type, axis=1)
+    over = norms > max_norm
+    w[rows[over]] *= (max_norm / (norms[over] + 1e-7))[:, None]
+    weight._version[0] += 1
+
+
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """As ``F.layer_norm``: standardise over the trailing ``normalized_shape`` dims (fused)."""
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    k = len(shape)
+    if k == 0 or tuple(input.shape[input.ndim - k:]) != shape or input.ndim < k:
+        raise RuntimeError(
+            f"layer_norm: Given normalized_shape={list(shape)}, expected input with shape "
+            f"[*, {', '.join(map(str, shape))}], but got input of size {_shape(input)}")
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is not None and tuple(p.shape) != shape:
+            raise RuntimeError(f"layer_norm: expected {name} of shape {list(shape)}, got "
+                               f"{_shape(p)}")
+    axes = tuple(range(input.ndim - k, input.ndim))
+    return N.layer_norm(input, weight, bias, axes=axes, eps=eps, param_shape=shape)
+
+
+def rms_norm(input, normalized_shape, weight=None, eps=None):
+    """As ``F.rms_norm``: ``x / sqrt(mean(x**2) + eps) * weight``; eps defaults to the dtype's
+    machine epsilon."""
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    k = len(shape)
+    if tuple(input.shape[input.ndim - k:]) != shape or input.ndim < k:
+        raise RuntimeError(
+            f"rms_norm: Given normalized_shape={list(shape)}, expected input with shape "
+            f"[*, {', '.join(map(str, shape))}], but got input of size {_shape(input)}")
+    if eps is None:
+        eps = float(xp.finfo(input._data.dtype).eps)
+    axes = tuple(range(input.ndim - k, input.ndim))
+    ms = sum_op(input * input, dims=axes, keepdim=True) / max(math.prod(shape), 1)
+    out = input * (1 / sqrt(ms + eps))
+    return out * weight if weight is not None else out
+
+
+def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False,
+               momentum=0.1, eps=1e-5):
+    """As ``F.batch_norm``: batch statistics when training (running stats updated in place
+    with ``momentum`` and the unbiased variance), running statistics otherwise."""
+    if input.ndim < 2:
+        raise ValueError(f"batch_norm: expected 2D or more input (N, C, ...), got "
+                         f"{_shape(input)}")
+    c = input.shape[1]
+    for name, p in (("running_mean", running_mean), ("running_var", running_var),
+                    ("weight", weight), ("bias", bias)):
+        if p is not None and tuple(p.shape) != (c,):
+            raise RuntimeError(f"batch_norm: {name} should contain {c} elements not "
+                               f"{p.numel()}")
+    pshape = (1, c) + (1,) * (input.ndim - 2)
+    axes = (0,) + tuple(range(2, input.ndim))
+    if training:
+        n = input.numel() // max(c, 1)
+        if n == 1:
+            raise ValueError(f"Expected more than 1 value per channel when training, got input "
+                             f"size {_shape(input)}")
+        if running_mean is not None or running_var is not None:
+            x = input._data
+            mean = x.mean(axis=axes)
+            var = ((x - mean.reshape(pshape)) ** 2).sum(axis=axes) / (n - 1)
+            for stat, value in ((running_mean, mean), (running_var, var)):
+                if stat is not None:
+                    d = stat._data
+                    d[...] = momentum * value.astype(d.dtype) + (1 - momentum) * d
+                    stat._version[0] += 1
+        return N.batch_norm(input, weight, bias, axes=axes, eps=eps, param_shape=pshape)
+    if running_mean is None or running_var is None:
+        raise RuntimeError("batch_norm: running_mean and running_var must be defined in "
+                           "evaluation mode")
+    rm = _const(running_mean._data.reshape(pshape))
+    invstd = _const((1 / xp.sqrt(running_var._data + eps)).reshape(pshape))
+    out = (input - rm) * invstd
+    if weight is not None:
+        out = out * _reshape(weight, pshape)
+    if bias is not None:
+        out = out + _reshape(bias, pshape)
+    return out
+
+
+def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
+    """As ``F.group_norm``: standardise each group of channels per sample, then scale/shift."""
+    if input.ndim < 2:
+        raise RuntimeError(f"group_norm: expected at least 2 dims (N, C, ...), got "
+                           f"{_shape(input)}")
+    n, c = input.shape[:2]
+    if num_groups <= 0 or c % num_groups:
+        raise RuntimeError(f"group_norm: Expected number of channels in input to be divisible "
+                           f"by num_groups, but got input of shape {_shape(input)} and "
+                           f"num_groups={num_groups}")
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is not None and tuple(p.shape) != (c,):
+            raise RuntimeError(f"group_norm: Expected {name} to be a vector of size equal to "
+                               f"the number of channels in input, but got {name} of shape "
+                               f"{_shape(p)} and input of shape {_shape(input)}")
+    grouped = _reshape(input, (n, num_groups, -1) if input.numel() else (n, num_groups, 0))
+    out = _reshape(N.layer_norm(grouped, None, None, axes=(2,), eps=eps, param_shape=()),
+                   input.shape)
+    pshape = (1, c) + (1,) * (input.ndim - 2)
+    if weight is not None:
+        out = out * _reshape(weight, pshape)
+    if bias is not None:
+        out = out + _reshape(bias, pshape)
+    return out
+
+
+# --- convolution -------------------------------------------------------------------------
+def _conv_padding(name, padding, kernel, stride, dilation):
+    n = len(kernel)
+    if isinstance(padding, str):
+        if padding == "valid":
+            return ((0, 0),) * n
+        if padding != "same":
+            raise ValueError(f"{name}: Invalid padding string {padding!r}, should be one of "
+                             "{'valid', 'same'}")
+        if any(s != 1 for s in stride):
+            raise ValueError(f"{name}: padding='same' is not supported for strided "
+                             "convolutions")
+        pads = []
+        for k, d in zip(kernel, dilation):
+            total = d * (k - 1)
+            pads.append((total // 2, total - total // 2))
+        return tuple(pads)
+    p = _tuple(padding, n, name, "padding")
+    if any(v < 0 for v in p):
+        raise RuntimeError(f"{name}: negative padding is not supported (got {list(p)})")
+    return tuple((v, v) for v in p)
+
+
+def _conv_check(name, input, weight, bias, groups, stride, dilation, n):
+    dims = n + 2
+    if input.ndim not in (dims - 1, dims):
+        raise RuntimeError(f"{name}: Expected {dims - 1}D (unbatched) or {dims}D (batched) "
+                           f"input to {name}, but got input of size: {_shape(input)}")
+    if weight.ndim != dims:
+        raise RuntimeError(f"{name}: Expected {dims}-dimensional weight for {dims}-dimensional "
+                           f"input {_shape(input)}, but got {weight.ndim}-dimensional weight of "
+                           f"size {_shape(weight)}")
+    if groups <= 0:
+        raise RuntimeError(f"{name}: non-positive groups is not supported (got {groups})")
+    if any(s <= 0 for s in stride) or any(d <= 0 for d in dilation):
+        raise RuntimeError(f"{name}: stride and dilation must be positive (got stride "
+                           f"{list(stride)}, dilation {list(dilation)})")
+    if input.dtype != weight.dtype:
+        raise RuntimeError(f"{name}: Input type ({input.dtype}) and weight type "
+                           f"({weight.dtype}) should be the same")
+
+
+def _convnd(name, input, weight, bias, stride, padding, dilation, groups, n):
+    stride = _tuple(stride, n, name, "stride")
+    dilation = _tuple(dilation, n, name, "dilation")
+    _conv_check(name, input, weight, bias, groups, stride, dilation, n)
+    batched = input.ndim == n + 2
+    x = input if batched else _reshape(input, (1,) + tuple(input.shape))
+    c = x.shape[1]
+    o, cg = weight.shape[:2]
+    kernel = tuple(weight.shape[2:])
+    if o % groups:
+        raise RuntimeError(f"{name}: Given groups={groups}, expected weight to be divisible by "
+                           f"{groups} at dimension 0, but got weight of size {_shape(weight)} "
+                           "instead")
+    if cg * groups != c:
+        raise RuntimeError(f"{name}: Given groups={groups}, weight of size {_shape(weight)}, "
+                           f"expected input{_shape(x)} to have {cg * groups} channels, but got "
+                           f"{c} channels instead")
+    if bias is not None and tuple(bias.shape) != (o,):
+        raise RuntimeError(f"{name}: Given weight of size {_shape(weight)}, expected bias to be "
+                           f"1-dimensional with {o} elements, but got bias of size "
+                           f"{_shape(bias)} instead")
+    pads = _conv_padding(name, padding, kernel, stride, dilation)
+    padded = [s + lo + hi for s, (lo, hi) in zip(x.shape[2:], pads)]
+    eff = [d * (k - 1) + 1 for k, d in zip(kernel, dilation)]
+    if any(p < e for p, e in zip(padded, eff)):
+        raise RuntimeError(
+            f"{name}: Calculated padded input size per channel: "
+            f"({' x '.join(map(str, padded))}). Kernel size: ({' x '.join(map(str, eff))}). "
+            f"Kernel size can't be greater than actual input size (input {_shape(input)}, "
+            f"weight {_shape(weight)})")
+    if n == 1:  # conv1d runs as a conv2d over a height-1 image
+        out = N.conv2d(_reshape(x, x.shape[:2] + (1,) + x.shape[2:]),
+                       _reshape(weight, (o, cg, 1) + kernel), stride=(1,) + stride,
+                       padding=((0, 0),) + pads, dilation=(1,) + dilation, groups=groups)
+        out = _reshape(out, out.shape[:2] + out.shape[3:])
+    else:
+        out = N.conv2d(x, weight, stride=stride, padding=pads, dilation=dilation, groups=groups)
+    if bias is not None:
+        out = out + _reshape(bias, (1, o) + (1,) * n)
+    return out if batched else _reshape(out, out.shape[1:])
+
+
+def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """As ``F.conv1d``: (N, C, L) with (O, C/groups, K); padding int, 'same' or 'valid'."""
+    return _convnd("conv1d", input, weight, bias, stride, padding, dilation, groups, 1)
+
+
+def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """As ``F.conv2d``: (N, C, H, W) with (O, C/groups, KH, KW); strided views and one matmul.
+
+    >>> F.conv2d(x, w, b, stride=2, padding=1)
+    """
+    return _convnd("conv2d", input, weight, bias, stride, padding, dilation, groups, 2)
+
+
+def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1,
+                     dilation=1):
+    """As ``F.conv_transpose2d``: the gradient of conv2d with respect to its input; weight is
+    (C_in, C_out/groups, KH, KW)."""
+    name = "conv_transpose2d"
+    stride = _tuple(stride, 2, name, "stride")
+    dilation = _tuple(dilation, 2, name, "dilation")
+    padding = _tuple(padding, 2, name, "padding")
+    output_padding = _tuple(output_padding, 2, name, "output_padding")
+    _conv_check(name, input, weight, bias, groups, stride, dilation, 2)
+    batched = input.ndim == 4
+    x = input if batched else _reshape(input, (1,) + tuple(input.shape))
+    cin, cog = weight.shape[:2]
+    if cin != x.shape[1]:
+        raise RuntimeError(f"{name}: Given transposed=1, weight of size {_shape(weight)}, "
+                           f"expected input{_shape(x)} to have {cin} channels, but got "
+                           f"{x.shape[1]} channels instead")
+    if cin % groups:
+        raise RuntimeError(f"{name}: Given groups={groups}, expected weight to be divisible by "
+                           f"{groups} at dimension 0, but got weight of size {_shape(weight)}")
+    for op_, s in zip(output_padding, stride):
+        if op_ >= s:
+            raise RuntimeError(f"{name}: output padding must be smaller than stride, but got "
+                               f"output_padding={list(output_padding)}, stride={list(stride)}")
+    if bias is not None and tuple(bias.shape) != (cog * groups,):
+        raise RuntimeError(f"{name}: expected bias of shape ({cog * groups},), got "
+                           f"{_shape(bias)}")
+    size = tuple((h - 1) * s - 2 * p + d * (k - 1) + op_ + 1 for h, s, p, d, k, op_ in zip(
+        x.shape[2:], stride, padding, dilation, weight.shape[2:], output_padding))
+    if any(s <= 0 for s in size):
+        raise RuntimeError(f"{name}: computed output size {list(size)} is too small (input "
+                           f"{_shape(input)}, weight {_shape(weight)})")
+    out = N.conv2d_input(x, weight, size=size, stride=stride,
+                         padding=tuple((p, p) for p in padding), dilation=dilation,
+                         groups=groups)
+    if bias is not None:
+        out = out + _reshape(bias, (1, cog * groups, 1, 1))
+    return out if batched else _reshape(out, out.shape[1:])
+
+
+# --- pooling -----------------------------------------------------------------------------
+def _pool_out(size, k, p, s, d, ceil_mode):
+    """PyTorch's pooling_output_shape."""
+    num = size + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0)
+    out = num // s + 1
+    if ceil_mode and (out - 1) * s >= size + p:
+        out -= 1
+    return out
+
+
+def _pool_args(name, input, kernel_size, stride, padding, dilation, ceil_mode):
+    kernel = _tuple(kernel_size, 2, name, "kernel_size")
+    stride = kernel if stride is None or (not isinstance(stride, int) and len(stride) == 0) \
+        else _tuple(stride, 2, name, "stride")
+    padding = _tuple(padding, 2, name, "padding")
+    dilation = _tuple(dilation, 2, name, "dilation")
+    if input.ndim not in (3, 4):
+        raise RuntimeError(f"{name}: Expected 3D or 4D (batch mode) tensor for input, got "
+                           f"{_shape(input)}")
+    if any(v <= 0 for v in kernel + stride + dilation):
+        raise RuntimeError(f"{name}: kernel_size, stride and dilation must be greater than "
+                           f"zero, got kernel_size={list(kernel)}, stride={list(stride)}, "
+                           f"dilation={list(dilation)}")
+    for p, k, d in zip(padding, kernel, dilation):
+        if p < 0 or p > (d * (k - 1) + 1) // 2:
+            raise RuntimeError(f"{name}: pad should be at most half of effective kernel size, "
+                               f"but got pad={p}, kernel_size={k} and dilation={d}")
+    out = tuple(_pool_out(n, k, p, s, d, ceil_mode) for n, k, p, s, d in zip(
+        input.shape[-2:], kernel, padding, stride, dilation))
+    if any(o <= 0 for o in out):
+        raise RuntimeError(f"{name}: Given input size {_shape(input)}, calculated output size "
+                           f"{list(out)} is too small (kernel_size={list(kernel)})")
+    return kernel, stride, padding, dilation, out
+
+
+def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+               return_indices=False):
+    """As ``F.max_pool2d``: stride defaults to kernel_size; the gradient goes to each window's
+    argmax. ``return_indices=True`` also returns the flat (h * W + w) indices."""
+    name = "max_pool2d"
+    kernel, stride, padding, dilation, out = _pool_args(name, input, kernel_size, stride,
+                                                        padding, dilation, ceil_mode)
+    batched = input.ndim == 4
+    x = input if batched else _reshape(input, (1,) + tuple(input.shape))
+    idx = N.max_pool2d_indices(x._data, kernel=kernel, stride=stride, padding=padding,
+                               dilation=dilation, out_size=out)
+    values = N.max_pool2d(x, _const(idx))
+    if not batched:
+        values, idx = _reshape(values, values.shape[1:]), idx[0]
+    return (values, _const(idx)) if return_indices else values
+
+
+max_pool2d_with_indices = max_pool2d
+
+
+def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False,
+               count_include_pad=True, divisor_override=None):
+    """As ``F.avg_pool2d``: window means; ``count_include_pad`` counts the zero padding."""
+    name = "avg_pool2d"
+    kernel, stride, padding, _, out = _pool_args(name, input, kernel_size, stride, padding, 1,
+                                                 ceil_mode)
+    if divisor_override is not None and divisor_override == 0:
+        raise RuntimeError("avg_pool2d: divisor must be not zero")
+    batched = input.ndim == 4
+    x = input if batched else _reshape(input, (1,) + tuple(input.shape))
+    y = N.avg_pool2d(x, kernel=kernel, stride=stride, padding=padding, out_size=out,
+                     count_include_pad=count_include_pad, divisor_override=divisor_override)
+    return y if batched else _reshape(y, y.shape[1:])
+
+
+def _adaptive_matrix(n, o, dtype):
+    """(o, n) averaging matrix of PyTorch's adaptive windows [floor(i n/o), ceil((i+1) n/o))."""
+    i = xp.arange(o)
+    start = (i * n) // o
+    end = -((-(i + 1) * n) // o)
+    cols = xp.arange(n)
+    inside = (cols[None, :] >= start[:, None]) & (cols[None, :] < end[:, None])
+    return (inside / (end - start)[:, None]).astype(dtype)
+
+
+def adaptive_avg_pool2d(input, output_size):
+    """As ``F.adaptive_avg_pool2d``: ``output_size`` int or pair (None keeps that size)."""
+    if input.ndim not in (3, 4):
+        raise RuntimeError(f"adaptive_avg_pool2d: Expected 3D or 4D tensor, but got "
+                           f"{_shape(input)}")
+    if isinstance(output_size, int):
+        output_size = (output_size, output_size)
+    h, w = input.shape[-2:]
+    oh, ow = (h if output_size[0] is None else output_size[0],
+              w if output_size[1] is None else output_size[1])
+    if oh <= 0 or ow <= 0 or h == 0 or w == 0:
+        raise RuntimeError(f"adaptive_avg_pool2d: invalid output size {[oh, ow]} for input "
+                           f"{_shape(input)}")
+    dt = input._data.dtype
+    rows, cols = _adaptive_matrix(h, oh, dt), _adaptive_matrix(w, ow, dt).T
+    return matmul(matmul(_const(rows), input), _const(xp.ascontiguousarray(cols)))
+
+
+# --- attention ---------------------------------------------------------------------------
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None, enable_gqa=False):
+    """As ``F.scaled_dot_product_attention``: ``softmax(q k^T * scale + mask) @ v`` (fused).
+
+    ``attn_mask``: bool (True = attend) or float (added); ``is_causal``: lower-triangular mask.
+    Rows with every position masked give zeros, as PyTorch's math backend.
+    """
+    name = "scaled_dot_product_attention"
+    if query.ndim < 2 or key.ndim < 2 or value.ndim < 2:
+        raise RuntimeError(f"{name}: query, key and value must be at least 2-D, got "
+                           f"{_shape(query)}, {_shape(key)}, {_shape(value)}")
+    if query.shape[-1] != key.shape[-1] or key.shape[-2] != value.shape[-2]:
+        raise RuntimeError(f"{name}: incompatible shapes query {_shape(query)}, key "
+                           f"{_shape(key)}, value {_shape(value)} (need q[-1] == k[-1] and "
+                           "k[-2] == v[-2])")
+    if enable_gqa and key.ndim >= 3 and query.shape[-3] != key.shape[-3]:
+        hq, hk = query.shape[-3], key.shape[-3]
+        if hq % hk:
+            raise RuntimeError(f"{name}: number of heads in key/value ({hk}) must divide the "
+                               f"number of heads in query ({hq})")
+        key, value = _repeat_heads(key, hq // hk), _repeat_heads(value, hq // hk)
+    if is_causal and attn_mask is not None:
+        raise RuntimeError(f"{name}: Explicit attn_mask should not be set when is_causal=True")
+    if not 0.0 <= dropout_p <= 1.0:
+        raise ValueError(f"{name}: dropout_p must be in [0, 1], got {dropout_p}")
+    L, S = query.shape[-2], key.shape[-2]
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+    dt = query._data.dtype
+    bias = None
+    if is_causal:
+        attn_mask = _const(xp.tril(xp.ones((L, S), dtype=bool)))
+    blocked = None
+    if attn_mask is not None:
+        m = attn_mask._data
+        if m.dtype == bool:
+            bias = _const(xp.where(m, 0, -xp.inf).astype(dt))
+            blocked = ~m
+        else:
+            bias = attn_mask
+            blocked = m == -xp.inf
+        try:
+            xp.broadcast_shapes(m.shape, query.shape[:-1] + (S,))
+        except ValueError:
+            raise RuntimeError(f"{name}: attn_mask of shape {list(m.shape)} cannot be broadcast "
+                               f"to the attention weights' shape "
+                               f"{list(query.shape[:-1]) + [S]}") from None
+    keep = None
+    if blocked is not None:
+        dead = xp.all(blocked, axis=-1, keepdims=True)
+        if dead.any():  # a fully masked row: attend nowhere (zeros), as _safe_softmax
+            keep = (~dead).astype(dt)
+            fix = xp.where(dead, 0, bias._data)
+            bias = bias + _const((fix - bias._data).astype(dt)) if bias.requires_grad \
+                else _const(fix.astype(dt))
+    if dropout_p > 0.0:
+        shape = xp.broadcast_shapes(query.shape[:-1] + (S,), key.shape[:-2] + (L, S))
+        drop = _keep_mask(shape, 1.0 - dropout_p, dt) if dropout_p < 1 else xp.zeros(shape, dt)
+        keep = drop if keep is None else keep * drop
+    if bias is not None:
+        return N.scaled_dot_product_attention(query, key, value, bias, scale=scale, keep=keep)
+    return N.scaled_dot_product_attention(query, key, value, scale=scale, keep=keep)
+
+
+def _repeat_heads(t, r):
+    shape = tuple(t.shape)
+    lead, h = shape[:-3], shape[-3]
+    e = reshape_op(t, shape=lead + (h, 1) + shape[-2:])
+    e = broadcast_to(e, shape=lead + (h, r) + shape[-2:])
+    return reshape_op(e, shape=lead + (h * r,) + shape[-2:])
+
+
+# --- utilities ---------------------------------------------------------------------------
+def one_hot(tensor, num_classes=-1):
+    """As ``F.one_hot``: int64 (..., num_classes); ``num_classes=-1`` infers max + 1."""
+    t = tensor._data
+    if t.dtype.kind not in "iu":
+        raise RuntimeError(f"one_hot: one_hot is only applicable to index tensor of integer "
+                           f"type, got {tensor.dtype}")
+    if t.size and t.min() < 0:
+        raise RuntimeError("one_hot: Class values must be non-negative.")
+    if num_classes == -1:
+        if t.size == 0:
+            raise RuntimeError("one_hot: Can not infer total number of classes from empty "
+                               "tensor.")
+        num_classes = int(t.max()) + 1
+    elif t.size and t.max() >= num_classes:
+        raise RuntimeError(f"one_hot: Class values must be smaller than num_classes "
+                           f"(got {int(t.max())} with num_classes={num_classes}).")
+    return _const((t[..., None] == xp.arange(num_classes)).astype(xp.int64))
+
+
+def _p_norm(x, p, dim, name):
+    if p == 2:
+        return N.l2_norm(x, dim=dim)
+    a = _abs(x)
+    if p == 1:
+        return sum_op(a, dims=(dim,), keepdim=True)
+    if p == math.inf:
+        d = a._data
+        first = xp.argmax(d, axis=dim, keepdims=True)
+        pick = xp.zeros(d.shape, dtype=d.dtype)
+        xp.put_along_axis(pick, first, 1, axis=dim)
+        return sum_op(a * _const(pick), dims=(dim,), keepdim=True)
+    if p <= 0:
+        raise RuntimeError(f"{name}: p must be positive, got {p}")
+    return sum_op(a ** p, dims=(dim,), keepdim=True) ** (1.0 / p)
+
+
+def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
+    """As ``F.normalize``: ``x / max(||x||_p along dim, eps)``."""
+    if out is not None:
+        raise NotImplementedError("normalize: out= is not supported by tapegrad")
+    dim = _dim(dim, input.ndim, "normalize")
+    if input.ndim == 0:
+        raise RuntimeError("normalize: input must have at least 1 dimension")
+    norm = _p_norm(input, p, dim, "normalize")
+    return input / where(norm >= eps, norm, eps)
+
+
+def cosine_similarity(x1, x2, dim=1, eps=1e-8):
+    """As ``F.cosine_similarity``: PyTorch's formula ``sum(x1/max(|x1|, eps) * x2/max(|x2|,
+    eps))`` (each norm clamped without a gradient through the clamp)."""
+    try:
+        shape = xp.broadcast_shapes(x1.shape, x2.shape)
+    except ValueError:
+        raise RuntimeError(f"cosine_similarity: x1 {_shape(x1)} and x2 {_shape(x2)} cannot be "
+                           "broadcast together") from None
+    if tuple(x1.shape) != shape:
+        x1 = broadcast_to(x1, shape=shape) if x1.requires_grad else _const(
+            xp.broadcast_to(x1._data, shape))
+    if tuple(x2.shape) != shape:
+        x2 = broadcast_to(x2, shape=shape) if x2.requires_grad else _const(
+            xp.broadcast_to(x2._data, shape))
+    dim = _dim(dim, len(shape), "cosine_similarity")
+    parts = []
+    for x in (x1, x2):
+        n = N.l2_norm(x, dim=dim)
+        lift = xp.maximum(n._data, eps) - n._data  # the clamp, outside the graph
+        parts.append(x / (n + _const(lift)) if lift.any() else x / n)
+    return sum_op(parts[0] * parts[1], dims=(dim,))
+
+
+__all__ = ["linear", "relu", "leaky_relu", "gelu", "silu", "tanh", "sigmoid", "softplus",
+           "elu", "softmax", "log_softmax", "dropout", "cross_entropy", "nll_loss", "mse_loss",
+           "l1_loss", "smooth_l1_loss", "binary_cross_entropy",
+           "binary_cross_entropy_with_logits", "embedding", "layer_norm", "rms_norm",
+           "batch_norm", "group_norm", "conv1d", "conv2d", "conv_transpose2d", "max_pool2d",
+           "max_pool2d_with_indices", "avg_pool2d", "adaptive_avg_pool2d",
+           "scaled_dot_product_attention", "one_hot", "pad", "normalize", "cosine_similarity"]

@@ -1,0 +1,548 @@
+"""Fused nn composites: ops whose numerics or speed need their own gradient rule.
+
+Each rule is written with registered ops only, so it runs on raw arrays (plain backward)
+and on Tensors (``create_graph``): second derivatives come from recording the rule. Where a
+rule needs another big computation (conv, pooling, embedding) that computation is itself an
+op here, and the family closes on itself: conv2d, conv2d_input and conv2d_weight are the
+three partial derivatives of one trilinear form, so each one's rule is the other two.
+"""
+import math
+
+from tapegrad.ops.registry import op, xp
+from tapegrad.ops.elementwise import exp, log, sqrt, tanh, sigmoid, erf, where_op as where
+from tapegrad.ops.movement import reshape_op as reshape, sum_to
+from tapegrad.ops.reduce import sum_op
+from tapegrad.ops.linalg import matmul
+
+_sliding = xp.lib.stride_tricks.sliding_window_view
+
+
+def _erf(a):
+    return erf(a)  # the registered op's forward, on arrays
+
+
+def _keep(g, shape, dims):
+    """``g`` (reduced over ``dims`` without keepdim) reshaped so it broadcasts against shape."""
+    return reshape(g, shape=tuple(1 if i in dims else n for i, n in enumerate(shape)))
+
+
+def _mean_keep(a, dims, n):
+    return sum_op(a, dims=dims, keepdim=True) / n
+
+
+# --- linear ------------------------------------------------------------------------------
+@op(flops=2, needs=True, fused=True)
+def linear(x, w, b=None):
+    """``x @ w.T + b``; fused so the rule needs no transposed copy and sums the bias once."""
+    out = xp.matmul(x, w.T)
+    if b is not None:
+        out += b
+    return out
+
+
+@linear.grad
+def _(g, out, x, w, b=None, needs=(True, True, True)):
+    gx = matmul(g, w) if needs[0] else None
+    gw = gb = None
+    if needs[1] or (b is not None and needs[2]):
+        g2 = reshape(g, shape=(-1, w.shape[0]))
+        if needs[1]:
+            gw = matmul(g2.mT, reshape(x, shape=(-1, w.shape[1])))
+        if b is not None and needs[2]:
+            gb = sum_op(g2, dims=(0,))
+    return gx, gw, gb
+
+
+# --- activations -------------------------------------------------------------------------
+_GELU_BETA = math.sqrt(2.0) * (2.0 / math.sqrt(math.pi)) * 0.5
+_GELU_KAPPA = 0.044715
+_SQRT1_2 = 1.0 / math.sqrt(2.0)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+@op(flops=20, float_only=True, fused=True)
+def gelu(x, approximate="none"):
+    """Exact ``x * Phi(x)`` or the tanh approximation, as ``torch.nn.functional.gelu``."""
+    if approximate == "tanh":
+        return 0.5 * x * (1 + xp.tanh(_GELU_BETA * (x + _GELU_KAPPA * x * x * x)))
+    return x * 0.5 * (1 + _erf(x * _SQRT1_2))
+
+
+@gelu.grad
+def _(g, out, x, approximate="none"):
+    return gelu_backward(g, x, approximate=approximate)
+
+
+def _gelu_d2(x, approximate):
+    """gelu''(x), written with ops so that higher orders record."""
+    if approximate == "tanh":
+        t = tanh(_GELU_BETA * (x + _GELU_KAPPA * x * x * x))
+        du = _GELU_BETA * (1 + 3 * _GELU_KAPPA * x * x)
+        return (1 - t * t) * (du - x * t * du * du + 3 * _GELU_BETA * _GELU_KAPPA * x * x)
+    return exp(-0.5 * x * x) * _INV_SQRT_2PI * (2 - x * x)
+
+
+@op(flops=25, fused=True)
+def gelu_backward(g, x, approximate="none"):
+    """``g * gelu'(x)``: gelu's gradient, an op so that its own gradient is gelu''."""
+    if approximate == "tanh":
+        inner = _GELU_BETA * (x + _GELU_KAPPA * x * x * x)
+        t = xp.tanh(inner)
+        left = 0.5 * x
+        right = 1 + t
+        dright = left * (1 - t * t) * _GELU_BETA * (1 + 3 * _GELU_KAPPA * x * x)
+        return g * (0.5 * right + dright)
+    cdf = 0.5 * (1 + _erf(x * _SQRT1_2))
+    pdf = xp.exp(-0.5 * x * x) * _INV_SQRT_2PI
+    return g * (cdf + x * pdf)
+
+
+@gelu_backward.grad
+def _(gg, out, g, x, approximate="none"):
+    return gelu_backward(gg, x, approximate=approximate), gg * g * _gelu_d2(x, approximate)
+
+
+@op(flops=20, float_only=True, fused=True)
+def softplus(x, beta=1.0, threshold=20.0):
+    """``log1p(exp(beta x)) / beta``, linear above ``threshold`` (as PyTorch)."""
+    bx = x * beta
+    return xp.where(bx > threshold, x, xp.log1p(xp.exp(xp.minimum(bx, threshold))) / beta)
+
+
+@softplus.grad
+def _(g, out, x, beta=1.0, threshold=20.0):
+    bx = x * beta
+    return where(bx > threshold, g, g * sigmoid(bx))
+
+
+@op(flops=10, float_only=True, fused=True)
+def elu(x, alpha=1.0):
+    """``x`` above 0, ``alpha * expm1(x)`` below (expm1: exp(x) - 1 loses digits near 0)."""
+    return xp.where(x > 0, x, alpha * xp.expm1(xp.minimum(x, 0)))
+
+
+@elu.grad
+def _(g, out, x, alpha=1.0):
+    return where(x > 0, g, g * alpha * exp(x))
+
+
+@op(flops=10, float_only=True, fused=True)
+def log_sigmoid(x):
+    """``min(x, 0) - log1p(exp(-|x|))``: never overflows, never logs an underflowed 0."""
+    return xp.minimum(x, 0) - xp.log1p(xp.exp(-xp.abs(x)))
+
+
+@log_sigmoid.grad
+def _(g, out, x):
+    return g * sigmoid(-x)
+
+
+@op(flops=2, saves="both", fused=True)
+def l2_norm(x, dim):
+    """``sqrt(sum(x * x, dim, keepdim=True))``; its gradient is 0 where the norm is 0."""
+    return xp.sqrt((x * x).sum(axis=dim, keepdims=True))
+
+
+@l2_norm.grad
+def _(g, out, x, dim):
+    zero = out == 0
+    return x * (g / where(zero, 1.0, out)) * (out != 0)
+
+
+# --- softmax family ----------------------------------------------------------------------
+@op(flops=5, saves="out", float_only=True, fused=True)
+def softmax(x, dim):
+    """Softmax over ``dim`` with the max subtracted first."""
+    e = xp.exp(x - x.max(axis=dim, keepdims=True))
+    return e / e.sum(axis=dim, keepdims=True)
+
+
+@softmax.grad
+def _(g, out, x, dim):
+    return out * (g - sum_op(g * out, dims=(dim,), keepdim=True))
+
+
+@op(flops=5, saves="out", float_only=True, fused=True)
+def log_softmax(x, dim):
+    """``x - max - log(sum(exp(x - max)))``: fused, since the log of a softmax underflows."""
+    s = x - x.max(axis=dim, keepdims=True)
+    return s - xp.log(xp.exp(s).sum(axis=dim, keepdims=True))
+
+
+@log_softmax.grad
+def _(g, out, x, dim):
+    return g - exp(out) * sum_op(g, dims=(dim,), keepdim=True)
+
+
+def _weighted_sum(q, a, dim):
+    """``sum(q * a, dim)`` where ``q == 0`` contributes 0 even when ``a`` is -inf."""
+    with xp.errstate(invalid="ignore"):
+        return xp.where(q == 0, 0, q * a).sum(axis=dim)
+
+
+@op(flops=8, needs=True, fused=True)
+def softmax_cross_entropy(x, q, dim):
+    """Per-sample ``-sum(q * log_softmax(x), dim)`` for a (weighted) target distribution q.
+
+    Fused: the gradient is ``softmax(x) * sum(q) - q``, never through the log of a softmax.
+    """
+    return -_weighted_sum(q, log_softmax.forward(x, dim), dim)
+
+
+@softmax_cross_entropy.grad
+def _(g, out, x, q, dim, needs=(True, True)):
+    logp = log_softmax(x, dim=dim)
+    ge = _keep(g, x.shape, (dim,))
+    gx = ge * (exp(logp) * sum_op(q, dims=(dim,), keepdim=True) - q) if needs[0] else None
+    gq = -ge * logp if needs[1] else None
+    return gx, gq
+
+
+@op(flops=2, needs=True, fused=True)
+def nll_loss(x, q, dim):
+    """Per-sample ``-sum(q * x, dim)``: q is the one-hot target scaled by the class weight."""
+    return -_weighted_sum(q, x, dim)
+
+
+@nll_loss.grad
+def _(g, out, x, q, dim, needs=(True, True)):
+    ge = _keep(g, x.shape, (dim,))
+    return (-ge * q if needs[0] else None), (-ge * x if needs[1] else None)
+
+
+_BCE_EPS = 1e-12
+
+
+@op(flops=10, needs=True, fused=True)
+def binary_cross_entropy(x, t):
+    """Elementwise ``-(t log x + (1 - t) log(1 - x))`` with each log clamped at -100."""
+    with xp.errstate(divide="ignore"):
+        return (t - 1) * xp.maximum(xp.log1p(-x), -100) - t * xp.maximum(xp.log(x), -100)
+
+
+@binary_cross_entropy.grad
+def _(g, out, x, t, needs=(True, True)):
+    gx = gt = None
+    if needs[0]:
+        d = (1 - x) * x
+        gx = g * (x - t) / where(d < _BCE_EPS, _BCE_EPS, d)
+    if needs[1]:
+        gt = -g * log(x / (1 - x))
+    return gx, gt
+
+
+# --- normalisation -----------------------------------------------------------------------
+def _norm_forward(x, w=None, b=None, *, axes, eps, param_shape):
+    mean = x.mean(axis=axes, keepdims=True)
+    xc = x - mean
+    rstd = 1 / xp.sqrt((xc * xc).mean(axis=axes, keepdims=True) + eps)
+    out = xc * rstd
+    if w is not None:
+        out = out * w.reshape(param_shape)
+    if b is not None:
+        out = out + b.reshape(param_shape)
+    return out
+
+
+def _norm_rule(g, out, x, w=None, b=None, *, axes, eps, param_shape, needs=(True,) * 3):
+    n = 1
+    for a in axes:
+        n *= x.shape[a]
+    xc = x - _mean_keep(x, axes, n)
+    rstd = 1 / sqrt(_mean_keep(xc * xc, axes, n) + eps)
+    xhat = xc * rstd
+    gx = gw = gb = None
+    if needs[0]:
+        gxhat = g * reshape(w, shape=param_shape) if w is not None else g
+        gx = rstd * (gxhat - _mean_keep(gxhat, axes, n)
+                     - xhat * _mean_keep(gxhat * xhat, axes, n))
+    if w is not None and needs[1]:
+        gw = reshape(sum_to(g * xhat, shape=param_shape), shape=w.shape)
+    if b is not None and needs[2]:
+        gb = reshape(sum_to(g, shape=param_shape), shape=b.shape)
+    return gx, gw, gb
+
+
+def _norm_op(name, doc):
+    def forward(x, w=None, b=None, *, axes, eps, param_shape):
+        return _norm_forward(x, w, b, axes=axes, eps=eps, param_shape=param_shape)
+
+    forward.__doc__ = doc
+    o = op(flops=8, needs=True, fused=True, name=name)(forward)
+    o.grad(_norm_rule)
+    return o
+
+
+layer_norm = _norm_op("layer_norm", "Standardise over the trailing ``axes``, then scale/shift.")
+batch_norm = _norm_op("batch_norm", "Standardise each channel with batch statistics, then "
+                                    "scale/shift per channel.")
+
+
+# --- embedding ---------------------------------------------------------------------------
+@op(saves="inputs", fused=True)
+def embedding(w, idx, padding_idx=None, scale=None):
+    """Rows ``w[idx]``; the ``padding_idx`` row gets no gradient; ``scale`` (per lookup)
+    multiplies the gradient (scale_grad_by_freq)."""
+    return w[idx]
+
+
+@embedding.grad
+def _(g, out, w, idx, padding_idx=None, scale=None):
+    return embedding_backward(g, idx, num_weights=w.shape[0], padding_idx=padding_idx,
+                              scale=scale), None
+
+
+@op(fused=True)
+def embedding_backward(g, idx, num_weights, padding_idx=None, scale=None):
+    """Scatter-add ``g`` into a (num_weights, dim) table, the padding row left at zero."""
+    d = g.shape[-1]
+    if scale is not None:
+        g = g * scale[..., None]
+    out = xp.zeros((num_weights, d), dtype=g.dtype)
+    xp.add.at(out, idx.reshape(-1), g.reshape(-1, d))
+    if padding_idx is not None:
+        out[padding_idx] = 0
+    return out
+
+
+@embedding_backward.grad
+def _(gg, out, g, idx, num_weights, padding_idx=None, scale=None):
+    if padding_idx is not None:
+        keep = xp.ones((num_weights, 1), dtype=gg.dtype)
+        keep[padding_idx] = 0
+        gg = gg * keep
+    rows = embedding(gg, idx)
+    return (rows if scale is None else rows * scale[..., None]), None
+
+
+# --- convolution -------------------------------------------------------------------------
+# Parameters: stride (sh, sw), padding ((top, bottom), (left, right)), dilation (dh, dw),
+# groups. Patches are strided views (no copy) and the contraction one batched matmul.
+def _patches(x, kernel, stride, padding, dilation, fill=0):
+    """(N, C, OH, OW, KH, KW) view of the padded input's receptive fields."""
+    if any(p for pair in padding for p in pair):
+        x = xp.pad(x, ((0, 0), (0, 0)) + tuple(padding), constant_values=fill)
+    (kh, kw), (dh, dw), (sh, sw) = kernel, dilation, stride
+    win = _sliding(x, ((kh - 1) * dh + 1, (kw - 1) * dw + 1), axis=(2, 3))
+    return win[:, :, ::sh, ::sw, ::dh, ::dw]
+
+
+def _columns(x, kernel, stride, padding, dilation, groups):
+    """im2col: (N, G, OH*OW, C/G*KH*KW) and the output size."""
+    win = _patches(x, kernel, stride, padding, dilation)
+    n, c, oh, ow, kh, kw = win.shape
+    cols = win.reshape(n, groups, c // groups, oh, ow, kh, kw).transpose(0, 1, 3, 4, 2, 5, 6)
+    return cols.reshape(n, groups, oh * ow, -1), (oh, ow)
+
+
+def _col2im(cols, size, kernel, stride, padding, dilation):
+    """Sum (N, C, KH, KW, OH, OW) patch values back onto an (N, C, H, W) image."""
+    n, c, kh, kw, oh, ow = cols.shape
+    (pt, pb), (pl, pr) = padding
+    (dh, dw), (sh, sw) = dilation, stride
+    hp, wp = size[0] + pt + pb, size[1] + pl + pr
+    img = xp.zeros((n, c, hp, wp), dtype=cols.dtype)
+    for i in range(kh):  # a loop over kernel offsets; every pixel is one strided add
+        for j in range(kw):
+            img[:, :, i * dh:i * dh + sh * (oh - 1) + 1:sh,
+                j * dw:j * dw + sw * (ow - 1) + 1:sw] += cols[:, :, i, j]
+    return img[:, :, pt:hp - pb, pl:wp - pr]
+
+
+@op(flops=2, needs=True, fused=True)
+def conv2d(x, w, stride, padding, dilation, groups):
+    """Cross-correlation of (N, C, H, W) with (O, C/groups, KH, KW) as ``F.conv2d``."""
+    n = x.shape[0]
+    o, cg, kh, kw = w.shape
+    cols, (oh, ow) = _columns(x, (kh, kw), stride, padding, dilation, groups)
+    wmat = w.reshape(groups, o // groups, -1).transpose(0, 2, 1)
+    out = xp.matmul(cols, wmat)  # (N, G, OH*OW, O/G)
+    return xp.ascontiguousarray(out.transpose(0, 1, 3, 2).reshape(n, o, oh, ow))
+
+
+@conv2d.grad
+def _(g, out, x, w, stride, padding, dilation, groups, needs=(True, True)):
+    p = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+    gx = conv2d_input(g, w, size=x.shape[2:], **p) if needs[0] else None
+    gw = conv2d_weight(x, g, kernel=w.shape[2:], **p) if needs[1] else None
+    return gx, gw
+
+
+@op(flops=2, needs=True, fused=True)
+def conv2d_input(g, w, size, stride, padding, dilation, groups):
+    """conv2d's gradient for its input (``conv_transpose2d``): col2im of ``g`` times ``w``."""
+    n, o, oh, ow = g.shape
+    _, cg, kh, kw = w.shape
+    gmat = g.reshape(n, groups, o // groups, oh * ow).transpose(0, 1, 3, 2)
+    wmat = w.reshape(groups, o // groups, -1)
+    cols = xp.matmul(gmat, wmat)  # (N, G, OH*OW, C/G*KH*KW)
+    cols = cols.reshape(n, groups, oh, ow, cg, kh, kw).transpose(0, 1, 4, 5, 6, 2, 3)
+    cols = cols.reshape(n, groups * cg, kh, kw, oh, ow)
+    return xp.ascontiguousarray(_col2im(cols, size, (kh, kw), stride, padding, dilation))
+
+
+@conv2d_input.grad
+def _(gg, out, g, w, size, stride, padding, dilation, groups, needs=(True, True)):
+    p = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+    dg = conv2d(gg, w, **p) if needs[0] else None
+    dw = conv2d_weight(gg, g, kernel=w.shape[2:], **p) if needs[1] else None
+    return dg, dw
+
+
+@op(flops=2, needs=True, fused=True)
+def conv2d_weight(x, g, kernel, stride, padding, dilation, groups):
+    """conv2d's gradient for its weight: patches of ``x`` contracted with ``g``."""
+    n, o, oh, ow = g.shape
+    cols, _ = _columns(x, kernel, stride, padding, dilation, groups)  # (N, G, P, K)
+    og = o // groups
+    gmat = g.reshape(n, groups, og, oh * ow).transpose(1, 2, 0, 3).reshape(groups, og, -1)
+    cmat = cols.transpose(1, 0, 2, 3).reshape(groups, n * oh * ow, -1)
+    return xp.matmul(gmat, cmat).reshape(o, x.shape[1] // groups, *kernel)
+
+
+@conv2d_weight.grad
+def _(gg, out, x, g, kernel, stride, padding, dilation, groups, needs=(True, True)):
+    p = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+    dx = conv2d_input(g, gg, size=x.shape[2:], **p) if needs[0] else None
+    dg = conv2d(x, gg, **p) if needs[1] else None
+    return dx, dg
+
+
+# --- pooling -----------------------------------------------------------------------------
+@op(differentiable=False)
+def max_pool2d_indices(x, kernel, stride, padding, dilation, out_size):
+    """Flat (h * W + w) index of each window's maximum (the first one; NaN wins)."""
+    n, c, h, w = x.shape
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw), (oh, ow) = kernel, stride, padding, dilation, out_size
+    pads = ((ph, (oh - 1) * sh + (kh - 1) * dh + 1 - h - ph),
+            (pw, (ow - 1) * sw + (kw - 1) * dw + 1 - w - pw))
+    fill = -xp.inf if x.dtype.kind == "f" else xp.iinfo(x.dtype).min
+    crop = tuple((lo, max(hi, 0)) for lo, hi in pads)
+    win = _patches(x, kernel, stride, crop, dilation, fill)[:, :, :oh, :ow]
+    k = win.reshape(n, c, oh, ow, kh * kw).argmax(axis=-1)
+    rows = xp.arange(oh)[:, None] * sh - ph + (k // kw) * dh
+    cols = xp.arange(ow)[None, :] * sw - pw + (k % kw) * dw
+    # a window of only -inf keeps its first in-bounds element, as PyTorch's kernel does
+    return xp.clip(rows, 0, h - 1) * w + xp.clip(cols, 0, w - 1)
+
+
+@op(fused=True)
+def max_pool2d(x, idx):
+    """Gather each (N, C) plane of ``x`` at the flat indices ``idx`` (the window maxima)."""
+    n, c = x.shape[:2]
+    flat = x.reshape(n, c, -1)
+    return xp.take_along_axis(flat, idx.reshape(n, c, -1), axis=2).reshape(idx.shape)
+
+
+@max_pool2d.grad
+def _(g, out, x, idx):
+    return max_pool2d_backward(g, idx, size=x.shape), None
+
+
+@op(fused=True)
+def max_pool2d_backward(g, idx, size):
+    """Scatter-add ``g`` to the argmax positions ``idx`` of an input of shape ``size``."""
+    planes, area = size[0] * size[1], math.prod(size[2:])
+    flat = idx.reshape(planes, -1) + xp.arange(planes)[:, None] * area
+    out = xp.zeros(planes * area, dtype=g.dtype)
+    xp.add.at(out, flat.reshape(-1), g.reshape(-1))
+    return out.reshape(size)
+
+
+@max_pool2d_backward.grad
+def _(gg, out, g, idx, size):
+    return max_pool2d(gg, idx), None
+
+
+def _avg_divisor(size, kernel, stride, padding, out_size, count_include_pad, divisor_override,
+                 dtype):
+    """(OH, OW) divisor of each window, as PyTorch's kernel computes it."""
+    if divisor_override:
+        return divisor_override
+    counts = []
+    for n, k, s, p, o in zip(size, kernel, stride, padding, out_size):
+        start = xp.arange(o) * s - p
+        end = xp.minimum(start + k, n + p)
+        if count_include_pad:
+            counts.append(end - start)
+        else:
+            counts.append(xp.minimum(end, n) - xp.maximum(start, 0))
+    return (counts[0][:, None] * counts[1][None, :]).astype(dtype)
+
+
+@op(flops=1, saves="none", fused=True)
+def avg_pool2d(x, kernel, stride, padding, out_size, count_include_pad=True,
+               divisor_override=None):
+    """Window sums over the zero-padded input divided by PyTorch's divisor."""
+    (kh, kw), (sh, sw), (ph, pw), (oh, ow) = kernel, stride, padding, out_size
+    h, w = x.shape[2:]
+    pads = ((ph, max((oh - 1) * sh + kh - h - ph, 0)), (pw, max((ow - 1) * sw + kw - w - pw, 0)))
+    win = _patches(x, kernel, stride, pads, (1, 1))[:, :, :oh, :ow]
+    div = _avg_divisor((h, w), kernel, stride, padding, out_size, count_include_pad,
+                       divisor_override, x.dtype)
+    return win.sum(axis=(-2, -1)) / div
+
+
+@avg_pool2d.grad
+def _(g, out, x, **p):
+    return avg_pool2d_backward(g, size=x.shape[2:], **p)
+
+
+@op(flops=1, saves="none", fused=True)
+def avg_pool2d_backward(g, size, kernel, stride, padding, out_size, count_include_pad=True,
+                        divisor_override=None):
+    """Spread each window's gradient evenly back over the window (avg_pool2d's adjoint)."""
+    (kh, kw), (sh, sw), (ph, pw), (oh, ow) = kernel, stride, padding, out_size
+    div = _avg_divisor(size, kernel, stride, padding, out_size, count_include_pad,
+                       divisor_override, g.dtype)
+    share = xp.broadcast_to((g / div)[:, :, None, None], g.shape[:2] + (kh, kw, oh, ow))
+    pads = ((ph, max((oh - 1) * sh + kh - size[0] - ph, 0)),
+            (pw, max((ow - 1) * sw + kw - size[1] - pw, 0)))
+    return xp.ascontiguousarray(_col2im(share, size, kernel, stride, pads, (1, 1)))
+
+
+@avg_pool2d_backward.grad
+def _(gg, out, g, size, **p):
+    return avg_pool2d(gg, **p)
+
+
+# --- attention ---------------------------------------------------------------------------
+@op(flops=4, needs=True, fused=True)
+def scaled_dot_product_attention(q, k, v, bias=None, scale=1.0, keep=None):
+    """``softmax(q k^T * scale + bias) * keep @ v``; ``keep`` folds in dropout (already
+    divided by 1 - p) and zeroes fully masked rows."""
+    s = xp.matmul(q, xp.swapaxes(k, -1, -2)) * scale
+    if bias is not None:
+        s = s + bias
+    p = softmax.forward(s, -1)
+    if keep is not None:
+        p = p * keep
+    return xp.matmul(p, v)
+
+
+@scaled_dot_product_attention.grad
+def _(g, out, q, k, v, bias=None, scale=1.0, keep=None, needs=(True,) * 4):
+    s = matmul(q, k.mT) * scale
+    if bias is not None:
+        s = s + bias
+    p = softmax(s, dim=-1)
+    pk = p * keep if keep is not None else p
+    gq = gk = gv = gb = None
+    if needs[2]:
+        gv = _sum_to(matmul(pk.mT, g), v.shape)
+    if needs[0] or needs[1] or (bias is not None and needs[3]):
+        gp = matmul(g, v.mT)
+        if keep is not None:
+            gp = gp * keep
+        gs = p * (gp - sum_op(gp * p, dims=(p.ndim - 1,), keepdim=True))
+        if needs[0]:
+            gq = _sum_to(matmul(gs, k) * scale, q.shape)
+        if needs[1]:
+            gk = _sum_to(matmul(gs.mT, q) * scale, k.shape)
+        if bias is not None and needs[3]:
+            gb = _sum_to(gs, bias.shape)
+    return gq, gk, gv, gb
+
+
+def _sum_to(a, shape):
+    return a if tuple(a.shape) == tuple(shape) else sum_to(a, shape=tuple(shape))

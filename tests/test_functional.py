@@ -1,0 +1,448 @@
+"""nn.functional against torch.nn.functional: values, gradients, gradcheck, second order."""
+import numpy as np
+import pytest
+import torch
+
+import tapegrad
+import tapegrad.nn.functional as TF
+from helpers import check_op, check_torch, make_inputs, assert_close
+
+
+def F(T):
+    return T.nn.functional
+
+
+def test_linear():
+    check_op(lambda T, x, w, b: F(T).linear(x, w, b), [(2, 3), (4, 3), (4,)])
+    check_op(lambda T, x, w: F(T).linear(x, w), [(2, 2, 3), (4, 3)])
+    check_op(lambda T, x, w, b: F(T).linear(x, w, b), [(3,), (2, 3), (2,)])
+
+
+def test_linear_fused_matches_composite():
+    x, w, b = make_inputs([(3, 4), (5, 4), (5,)])
+    xs = [tapegrad.tensor(a, requires_grad=True) for a in (x, w, b)]
+    ys = [tapegrad.tensor(a, requires_grad=True) for a in (x, w, b)]
+    fused = TF.linear(*xs)
+    composite = ys[0] @ ys[1].mT + ys[2]
+    assert_close(fused, composite)
+    g = np.random.default_rng(0).standard_normal((3, 5))
+    fused.backward(tapegrad.tensor(g))
+    composite.backward(tapegrad.tensor(g))
+    for a, c in zip(xs, ys):
+        assert_close(a.grad, c.grad)
+
+
+@pytest.mark.parametrize("name,kwargs,kinks", [
+    ("relu", {}, 0.0), ("leaky_relu", {"negative_slope": 0.2}, 0.0), ("gelu", {}, None),
+    ("gelu", {"approximate": "tanh"}, None), ("silu", {}, None), ("tanh", {}, None),
+    ("sigmoid", {}, None), ("softplus", {}, None), ("softplus", {"beta": 2.0, "threshold": 1.5},
+                                                    0.75),
+    ("elu", {}, 0.0), ("elu", {"alpha": 0.5}, 0.0)])
+def test_activation(name, kwargs, kinks):
+    check_op(lambda T, x: getattr(F(T), name)(x, **kwargs), [(3, 4)], away_from=kinks,
+             second_order=name not in ("relu", "leaky_relu"))
+
+
+def test_gelu_third_order():
+    x = tapegrad.tensor(np.linspace(-2, 2, 5), requires_grad=True)
+    xt = torch.tensor(np.linspace(-2, 2, 5), requires_grad=True)
+    for approx in ("none", "tanh"):
+        gs = []
+        for lib, v in ((tapegrad, x), (torch, xt)):
+            y = F(lib).gelu(v, approximate=approx).sum()
+            (g1,) = lib.autograd.grad(y, v, create_graph=True)
+            (g2,) = lib.autograd.grad(g1.sum(), v, create_graph=True)
+            (g3,) = lib.autograd.grad(g2.sum(), v)
+            gs.append((g1, g2, g3))
+        for a, b in zip(*gs):
+            assert_close(a, b, rtol=1e-10)
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_softmax_family(name):
+    check_op(lambda T, x: getattr(F(T), name)(x, dim=1), [(2, 3, 2)])
+    check_op(lambda T, x: getattr(F(T), name)(x, dim=-1), [(3, 4)], float32=False)
+    check_torch(lambda T, x: getattr(F(T), name)(x, dim=0, dtype=T.float64), make_inputs([(4,)]))
+
+
+def test_softmax_stable_and_fused_matches_composite():
+    x = tapegrad.tensor([[1000.0, 0.0, -1000.0]], dtype=tapegrad.float64)
+    ls = TF.log_softmax(x, dim=1).numpy()
+    assert np.isfinite(ls).all() and ls[0, 0] == 0.0 and ls[0, 2] == -2000.0
+    a = make_inputs([(3, 5)])[0]
+    t = tapegrad.tensor(a)
+    e = np.exp(a - a.max(1, keepdims=True))
+    assert_close(TF.softmax(t, 1), e / e.sum(1, keepdims=True))
+    assert_close(TF.log_softmax(t, 1), np.log(e / e.sum(1, keepdims=True)), rtol=1e-10)
+
+
+def test_dropout():
+    tapegrad.manual_seed(0)
+    x = tapegrad.tensor(np.ones((200, 50)), requires_grad=True)
+    y = TF.dropout(x, p=0.3)
+    kept = y.numpy(force=True) != 0
+    assert abs(kept.mean() - 0.7) < 0.02
+    np.testing.assert_allclose(y.numpy(force=True)[kept], 1 / 0.7)
+    y.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), kept / 0.7)
+    assert TF.dropout(x, 0.3, training=False) is x
+    assert not TF.dropout(x, 1.0).numpy(force=True).any()
+    tapegrad.manual_seed(5)
+    a = TF.dropout(x, 0.5).numpy(force=True)
+    tapegrad.manual_seed(5)
+    assert np.array_equal(a, TF.dropout(x, 0.5).numpy(force=True))
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        TF.dropout(x, 1.5)
+
+
+# --- losses --------------------------------------------------------------------------
+TARGET = np.array([0, 2, 1, 2])
+TARGET_IGN = np.array([0, -100, 1, 2])
+WEIGHT = np.array([0.5, 2.0, 1.5])
+
+
+def W(T, x):
+    return T.tensor(WEIGHT, dtype=x.dtype)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("smoothing", [0.0, 0.2])
+def test_cross_entropy_class_indices(reduction, smoothing):
+    kw = dict(reduction=reduction, label_smoothing=smoothing)
+    check_op(lambda T, x, t: F(T).cross_entropy(x, t, **kw), [(4, 3), TARGET])
+    check_op(lambda T, x, t: F(T).cross_entropy(x, t, weight=W(T, x), **kw),
+             [(4, 3), TARGET_IGN], second_order=False)
+    check_op(lambda T, x, t: F(T).cross_entropy(x, t, ignore_index=2, **kw), [(4, 3), TARGET],
+             second_order=reduction == "mean")
+
+
+def test_cross_entropy_spatial_and_unbatched():
+    t = np.array([[[0, 1], [2, 2]], [[1, 0], [-100, 2]]])
+    check_op(lambda T, x, t: F(T).cross_entropy(x, t, label_smoothing=0.1), [(2, 3, 2, 2), t])
+    check_op(lambda T, x, t: F(T).cross_entropy(x, t), [(3,), np.array(1)])
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_probabilities(reduction):
+    probs = np.random.default_rng(3).dirichlet(np.ones(3), size=4)
+    kw = dict(reduction=reduction)
+    check_op(lambda T, x, p: F(T).cross_entropy(x, p, **kw), [(4, 3), probs])
+    check_op(lambda T, x, p, w: F(T).cross_entropy(x, p, weight=w, label_smoothing=0.3, **kw),
+             [(4, 3), probs, WEIGHT], second_order=False)
+
+
+def test_cross_entropy_fused_matches_composite():
+    x = tapegrad.tensor(make_inputs([(4, 3)])[0], requires_grad=True)
+    x2 = tapegrad.tensor(x.numpy(force=True), requires_grad=True)
+    fused = TF.cross_entropy(x, tapegrad.tensor(TARGET))
+    onehot = TF.one_hot(tapegrad.tensor(TARGET), 3).double()
+    composite = -(onehot * TF.log_softmax(x2, 1)).sum() / 4
+    assert_close(fused, composite)
+    fused.backward()
+    composite.backward()
+    assert_close(x.grad, x2.grad)
+    p = np.exp(x2.numpy(force=True))
+    p /= p.sum(1, keepdims=True)
+    assert_close(x.grad, (p - np.eye(3)[TARGET]) / 4)
+
+
+def test_cross_entropy_errors():
+    x = tapegrad.randn(4, 3)
+    with pytest.raises(ValueError, match=r"cross_entropy.*\(4,\).*\(5,\)"):
+        TF.cross_entropy(x, tapegrad.tensor([0, 1, 2, 0, 1]))
+    with pytest.raises(ValueError, match=r"cross_entropy.*\(4, 3\).*\(4, 2\)"):
+        TF.cross_entropy(x, tapegrad.rand(4, 2))
+    with pytest.raises(IndexError, match="Target 3 is out of bounds"):
+        TF.cross_entropy(x, tapegrad.tensor([0, 1, 3, 0]))
+    with pytest.raises(ValueError, match="not a valid value for reduction"):
+        TF.cross_entropy(x, tapegrad.tensor([0, 1, 2, 0]), reduction="avg")
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_nll_loss(reduction):
+    check_op(lambda T, x, t: F(T).nll_loss(x, t, reduction=reduction), [(4, 3), TARGET])
+    check_op(lambda T, x, t: F(T).nll_loss(x, t, weight=W(T, x), reduction=reduction),
+             [(4, 3), TARGET_IGN])
+    check_op(lambda T, x, t: F(T).nll_loss(F(T).log_softmax(x, 1), t, reduction=reduction),
+             [(2, 3, 2), np.array([[0, 2], [1, 1]])])
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_regression_losses(reduction):
+    kw = dict(reduction=reduction)
+    check_op(lambda T, x, y: F(T).mse_loss(x, y, **kw), [(3, 4), (3, 4)])
+    check_op(lambda T, x, y, w: F(T).mse_loss(x, y, weight=w, **kw), [(3, 4), (3, 4), (3, 4)],
+             float32=False)
+    check_op(lambda T, x, y: F(T).l1_loss(x - y, 0 * y, **kw), [(3, 4), (3, 4)],
+             second_order=False)
+    check_op(lambda T, d, y: F(T).smooth_l1_loss(d + y, y, **kw), [(3, 4), (3, 4)],
+             away_from=[-1.0, 0.0, 1.0])
+    check_op(lambda T, d, y: F(T).smooth_l1_loss(d + y, y, beta=0.5, **kw), [(3, 4), (3, 4)],
+             away_from=[-0.5, 0.0, 0.5])
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_binary_cross_entropy(reduction):
+    kw = dict(reduction=reduction)
+    check_op(lambda T, x, t: F(T).binary_cross_entropy(x, t, **kw), [(3, 4), (3, 4)],
+             low=0.05, high=0.95)
+    w = np.array([0.5, 1.0, 2.0, 0.1])
+    check_op(lambda T, x, t: F(T).binary_cross_entropy(x, t, weight=T.tensor(w, dtype=x.dtype),
+                                                       **kw),
+             [(3, 4), (3, 4)], low=0.05, high=0.95, second_order=False)
+    with pytest.raises(RuntimeError, match="binary_cross_entropy: .*weight"):
+        TF.binary_cross_entropy(tapegrad.rand(2), tapegrad.rand(2),
+                                weight=tapegrad.rand(2, requires_grad=True))
+
+
+def test_binary_cross_entropy_clamps_log():
+    for lib in (tapegrad, torch):
+        x = lib.tensor([0.0, 1.0, 0.5], dtype=lib.float64, requires_grad=True)
+        t = lib.tensor([1.0, 0.0, 1.0], dtype=lib.float64)
+        loss = F(lib).binary_cross_entropy(x, t, reduction="none")
+        loss.sum().backward()
+        np.testing.assert_allclose(loss.detach().numpy(), [100.0, 100.0, np.log(2)])
+        assert np.isfinite(x.grad.numpy()).all()
+    with pytest.raises(RuntimeError, match="between 0 and 1"):
+        TF.binary_cross_entropy(tapegrad.tensor([1.5]), tapegrad.tensor([1.0]))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_binary_cross_entropy_with_logits(reduction):
+    kw = dict(reduction=reduction)
+    check_op(lambda T, x, t: F(T).binary_cross_entropy_with_logits(x, t, **kw), [(3, 4), (3, 4)])
+    w, pw = np.array([0.5, 1.0, 2.0, 0.1]), np.array([3.0, 0.5, 1.0, 2.0])
+    check_op(lambda T, x, t: F(T).binary_cross_entropy_with_logits(
+        x, t, weight=T.tensor(w, dtype=x.dtype), pos_weight=T.tensor(pw, dtype=x.dtype), **kw),
+        [(3, 4), (3, 4)])
+    x = tapegrad.tensor([[800.0, -800.0]], dtype=tapegrad.float64)
+    loss = TF.binary_cross_entropy_with_logits(x, tapegrad.tensor([[0.0, 1.0]],
+                                                                  dtype=tapegrad.float64))
+    assert loss.item() == 800.0
+
+
+# --- embedding and normalisation -------------------------------------------------------
+def test_embedding():
+    idx = np.array([[0, 2, 4], [2, 2, 1]])
+    check_op(lambda T, w, i: F(T).embedding(i, w), [(5, 3), idx])
+    # padding_idx and scale_grad_by_freq change the gradient on purpose: no gradcheck
+    w = make_inputs([(5, 3)])[0]
+    check_torch(lambda T, w, i: F(T).embedding(i, w, padding_idx=2), [w, idx])
+    check_torch(lambda T, w, i: F(T).embedding(i, w, padding_idx=-1), [w, idx])
+    check_torch(lambda T, w, i: F(T).embedding(i, w, scale_grad_by_freq=True), [w, idx])
+    x = tapegrad.tensor(w, requires_grad=True)
+    (g,) = tapegrad.autograd.grad(TF.embedding(tapegrad.tensor(idx), x, padding_idx=2).sum(), x,
+                                  create_graph=True)
+    assert not g.numpy(force=True)[2].any()
+
+
+def test_embedding_max_norm_in_place():
+    w = make_inputs([(5, 3)])[0] * 3
+    idx = np.array([0, 3, 3])
+    a, b = tapegrad.tensor(w), torch.tensor(w)
+    ya, yb = TF.embedding(tapegrad.tensor(idx), a, max_norm=1.0), \
+        torch.nn.functional.embedding(torch.tensor(idx), b, max_norm=1.0)
+    assert_close(ya, yb)
+    assert_close(a, b)
+
+
+def test_layer_norm():
+    check_op(lambda T, x, w, b: F(T).layer_norm(x, (4,), w, b), [(3, 4), (4,), (4,)])
+    check_op(lambda T, x: F(T).layer_norm(x, [2, 3], eps=1e-3), [(2, 2, 3)])
+    check_op(lambda T, x, w: F(T).layer_norm(x, (3,), weight=w), [(2, 3), (3,)])
+
+
+def test_layer_norm_fused_matches_composite():
+    a = make_inputs([(3, 5)])[0]
+    x, y = tapegrad.tensor(a, requires_grad=True), tapegrad.tensor(a, requires_grad=True)
+    fused = TF.layer_norm(x, (5,))
+    mu = y.sum(1, keepdim=True) / 5
+    var = ((y - mu) * (y - mu)).sum(1, keepdim=True) / 5
+    composite = (y - mu) / tapegrad.sqrt(var + 1e-5)
+    assert_close(fused, composite)
+    g = tapegrad.tensor(np.random.default_rng(1).standard_normal((3, 5)))
+    fused.backward(g)
+    composite.backward(g)
+    assert_close(x.grad, y.grad, rtol=1e-10)
+
+
+def test_rms_norm():
+    check_op(lambda T, x, w: F(T).rms_norm(x, (4,), w), [(3, 4), (4,)])
+    check_op(lambda T, x: F(T).rms_norm(x, [2, 3], eps=1e-4), [(2, 2, 3)])
+
+
+def test_batch_norm_training_updates_running_stats():
+    x, w, b = make_inputs([(4, 3, 2), (3,), (3,)])
+    rm0, rv0 = np.linspace(-1, 1, 3), np.linspace(0.5, 2, 3)
+    stats = {}
+    for lib in (tapegrad, torch):
+        rm, rv = lib.tensor(rm0.copy()), lib.tensor(rv0.copy())
+        check_torch(lambda T, x, w, b: F(T).batch_norm(
+            x, rm if T is lib else None, rv if T is lib else None, w, b, training=True,
+            momentum=0.3), [x, w, b])
+        stats[lib] = (rm, rv)
+    # check_torch runs the function twice per library (float64 and float32 is skipped here)
+    assert_close(stats[tapegrad][0], stats[torch][0])
+    assert_close(stats[tapegrad][1], stats[torch][1])
+    check_op(lambda T, x, w, b: F(T).batch_norm(x, None, None, w, b, training=True),
+             [(3, 2, 2, 2), (2,), (2,)])
+
+
+def test_batch_norm_eval():
+    rm, rv = np.array([0.1, -0.3]), np.array([0.7, 1.9])
+    check_op(lambda T, x, w, b: F(T).batch_norm(x, T.tensor(rm, dtype=x.dtype),
+                                                T.tensor(rv, dtype=x.dtype), w, b),
+             [(3, 2, 2), (2,), (2,)])
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        TF.batch_norm(tapegrad.randn(1, 3), None, None, training=True)
+
+
+def test_group_norm():
+    check_op(lambda T, x, w, b: F(T).group_norm(x, 2, w, b), [(2, 4, 3), (4,), (4,)])
+    check_op(lambda T, x: F(T).group_norm(x, 1, eps=1e-3), [(2, 3, 2, 2)], float32=False)
+    with pytest.raises(RuntimeError, match=r"group_norm.*divisible.*\[2, 4, 3\]"):
+        TF.group_norm(tapegrad.randn(2, 4, 3), 3)
+
+
+# --- convolution and pooling -----------------------------------------------------------
+@pytest.mark.parametrize("kw", [dict(), dict(stride=2, padding=1), dict(dilation=2, padding=2),
+                                dict(padding="same", dilation=(1, 2)), dict(groups=2),
+                                dict(stride=(2, 1), padding=(0, 1), groups=2)])
+def test_conv2d(kw):
+    check_op(lambda T, x, w, b: F(T).conv2d(x, w, b, **kw), [(2, 2, 5, 5), (4, 2 // kw.get(
+        "groups", 1), 3, 3), (4,)], second_order=False)
+
+
+def test_conv2d_second_order_and_valid():
+    check_op(lambda T, x, w: F(T).conv2d(x, w, padding="valid", stride=2), [(1, 2, 4, 4),
+                                                                             (2, 2, 2, 2)])
+    check_op(lambda T, x, w: F(T).conv2d(x, w, padding="same"), [(1, 1, 3, 3), (2, 1, 2, 2)],
+             float32=False)
+    check_op(lambda T, x, w: F(T).conv2d(x, w, groups=2, padding=1), [(1, 2, 3, 3),
+                                                                       (2, 1, 2, 2)])
+
+
+def test_conv1d():
+    check_op(lambda T, x, w, b: F(T).conv1d(x, w, b, stride=2, padding=1), [(2, 2, 6), (3, 2, 3),
+                                                                            (3,)])
+    check_op(lambda T, x, w: F(T).conv1d(x, w, padding="same", dilation=2), [(2, 4), (2, 2, 2)])
+
+
+def test_conv_transpose2d():
+    check_op(lambda T, x, w, b: F(T).conv_transpose2d(x, w, b, stride=2, padding=1,
+                                                      output_padding=1), [(2, 2, 3, 3),
+                                                                          (2, 3, 3, 3), (3,)],
+             second_order=False)
+    check_op(lambda T, x, w: F(T).conv_transpose2d(x, w, groups=2, dilation=2), [
+        (1, 2, 2, 3), (2, 1, 2, 2)])
+
+
+def test_conv_errors():
+    x = tapegrad.randn(2, 4, 5, 5)
+    with pytest.raises(RuntimeError, match=r"conv2d.*\[3, 2, 3, 3\].*input\[2, 4, 5, 5\].*2 "
+                                           r"channels.*4 channels"):
+        TF.conv2d(x, tapegrad.randn(3, 2, 3, 3))
+    with pytest.raises(RuntimeError, match=r"conv2d.*padded input size.*\(5 x 5\).*\(7 x 7\)"):
+        TF.conv2d(x, tapegrad.randn(3, 4, 7, 7))
+    with pytest.raises(RuntimeError, match=r"conv1d.*\(2\).*\(3\)"):
+        TF.conv1d(tapegrad.randn(1, 1, 2), tapegrad.randn(1, 1, 3))
+    with pytest.raises(ValueError, match="strided"):
+        TF.conv2d(x, tapegrad.randn(3, 4, 3, 3), stride=2, padding="same")
+
+
+@pytest.mark.parametrize("kw", [dict(kernel_size=2), dict(kernel_size=3, stride=2, padding=1),
+                                dict(kernel_size=2, stride=1, dilation=2),
+                                dict(kernel_size=(3, 2), stride=2, ceil_mode=True)])
+def test_max_pool2d(kw):
+    check_op(lambda T, x: F(T).max_pool2d(x, **kw), [(2, 2, 5, 5)])
+
+
+def test_max_pool2d_indices_and_ties():
+    x = make_inputs([(1, 2, 4, 4)])[0]
+    a, ia = TF.max_pool2d(tapegrad.tensor(x), 2, return_indices=True)
+    b, ib = torch.nn.functional.max_pool2d(torch.tensor(x), 2, return_indices=True)
+    assert_close(a, b)
+    assert np.array_equal(ia.numpy(), ib.numpy())
+    for lib in (tapegrad, torch):  # ties: the first maximum gets the gradient
+        t = lib.tensor(np.ones((1, 1, 2, 2)), requires_grad=True)
+        F(lib).max_pool2d(t, 2).sum().backward()
+        np.testing.assert_array_equal(t.grad.numpy(), [[[[1, 0], [0, 0]]]])
+
+
+@pytest.mark.parametrize("kw", [dict(kernel_size=2), dict(kernel_size=3, stride=2, padding=1),
+                                dict(kernel_size=3, stride=2, padding=1,
+                                     count_include_pad=False),
+                                dict(kernel_size=2, stride=2, ceil_mode=True, padding=1),
+                                dict(kernel_size=2, divisor_override=3)])
+def test_avg_pool2d(kw):
+    check_op(lambda T, x: F(T).avg_pool2d(x, **kw), [(2, 2, 5, 5)])
+
+
+@pytest.mark.parametrize("size", [2, (3, 2), (None, 1), 5])
+def test_adaptive_avg_pool2d(size):
+    check_op(lambda T, x: F(T).adaptive_avg_pool2d(x, size), [(1, 2, 5, 4)])
+
+
+def test_pool_errors():
+    with pytest.raises(RuntimeError, match="max_pool2d: pad should be at most half"):
+        TF.max_pool2d(tapegrad.randn(1, 1, 4, 4), 2, padding=2)
+    with pytest.raises(RuntimeError, match="avg_pool2d: Expected 3D or 4D"):
+        TF.avg_pool2d(tapegrad.randn(4, 4), 2)
+
+
+# --- attention -------------------------------------------------------------------------
+def test_sdpa_plain_and_scale():
+    check_op(lambda T, q, k, v: F(T).scaled_dot_product_attention(q, k, v), [(2, 3, 2),
+                                                                            (2, 4, 2), (2, 4, 3)])
+    check_op(lambda T, q, k, v: F(T).scaled_dot_product_attention(q, k, v, scale=0.3),
+             [(1, 2, 2, 2), (1, 2, 3, 2), (1, 2, 3, 2)])
+
+
+def test_sdpa_masks():
+    mask = np.array([[True, False, True], [True, True, False]])
+    check_op(lambda T, q, k, v: F(T).scaled_dot_product_attention(q, k, v, is_causal=True),
+             [(1, 3, 2), (1, 3, 2), (1, 3, 2)])
+    check_op(lambda T, q, k, v, m: F(T).scaled_dot_product_attention(q, k, v, attn_mask=m),
+             [(1, 2, 2), (1, 3, 2), (1, 3, 2), mask])
+    check_op(lambda T, q, k, v, m: F(T).scaled_dot_product_attention(q, k, v, attn_mask=m),
+             [(1, 2, 2), (1, 3, 2), (1, 3, 2), (2, 3)])
+
+
+def test_sdpa_fused_matches_composite_and_dropout():
+    q, k, v = (tapegrad.tensor(a, requires_grad=True) for a in make_inputs([(2, 3, 4)] * 3))
+    out = TF.scaled_dot_product_attention(q, k, v)
+    ref = TF.softmax(q @ k.mT * 0.5, -1) @ v
+    assert_close(out, ref)
+    tapegrad.manual_seed(0)
+    d = TF.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+    assert d.shape == (2, 3, 4) and not np.allclose(d.numpy(force=True), out.numpy(force=True))
+    d.sum().backward()
+    assert q.grad is not None and np.isfinite(q.grad.numpy()).all()
+    dead = np.array([[False, False, False], [True, True, False], [True, True, True]])
+    z = TF.scaled_dot_product_attention(q, k, v, attn_mask=tapegrad.tensor(dead))
+    assert not z.numpy(force=True)[:, 0].any() and np.isfinite(z.numpy(force=True)).all()
+
+
+# --- utilities -------------------------------------------------------------------------
+def test_one_hot():
+    t = np.array([[0, 3], [1, 1]])
+    check_torch(lambda T, t: F(T).one_hot(t), [t], grad=False)
+    check_torch(lambda T, t: F(T).one_hot(t, 6), [t], grad=False)
+    with pytest.raises(RuntimeError, match="smaller than num_classes"):
+        TF.one_hot(tapegrad.tensor([3]), 2)
+    with pytest.raises(RuntimeError, match="non-negative"):
+        TF.one_hot(tapegrad.tensor([-1]))
+
+
+@pytest.mark.parametrize("p", [2.0, 1.0, 3.0])
+def test_normalize(p):
+    check_op(lambda T, x: F(T).normalize(x, p=p, dim=1), [(2, 3, 2)], second_order=p != 1.0)
+    check_op(lambda T, x: F(T).normalize(x, p=p, dim=0), [(4,)], float32=False,
+             second_order=False)
+
+
+def test_cosine_similarity():
+    check_op(lambda T, a, b: F(T).cosine_similarity(a, b), [(3, 4), (3, 4)])
+    check_op(lambda T, a, b: F(T).cosine_similarity(a, b, dim=-1), [(2, 3), (3,)])
+    z = np.zeros((2, 3))
+    check_torch(lambda T, a, b: F(T).cosine_similarity(a, b), [z, make_inputs([(2, 3)])[0]])
