@@ -107,3 +107,180 @@ def test_foreach_flat_batch_is_bit_identical(name, groups, kw):
     assert np.array_equal(loop[0], flat[0])
     for a, b in zip(loop[1], flat[1]):
         assert np.array_equal(a, b)
+
+
+def test_closure_and_zero_grad_without_set_to_none_match_torch():
+    kw = dict(lr=0.05, momentum=0.9)
+    groups = [dict(nesterov=True), dict(dampening=0.0)]
+    a = _run(tapegrad, optim.SGD, groups, kw, steps=20, set_to_none=False, closure=True)
+    b = _run(torch, torch.optim.SGD, groups, dict(kw, foreach=False), steps=20,
+             set_to_none=False, closure=True)
+    _assert_close(a[0], b[0], "losses")
+    for x, y in zip(a[1], b[1]):
+        _assert_close(x, y, "parameters")
+
+
+def _to_torch(obj):
+    if isinstance(obj, tapegrad.Tensor):
+        return torch.tensor(np.asarray(obj._data))
+    if isinstance(obj, dict):
+        return {k: _to_torch(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_torch(v) for v in obj)
+    return obj
+
+
+def _to_tapegrad(obj):
+    if isinstance(obj, torch.Tensor):
+        return tapegrad.tensor(obj.numpy().copy())
+    if isinstance(obj, dict):
+        return {k: _to_tapegrad(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_tapegrad(v) for v in obj)
+    return obj
+
+
+@pytest.mark.parametrize("name,groups,kw", [CASES[1], CASES[3], CASES[8], CASES[9], CASES[13]],
+                         ids=["SGD", "Adam", "RMSprop", "Adagrad", "NAdam"])
+def test_state_dict_layout_and_interchange_with_torch(name, groups, kw):
+    _, _, ours = _run(tapegrad, getattr(optim, name), groups, kw, steps=5)
+    _, _, theirs = _run(torch, getattr(torch.optim, name), groups, dict(kw, foreach=False),
+                        steps=5)
+    sd, tsd = ours.state_dict(), theirs.state_dict()
+    assert list(sd) == ["state", "param_groups"]
+    assert list(sd["state"]) == list(tsd["state"]) == [0, 1, 2, 3]
+    for i in sd["state"]:
+        assert list(sd["state"][i]) == list(tsd["state"][i])
+        for k, v in sd["state"][i].items():
+            assert v.dtype.name == str(tsd["state"][i][k].dtype).split(".")[-1], k
+            _assert_close(v.numpy(), tsd["state"][i][k].numpy(), f"state {i} {k}")
+    for g, tg in zip(sd["param_groups"], tsd["param_groups"]):
+        assert g["params"] == tg["params"]
+        for k in g:
+            assert k in tg, k
+            if k not in ("foreach", "params"):
+                assert g[k] == tg[k], k
+    # torch's state dict drives a tapegrad optimizer and vice versa: both continue alike
+    init, x, y = _data()
+    tg_params = [tapegrad.tensor(p.detach().numpy().copy(), requires_grad=True)
+                 for g in theirs.param_groups for p in g["params"]]
+    th_params = [torch.tensor(p.detach().numpy().copy(), requires_grad=True) for p in tg_params]
+    fresh = getattr(optim, name)([dict(params=tg_params[:2], **groups[0]),
+                                  dict(params=tg_params[2:], **groups[1])], **kw)
+    fresh.load_state_dict(_to_tapegrad(tsd))
+    fresh_t = getattr(torch.optim, name)([dict(params=th_params[:2], **groups[0]),
+                                          dict(params=th_params[2:], **groups[1])],
+                                         **dict(kw, foreach=False))
+    fresh_t.load_state_dict(_to_torch(sd))
+    for T, params, opt in ((tapegrad, tg_params, fresh), (torch, th_params, fresh_t)):
+        xt, yt = T.tensor(x, dtype=T.float64), T.tensor(y, dtype=T.float64)
+        for _ in range(5):
+            opt.zero_grad()
+            _loss(T, params, xt, yt).backward()
+            opt.step()
+    for a, b in zip(tg_params, th_params):
+        _assert_close(a.detach().numpy(), b.detach().numpy(), "continued parameters")
+
+
+def test_state_dict_round_trip_continues_bit_identically():
+    straight = _run(tapegrad, optim.Adam, CASES[3][1], {}, steps=30)
+    init, x, y = _data()
+    half = _run(tapegrad, optim.Adam, CASES[3][1], {}, steps=15)
+    sd = copy.deepcopy(half[2].state_dict())
+    params = [tapegrad.tensor(p, requires_grad=True) for p in half[1]]
+    opt = optim.Adam([dict(params=params[:2], **CASES[3][1][0]),
+                      dict(params=params[2:], **CASES[3][1][1])])
+    opt.load_state_dict(sd)
+    assert opt.state[params[0]]["exp_avg"] is not sd["state"][0]["exp_avg"]  # copied
+    xt, yt = tapegrad.tensor(x), tapegrad.tensor(y)
+    for _ in range(15):
+        opt.zero_grad()
+        _loss(tapegrad, params, xt, yt).backward()
+        opt.step()
+    for a, b in zip(params, straight[1]):
+        assert np.array_equal(a.detach().numpy(), b)
+
+
+def test_load_state_dict_errors_and_dtype_cast():
+    p, q = (tapegrad.tensor(np.ones(2), requires_grad=True) for _ in range(2))
+    opt = optim.Adam([p, q])
+    (p * q).sum().backward()
+    opt.step()
+    sd = opt.state_dict()
+    with pytest.raises(ValueError, match="different number of parameter groups"):
+        optim.Adam([{"params": [p]}, {"params": [q]}]).load_state_dict(sd)
+    with pytest.raises(ValueError, match="doesn't match the size"):
+        optim.Adam([p]).load_state_dict({"state": {}, "param_groups": sd["param_groups"]})
+    p32 = tapegrad.tensor(np.ones(2, dtype=np.float32), requires_grad=True)
+    q32 = tapegrad.tensor(np.ones(2, dtype=np.float32), requires_grad=True)
+    opt32 = optim.Adam([p32, q32])
+    opt32.load_state_dict(sd)
+    assert opt32.state[p32]["exp_avg"].dtype == tapegrad.float32
+    assert opt32.state[p32]["step"].dtype == tapegrad.float32
+    assert opt32.state[p32]["step"].item() == 1.0
+
+
+def test_step_updates_in_place_without_recording():
+    w = tapegrad.tensor(np.ones(3), requires_grad=True)
+    keep = w
+    opt = optim.SGD([w], lr=0.5)
+    y = (w * w).sum()  # saves w for backward
+    y.backward(retain_graph=True)
+    version = w._version[0]
+    opt.step()
+    assert w is keep and w.is_leaf and w.grad_fn is None and w.requires_grad
+    assert w.tolist() == [0.0, 0.0, 0.0] and w._version[0] == version + 1
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+    assert opt.step() is None
+    assert opt.step(lambda: 3.0) == 3.0
+
+
+def test_zero_grad():
+    w = tapegrad.tensor(np.ones(3), requires_grad=True)
+    opt = optim.SGD([w], lr=0.1)
+    (w * 2).sum().backward()
+    g = w.grad
+    opt.zero_grad(set_to_none=False)
+    assert w.grad is g and w.grad.tolist() == [0.0, 0.0, 0.0]
+    opt.zero_grad()
+    assert w.grad is None
+
+
+def test_param_group_errors_as_torch():
+    w = tapegrad.tensor(np.ones(3), requires_grad=True)
+    v = tapegrad.tensor(np.ones(2), requires_grad=True)
+    with pytest.raises(ValueError, match="empty parameter list"):
+        optim.SGD([], lr=0.1)
+    with pytest.raises(TypeError, match="iterable of Tensors or dicts"):
+        optim.SGD(w, lr=0.1)
+    with pytest.raises(ValueError, match="can't optimize a non-leaf Tensor"):
+        optim.SGD([w * 2], lr=0.1)
+    with pytest.raises(TypeError, match="optimizer can only optimize Tensors"):
+        optim.SGD([w, 3.0], lr=0.1)
+    with pytest.raises(TypeError, match="ordered collections"):
+        optim.SGD([{"params": {w}}], lr=0.1)
+    with pytest.raises(ValueError, match="more than one parameter group"):
+        optim.SGD([{"params": [w, v]}, {"params": [v]}], lr=0.1)
+    with pytest.raises(ValueError, match="duplicate parameters"):
+        optim.SGD([w, v, w], lr=0.1)
+    opt = optim.Adam([w], lr=0.1)
+    with pytest.raises(ValueError, match="more than one parameter group"):
+        opt.add_param_group({"params": w})
+    opt.add_param_group({"params": v, "lr": 0.5})
+    assert opt.param_groups[1]["lr"] == 0.5 and opt.param_groups[1]["betas"] == (0.9, 0.999)
+    with pytest.raises(ValueError, match="Invalid learning rate: -1"):
+        optim.Adam([w], lr=-1)
+    with pytest.raises(ValueError, match="Invalid beta parameter at index 1: 1.0"):
+        optim.Adam([w], betas=(0.9, 1.0))
+    with pytest.raises(ValueError, match="Nesterov momentum requires"):
+        optim.SGD([w], lr=0.1, nesterov=True)
+    with pytest.raises(ValueError, match="Invalid momentum value"):
+        optim.RMSprop([w], momentum=-0.1)
+    with pytest.raises(NotImplementedError, match="fused"):
+        optim.Adam([w], fused=True)
+    with pytest.raises(TypeError, match="lr as a Python number"):
+        optim.SGD([w], lr=tapegrad.tensor(0.1))
+    named = optim.SGD([("w", w), ("v", v)], lr=0.1)
+    assert named.param_groups[0]["param_names"] == ["w", "v"]
+    assert "Parameter Group 0" in repr(named) and "lr: 0.1" in repr(named)

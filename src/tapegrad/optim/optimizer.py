@@ -301,7 +301,8 @@ class Optimizer:
     def load_state_dict(self, state_dict: dict) -> None:
         """As ``Optimizer.load_state_dict``: restore state and hyperparameters by position.
 
-        Floating-point state is copied and cast to its parameter's dtype, except ``step``.
+        Floating-point state is copied and cast to its parameter's dtype, except ``step``
+        (PyTorch's rule: so NAdam's ``mu_product`` comes back in the parameter's dtype).
         """
         groups = self.param_groups
         saved_groups = deepcopy(state_dict["param_groups"])
@@ -316,7 +317,7 @@ class Optimizer:
         def cast(param, value, key=None):
             if isinstance(value, Tensor):
                 data = value._data
-                if key not in ("step",) + self._scalar_state and param._data.dtype.kind == "f":
+                if key != "step" and param._data.dtype.kind == "f":
                     data = data.astype(param._data.dtype)
                 return Tensor._make(data.copy())
             if isinstance(value, dict):
