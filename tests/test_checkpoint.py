@@ -292,3 +292,105 @@ def test_activations_are_freed_and_recomputed():
     # checkpointed: 3 stored segment inputs + the last (plain) segment's 4 activations
     assert peaks[True][0] < 9 * act
     assert peaks[True][1] < 0.6 * peaks[False][1]
+
+
+# --- selective checkpointing: keep matmul outputs, recompute the elementwise ops ---------
+def _count_matmuls():
+    from tapegrad.ops.registry import REGISTRY
+
+    op = REGISTRY["matmul"]
+    forward, calls = op.forward, [0]
+
+    def counting(*a, **k):
+        calls[0] += 1
+        return forward(*a, **k)
+
+    op.forward = counting
+    return calls, lambda: setattr(op, "forward", forward)
+
+
+def _selective_run(mode, ws, x0):
+    from tapegrad.utils.checkpoint import selective, create_selective_checkpoint_contexts
+    from tapegrad.utils.checkpoint import CheckpointPolicy
+    import functools
+
+    weights = _leaves(ws)
+    x = tapegrad.tensor(x0, requires_grad=True)
+
+    def block(h):
+        for w in weights:
+            z = (h @ w).tanh()
+            h = (z * h).sigmoid() * z  # several elementwise ops that save tensors
+        return h
+
+    def policy(ctx, op, *arrays, **params):
+        return CheckpointPolicy.MUST_SAVE if op.name == "matmul" else \
+            CheckpointPolicy.PREFER_RECOMPUTE
+
+    calls, restore = _count_matmuls()
+    try:
+        if mode == "plain":
+            y = block(x)
+        elif mode == "full":
+            y = checkpoint(block, x)
+        elif mode == "list":
+            y = checkpoint(block, x, context_fn=selective(["matmul"]))
+        else:
+            y = checkpoint(block, x, context_fn=functools.partial(
+                create_selective_checkpoint_contexts, policy))
+        forward_calls = calls[0]
+        (y * y).sum().backward()
+    finally:
+        restore()
+    return _grads([x] + weights), forward_calls, calls[0] - forward_calls
+
+
+def test_selective_policy_exact_and_skips_matmul_recompute():
+    ws = _weights(3, seed=13)
+    x0 = np.random.default_rng(14).standard_normal((4, 5))
+    plain, fwd, bwd_plain = _selective_run("plain", ws, x0)
+    full, _, bwd_full = _selective_run("full", ws, x0)
+    assert bwd_full == bwd_plain + fwd  # plain checkpointing reruns every matmul
+    for mode in ("list", "policy"):
+        grads, _, bwd = _selective_run(mode, ws, x0)
+        _assert_bitwise(plain, grads)
+        assert bwd == bwd_plain  # the matmul outputs were replayed, not recomputed
+    _assert_bitwise(plain, full)
+
+
+def test_selective_policy_memory_between_plain_and_full():
+    from tapegrad.utils.checkpoint import selective
+
+    width = 64
+    ws = [tapegrad.tensor(w, requires_grad=True) for w in _weights(4, width, seed=15)]
+    x = tapegrad.tensor(np.random.default_rng(16).standard_normal((128, width)))
+
+    def block(h):
+        for w in ws:
+            z = (h @ w).tanh()
+            h = (z * h).sigmoid() * z
+        return h
+
+    held = {}
+    for mode in ("plain", "selective", "full"):
+        gc.collect()
+        with tapegrad.profiler.memory(per_op=False) as m:
+            if mode == "plain":
+                y = block(x)
+            else:
+                y = checkpoint(block, x, context_fn=selective() if mode == "selective"
+                               else checkpoint.__kwdefaults__["context_fn"])
+            held[mode] = m.live_bytes
+            del y
+    act = 128 * width * 8
+    assert held["full"] < 2.5 * act  # the output (and the stored input is x itself)
+    assert 4 * act <= held["selective"] < 6.5 * act  # + one matmul output per layer
+    assert held["plain"] > 11.5 * act  # z, the sigmoid and the product, per layer
+
+
+def test_selective_policy_rejects_unknown_ops():
+    from tapegrad.utils.checkpoint import selective
+
+    x = tapegrad.tensor(np.ones(3), requires_grad=True)
+    with pytest.raises(ValueError, match="unknown ops"):
+        checkpoint(lambda h: h.exp(), x, context_fn=selective(["no_such_op"]))

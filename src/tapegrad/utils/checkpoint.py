@@ -4,16 +4,26 @@
     y = checkpoint_sequential(layers, 4, x)   # as torch.utils.checkpoint.checkpoint_sequential
 
 How it sits on the tape: the segment runs once, recorded as usual, so its Nodes are the very
-Nodes an unchecked run records (same ops, same parents, same order of gradient sums). As
-each op of the segment is recorded, the segment's *frame* (an op watcher) drops what the
-Node saved for backward and marks the Node ``recompute = frame``; the activations are freed
-as soon as the segment moves on. When backward first unpacks one of those Nodes, the frame
+Nodes an unchecked run records (same ops, same parents, same order of gradient sums). The
+segment's *frame* (an op watcher) notes each Node as it is recorded; when the segment
+returns, it drops what those Nodes saved for backward and marks them ``recompute = frame``,
+so the segment's activations are freed (peak memory is unchanged by waiting for the end:
+backward holds one segment's activations at a time anyway, and a backward run inside the
+segment still finds its values). When backward first unpacks one of those Nodes, the frame
 reruns the segment from its stored inputs (grad on, tapegrad's RNG state rewound, so
 dropout draws the same masks) and hands each recorded Node the values its fresh twin saved.
 Gradients are therefore the same bits as without checkpointing, closure parameters and
-``autograd.grad`` work, and with ``create_graph=True`` the refilled values carry the
-recomputed graph, so higher-order gradients flow through the segment.
+``autograd.grad`` work, and with ``create_graph=True`` the refilled values are re-attached
+to the recorded Nodes, so higher-order gradients flow through the segment, bit for bit too.
+
+Selective checkpointing (``context_fn=partial(create_selective_checkpoint_contexts,
+["matmul"])``) keeps the outputs of the ops the policy names and replays them during the
+recomputation instead of running those ops again: store matmul outputs, recompute the cheap
+elementwise ops around them.
 """
+import contextlib
+import enum
+import functools
 import math
 import weakref
 
@@ -36,8 +46,9 @@ def _rng():
 class _Frame:
     """One checkpointed segment: strips the Nodes its forward records, refills them on demand."""
 
-    def __init__(self, fn, args, kwargs, rng_state):
+    def __init__(self, fn, args, kwargs, rng_state, recompute_context):
         self.fn, self.args, self.kwargs, self.rng_state = fn, args, kwargs, rng_state
+        self.recompute_context = recompute_context
         self.nodes = []  # weak references to the Nodes the forward recorded, in order
         self.fresh = None  # while recomputing: the Nodes the rerun records
 
@@ -54,9 +65,15 @@ class _Frame:
             self.fresh.append(node)
             return
         self.nodes.append(weakref.ref(node))
-        if op.save_inputs or op.save_out:
-            node.saved = node.out = None  # versions and out_version stay: in-place checks
-            node.recompute = self
+
+    def strip(self):
+        """The segment has returned: drop what its Nodes saved; backward will recompute it."""
+        for ref in self.nodes:
+            node = ref()
+            if node is not None and node.saved is not None and (
+                    node.op.save_inputs or node.op.save_out):
+                node.saved = node.out = None  # versions and out_version stay: in-place checks
+                node.recompute = self
 
     def before_backward(self, node):
         pass
@@ -77,7 +94,8 @@ class _Frame:
         _frames.append(self)
         WATCH.append(self)
         try:
-            self.fn(*self.args, **self.kwargs)
+            with self.recompute_context:
+                self.fn(*self.args, **self.kwargs)
         finally:
             WATCH.remove(self)
             _frames.pop()
@@ -106,6 +124,8 @@ class _Frame:
                 saved = [_reattach(a, recorded) if isinstance(a, Tensor) else a for a in saved]
             node.saved = saved
             node.out = twin.out
+        # every Node has its values now: let go of the inputs and any replay cache
+        self.fn = self.args = self.kwargs = self.recompute_context = None
 
 
 def _reattach(a, recorded):
@@ -119,13 +139,20 @@ def _reattach(a, recorded):
     return t
 
 
-def checkpoint(function, *args, use_reentrant=None, preserve_rng_state=True, **kwargs):
+def _noop_context_fn():
+    return contextlib.nullcontext(), contextlib.nullcontext()
+
+
+def checkpoint(function, *args, use_reentrant=None, context_fn=_noop_context_fn,
+               preserve_rng_state=True, **kwargs):
     """As ``torch.utils.checkpoint.checkpoint``: run ``function(*args, **kwargs)`` keeping
     only its inputs; its activations are recomputed when backward needs them.
 
     Gradients are bitwise those of ``function(*args)`` without checkpointing. Both values of
     ``use_reentrant`` run the same tape-based implementation (it supports ``autograd.grad``,
     ``create_graph`` and closure parameters, which PyTorch's reentrant variant does not).
+    ``context_fn`` returns two context managers, entered around the forward and around the
+    recomputation (see ``create_selective_checkpoint_contexts``).
 
     >>> y = checkpoint(lambda h: (h @ w).relu(), x)
     """
@@ -135,14 +162,173 @@ def checkpoint(function, *args, use_reentrant=None, preserve_rng_state=True, **k
     if preserve_rng_state:
         rng = _rng()
         rng_state = rng[0]() if rng is not None else None
-    frame = _Frame(function, args, kwargs, rng_state)
+    forward_context, recompute_context = context_fn()
+    frame = _Frame(function, args, kwargs, rng_state, recompute_context)
     _frames.append(frame)
     WATCH.append(frame)
     try:
-        return function(*args, **kwargs)
+        with forward_context:
+            out = function(*args, **kwargs)
     finally:
         WATCH.remove(frame)
         _frames.pop()
+    frame.strip()
+    return out
+
+
+class CheckpointPolicy(enum.Enum):
+    """As ``torch.utils.checkpoint.CheckpointPolicy``: what a selective policy decides for an
+    op call (tapegrad has no CPU offload: the ``*_CPU_OFFLOAD`` values save)."""
+
+    MUST_SAVE = 0
+    PREFER_SAVE = 1
+    MUST_RECOMPUTE = 2
+    PREFER_RECOMPUTE = 3
+    MUST_CPU_OFFLOAD = 4
+    PREFER_CPU_OFFLOAD = 5
+
+
+class SelectiveCheckpointContext:
+    """What a policy function receives first (as PyTorch's; ``is_recompute`` is False: the
+    policy is consulted in the forward only)."""
+
+    def __init__(self):
+        self.is_recompute = False
+
+
+def _op_name(o):
+    return o if isinstance(o, str) else getattr(o, "name", None)
+
+
+class _OpCache:
+    """Outputs of the op calls a policy chose to keep, by (op name, top-level call index)."""
+
+    def __init__(self, policy):
+        self.policy = policy
+        self.saved = {}  # (name, k) -> output array
+        self.depth = 0  # > 0 inside a wrapped op's forward: nested calls are not counted
+
+
+@contextlib.contextmanager
+def _wrap_forwards(ops, make_wrapper):
+    originals = [(o, o.forward) for o in ops]
+    counts = {}
+    try:
+        for o, forward in originals:
+            o.forward = make_wrapper(o, forward, counts)
+        yield
+    finally:
+        for o, forward in reversed(originals):
+            o.forward = forward
+
+
+class _SaveContext:
+    def __init__(self, cache):
+        self.cache = cache
+        self._cm = None
+
+    def __enter__(self):
+        from tapegrad.ops.registry import REGISTRY
+
+        cache = self.cache
+        policy = cache.policy
+        if callable(policy):
+            ops = list(REGISTRY.values())
+        else:
+            names = {_op_name(o) for o in policy}
+            unknown = names - set(REGISTRY)
+            if unknown:
+                raise ValueError(f"create_selective_checkpoint_contexts: unknown ops "
+                                 f"{sorted(unknown)}")
+            ops = [REGISTRY[n] for n in names]
+        ctx = SelectiveCheckpointContext()
+
+        def make_wrapper(o, forward, counts):
+            def save(*arrays, **params):
+                if cache.depth:
+                    return forward(*arrays, **params)
+                k = counts[o.name] = counts.get(o.name, -1) + 1
+                cache.depth += 1
+                try:
+                    out = forward(*arrays, **params)
+                finally:
+                    cache.depth -= 1
+                keep = (policy(ctx, o, *arrays, **params) in _SAVE) if callable(policy) \
+                    else True
+                if keep:
+                    cache.saved[o.name, k] = out
+                return out
+
+            return save
+
+        self._cm = _wrap_forwards(ops, make_wrapper)
+        self._cm.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._cm.__exit__(*exc)
+
+
+class _ReplayContext:
+    def __init__(self, cache):
+        self.cache = cache
+        self._cm = None
+
+    def __enter__(self):
+        from tapegrad.ops.registry import REGISTRY
+
+        cache = self.cache
+        ops = [REGISTRY[n] for n in {name for name, _ in cache.saved}]
+
+        def make_wrapper(o, forward, counts):
+            def replay(*arrays, **params):
+                if cache.depth:
+                    return forward(*arrays, **params)
+                k = counts[o.name] = counts.get(o.name, -1) + 1
+                out = cache.saved.get((o.name, k))
+                if out is not None:
+                    return out
+                cache.depth += 1
+                try:
+                    return forward(*arrays, **params)
+                finally:
+                    cache.depth -= 1
+
+            return replay
+
+        self._cm = _wrap_forwards(ops, make_wrapper)
+        self._cm.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._cm.__exit__(*exc)
+
+
+_SAVE = (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE,
+         CheckpointPolicy.MUST_CPU_OFFLOAD, CheckpointPolicy.PREFER_CPU_OFFLOAD, True)
+
+
+def create_selective_checkpoint_contexts(policy_fn_or_list, allow_cache_entry_mutation=False):
+    """As ``torch.utils.checkpoint.create_selective_checkpoint_contexts``: the two contexts
+    for ``checkpoint(..., context_fn=partial(create_selective_checkpoint_contexts, policy))``.
+
+    ``policy_fn_or_list``: ops to keep (Op objects such as ``tapegrad.matmul`` or registered
+    names such as ``"matmul"``), or ``policy(ctx, op, *arrays, **params)`` returning a
+    ``CheckpointPolicy`` (or a bool: keep). Kept outputs are replayed in the recomputation
+    instead of running their op again; everything else is recomputed.
+
+    >>> ctx = functools.partial(create_selective_checkpoint_contexts, ["matmul"])
+    >>> y = checkpoint(block, x, context_fn=ctx)
+    """
+    if not callable(policy_fn_or_list):
+        policy_fn_or_list = list(policy_fn_or_list)
+    cache = _OpCache(policy_fn_or_list)
+    return _SaveContext(cache), _ReplayContext(cache)
+
+
+def selective(ops=("matmul",)):
+    """A ``context_fn`` keeping the outputs of ``ops`` (default: matmul)."""
+    return functools.partial(create_selective_checkpoint_contexts, list(ops))
 
 
 def _run_range(functions, start, end):
@@ -190,4 +376,5 @@ def checkpoint_sequential(functions, segments=None, input=None, use_reentrant=No
     return _run_range(functions, start, depth)(input)
 
 
-__all__ = ["checkpoint", "checkpoint_sequential"]
+__all__ = ["checkpoint", "checkpoint_sequential", "create_selective_checkpoint_contexts",
+           "CheckpointPolicy", "SelectiveCheckpointContext", "selective"]
