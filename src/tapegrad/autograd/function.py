@@ -68,7 +68,7 @@ class FunctionCtx:
             if entry is None:
                 out.append(None)
                 continue
-            if entry[0] == "output":
+            if len(entry) == 5:  # ("output", index, data, version list, version)
                 _, k, data, version_list, version = entry
                 t = None
                 if version_list[0] == version:

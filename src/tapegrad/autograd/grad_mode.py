@@ -71,6 +71,10 @@ class set_grad_enabled(_Mode):
     def __enter__(self):
         return self
 
+    def __call__(self, fn):
+        state.enabled, state.inference = self._prev  # a decorator: leave the mode as it was
+        return super().__call__(fn)
+
     def _args(self):
         return (self.enabled,)
 
