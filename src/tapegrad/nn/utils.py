@@ -70,9 +70,10 @@ def clip_grads_with_norm_(parameters, max_norm: float, total_norm, foreach=None)
     total = total_norm._data if isinstance(total_norm, Tensor) else xp.asarray(total_norm)
     coef = xp.asarray(float(max_norm), total.dtype) / (total + xp.asarray(1e-6, total.dtype))
     coef = xp.minimum(coef, xp.asarray(1.0, total.dtype))
-    for g in grads:
-        g._data *= coef.astype(g._data.dtype)
-        g._version[0] += 1
+    with xp.errstate(invalid="ignore", over="ignore"):  # a non-finite norm gives nan, quietly
+        for g in grads:
+            g._data *= coef.astype(g._data.dtype)
+            g._version[0] += 1
 
 
 def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
