@@ -181,7 +181,7 @@ def _int_pow(a, b):
     """Integer powers as PyTorch computes them: negative exponents give 0, 1 or -1."""
     if _is_scalar(b):
         return a**b  # numpy raises for a negative scalar exponent, as PyTorch does
-    a = xp.asarray(a)
+    a = xp.asarray(a, dtype=b.dtype)  # a Python base takes the exponent tensor's dtype
     neg_exp = b < 0
     if not neg_exp.any():
         return a**b

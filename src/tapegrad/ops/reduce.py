@@ -442,6 +442,8 @@ def _arg_public(name, arg_op):
         if input._data.size == 0:
             raise RuntimeError(f"{name}(): Expected reduction dim to be specified for "
                                "input.numel() == 0.")
+        if input._data.dtype.kind == "b":
+            raise RuntimeError(f"{name}(): does not support bool input")
         return arg_op(input, dim=dim, keepdim=keepdim)
 
     f.__name__ = name
