@@ -58,13 +58,11 @@ class MLPTrainer:
         self.lr = lr
 
     def forward(self):
-        T = self.T
-        h = self.X
-        for k in range(0, len(self.params) - 2, 2):
-            W, b = self.params[k], self.params[k + 1]
-            h = T.relu(h @ W.T + b)
-        W, b = self.params[-2], self.params[-1]
-        return h @ W.T + b
+        """``F.linear`` (what ``nn.Linear`` calls in both libraries), ReLU between layers."""
+        F, h, params = self.F, self.X, self.params
+        for k in range(0, len(params) - 2, 2):
+            h = F.relu(F.linear(h, params[k], params[k + 1]))
+        return F.linear(h, params[-2], params[-1])
 
     def step(self):
         """One SGD step; returns the loss (a 0-d tensor) before the update."""
