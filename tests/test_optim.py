@@ -1,6 +1,5 @@
 """Optimizers against PyTorch: 50-step float64 trajectories on a small MLP with two groups."""
 import copy
-import warnings
 
 import numpy as np
 import pytest
@@ -284,3 +283,29 @@ def test_param_group_errors_as_torch():
     named = optim.SGD([("w", w), ("v", v)], lr=0.1)
     assert named.param_groups[0]["param_names"] == ["w", "v"]
     assert "Parameter Group 0" in repr(named) and "lr: 0.1" in repr(named)
+
+
+@pytest.mark.parametrize("name,groups,kw", CASES[::2], ids=[c[0] for c in CASES[::2]])
+def test_float32_parameters_stay_float32_and_match_torch(name, groups, kw):
+    def run(T, opt_cls, kwargs):
+        init, x, y = _data()
+        params = [T.tensor(init[k].astype(np.float32), requires_grad=True)
+                  for k in ("w1", "b1", "w2", "b2")]
+        xt, yt = T.tensor(x.astype(np.float32)), T.tensor(y.astype(np.float32))
+        opt = opt_cls([dict(params=params[:2], **groups[0]),
+                       dict(params=params[2:], **groups[1])], **kwargs)
+        for _ in range(10):
+            opt.zero_grad()
+            _loss(T, params, xt, yt).backward()
+            opt.step()
+        return params, opt
+
+    ours, opt = run(tapegrad, getattr(optim, name), kw)
+    theirs, _ = run(torch, getattr(torch.optim, name), dict(kw, foreach=False))
+    for a, b in zip(ours, theirs):
+        assert a.dtype == tapegrad.float32
+        np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=2e-5,
+                                   atol=2e-6)
+    for state in opt.state.values():
+        for k, v in state.items():
+            assert v.dtype == tapegrad.float32, k

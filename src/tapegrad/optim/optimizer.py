@@ -18,7 +18,7 @@ from tapegrad.tensor import Tensor
 
 
 class _RequiredParameter:
-    """Marks a hyperparameter that every parameter group must give (``optim.optimizer.required``)."""
+    """Marks a hyperparameter every parameter group must give (``optim.optimizer.required``)."""
 
     def __repr__(self):
         return "<required parameter>"
