@@ -178,7 +178,8 @@ def spiral(torch, threads, steps=300, repeats=3):
     X, y = spiral_data(512)
     params = init_params((2, 32, 3), seed=1)
     H.out("512 points in 3 classes on 2-D spiral arms; both frameworks start from the same "
-          "weights and run the same code (F.linear, F.relu, F.cross_entropy: tapegrad.bench.spiral)")
+          "weights and run the same code\n(F.linear, F.relu, F.cross_entropy, in-place SGD: "
+          "tapegrad.bench.spiral.MLPTrainer)")
     runs = {}
     libs = [("tapegrad", tapegrad)] + ([("torch", torch)] if torch is not None else [])
     for name, T in libs:
