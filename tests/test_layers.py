@@ -61,8 +61,8 @@ def compare(make, arrays, *, call=None, train=True, rtol=RTOL, dtype=np.float64,
     for a, b in zip(out_tg, out_th):
         assert str(a.dtype).split(".")[-1] == str(b.dtype).split(".")[-1]
         assert_close(a, b, rtol=rtol, what="output")
-    for (name, a), (_, b) in zip(tg.named_buffers(), th.named_buffers()):
-        assert_close(a, b, rtol=rtol, what=f"buffer {name}")
+    for (name, a), (_, b) in zip(tg.state_dict().items(), th.state_dict().items()):
+        assert_close(a, b, rtol=rtol, what=f"state {name} after forward")
     if not grad:
         return th, tg
     rng = np.random.default_rng(seed)
@@ -220,6 +220,9 @@ def test_embedding():
     check(lambda nn: nn.Embedding(10, 3), [idx])
     _, tg = compare(lambda nn: nn.Embedding(10, 3, padding_idx=4), [idx])
     assert not np.any(tg.weight.grad._data[4])
+    for kwargs in [dict(max_norm=1.0), dict(max_norm=0.5, norm_type=1.0),
+                   dict(scale_grad_by_freq=True, padding_idx=1)]:
+        compare(lambda nn: nn.Embedding(10, 3, **kwargs), [idx])  # max_norm renorms in place
     emb = tnn.Embedding(5, 2, padding_idx=-1)
     assert emb.padding_idx == 4 and not np.any(emb.weight._data[4])
     with pytest.raises(AssertionError, match="Padding_idx"):
@@ -318,9 +321,16 @@ def test_dropout_train_and_eval():
 @pytest.mark.parametrize("name,args", [
     ("ReLU", ()), ("LeakyReLU", ()), ("LeakyReLU", (0.2,)), ("GELU", ()), ("GELU", ("tanh",)),
     ("SiLU", ()), ("Tanh", ()), ("Sigmoid", ()), ("Softmax", (1,)), ("Softmax", (-1,)),
-    ("LogSoftmax", (1,)), ("LogSoftmax", (0,))])
+    ("LogSoftmax", (1,)), ("LogSoftmax", (0,)), ("ELU", ()), ("ELU", (0.5,)), ("Softplus", ()),
+    ("Softplus", (2.0, 1.0))])
 def test_activations(name, args):
     check(lambda nn: getattr(nn, name)(*args), [randn(3, 4, 2, away_from=0.0)])
+
+
+def test_activation_reprs():
+    for name, args in [("ELU", (0.5, True)), ("Softplus", (2.0, 5.0)), ("LeakyReLU", (0.1, True)),
+                       ("SiLU", (True,)), ("GELU", ("tanh",)), ("Softmax", ())]:
+        assert repr(getattr(tnn, name)(*args)) == repr(getattr(torch.nn, name)(*args))
 
 
 # --- losses ------------------------------------------------------------------------------

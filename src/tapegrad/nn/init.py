@@ -1,7 +1,7 @@
 """``nn.init``: in-place initialisers with PyTorch's fan rules and distributions.
 
 Every initialiser fills its tensor in place without recording (as under ``no_grad``) and
-returns it. Random draws come from tapegrad's RNG (``_numpy_generator``): the same
+returns it. Random draws come from tapegrad's RNG (``tapegrad.random``): the same
 distributions as PyTorch, not PyTorch's random stream.
 """
 import math
@@ -14,11 +14,6 @@ from tapegrad.random import numpy_rng
 __all__ = ["calculate_gain", "uniform_", "normal_", "trunc_normal_", "constant_", "ones_",
            "zeros_", "eye_", "dirac_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_",
            "kaiming_normal_", "orthogonal_"]
-
-def _numpy_generator(generator=None):
-    """The numpy Generator a draw uses: ``generator``'s stream, else tapegrad's default one
-    (which ``tapegrad.manual_seed`` seeds)."""
-    return numpy_rng(generator)
 
 
 def _fill(tensor, values):
@@ -76,7 +71,7 @@ def trunc_normal_(tensor, mean: float = 0.0, std: float = 1.0, a: float = -2.0, 
     if mean < a - 2 * std or mean > b + 2 * std:
         warnings.warn("mean is more than 2 std from [a, b] in nn.init.trunc_normal_. The "
                       "distribution of values may be incorrect.", stacklevel=2)
-    rng = _numpy_generator(generator)
+    rng = numpy_rng(generator)
     shape = tensor.shape
 
     def norm_cdf(x):
@@ -214,7 +209,7 @@ def orthogonal_(tensor, gain: float = 1, generator=None):
         return tensor
     rows = tensor.shape[0]
     cols = tensor.numel() // rows
-    flattened = _numpy_generator(generator).normal(0.0, 1.0, (rows, cols))
+    flattened = numpy_rng(generator).normal(0.0, 1.0, (rows, cols))
     if rows < cols:
         flattened = flattened.T
     q, r = xp.linalg.qr(flattened)

@@ -1,9 +1,10 @@
-"""Activation modules: ``ReLU``, ``LeakyReLU``, ``GELU``, ``SiLU``, ``Tanh``, ``Sigmoid``,
-``Softmax``, ``LogSoftmax`` (as in ``torch.nn``)."""
+"""Activation modules: ``ReLU``, ``LeakyReLU``, ``ELU``, ``GELU``, ``SiLU``, ``Softplus``,
+``Tanh``, ``Sigmoid``, ``Softmax``, ``LogSoftmax`` (as in ``torch.nn``)."""
 from tapegrad.nn import functional as F
 from tapegrad.nn.module import Module
 
-__all__ = ["ReLU", "LeakyReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax"]
+__all__ = ["ReLU", "LeakyReLU", "ELU", "GELU", "SiLU", "Softplus", "Tanh", "Sigmoid", "Softmax",
+           "LogSoftmax"]
 
 
 class ReLU(Module):
@@ -35,6 +36,22 @@ class LeakyReLU(Module):
         return f"negative_slope={self.negative_slope}" + (", inplace=True" if self.inplace else "")
 
 
+class ELU(Module):
+    """As ``torch.nn.ELU(alpha=1.0, inplace=False)``: ``x`` if ``x > 0`` else
+    ``alpha * (exp(x) - 1)``."""
+
+    def __init__(self, alpha: float = 1.0, inplace: bool = False):
+        super().__init__()
+        self.alpha = alpha
+        self.inplace = inplace
+
+    def forward(self, input):
+        return F.elu(input, self.alpha, self.inplace)
+
+    def extra_repr(self) -> str:
+        return f"alpha={self.alpha}" + (", inplace=True" if self.inplace else "")
+
+
 class GELU(Module):
     """As ``torch.nn.GELU(approximate='none')``; ``approximate='tanh'`` for the tanh form."""
 
@@ -61,6 +78,22 @@ class SiLU(Module):
 
     def extra_repr(self) -> str:
         return "inplace=True" if self.inplace else ""
+
+
+class Softplus(Module):
+    """As ``torch.nn.Softplus(beta=1.0, threshold=20.0)``: ``log(1 + exp(beta x)) / beta``,
+    linear above ``threshold``."""
+
+    def __init__(self, beta: float = 1.0, threshold: float = 20.0):
+        super().__init__()
+        self.beta = beta
+        self.threshold = threshold
+
+    def forward(self, input):
+        return F.softplus(input, self.beta, self.threshold)
+
+    def extra_repr(self) -> str:
+        return f"beta={self.beta}, threshold={self.threshold}"
 
 
 class Tanh(Module):

@@ -193,7 +193,8 @@ class ModuleList(Module):
             blocks.append(r)
         lines = []
         for (start, end), b in zip(runs, blocks):
-            line = f"({start}): {b}" if start == end else f"({start}-{end}): {end - start + 1} x {b}"
+            n = end - start + 1
+            line = f"({start}): {b}" if n == 1 else f"({start}-{end}): {n} x {b}"
             lines.append(_addindent(line, 2))
         return self._get_name() + "(\n  " + "\n  ".join(lines) + "\n)"
 

@@ -221,8 +221,8 @@ class RNNBase(Module):
 
     def _batch(self, input):
         if input.dim() not in (2, 3):
-            raise ValueError(f"{self._get_name()}: Expected input to be 2D or 3D, got {input.dim()}D "
-                             "tensor instead")
+            raise ValueError(f"{self._get_name()}: Expected input to be 2D or 3D, got "
+                             f"{input.dim()}D tensor instead")
         is_batched = input.dim() == 3
         if not is_batched:
             input = input.unsqueeze(0 if self.batch_first else 1)
