@@ -870,7 +870,8 @@ def _index_item(i):
     if isinstance(i, slice):
         step = i.step
         if step is not None and operator.index(step) <= 0:
-            raise ValueError("step must be greater than zero")
+            raise ValueError("slice step cannot be zero" if operator.index(step) == 0 else
+                             "step must be greater than zero")
         return slice(None if i.start is None else operator.index(i.start),
                      None if i.stop is None else operator.index(i.stop),
                      None if step is None else operator.index(step)), 0, 1
@@ -941,11 +942,13 @@ def index_key(input, index):
         raise IndexError(f"too many indices for tensor of dimension {ndim} (got {used} indices "
                          f"for shape {tuple(shape)})")
     d = 0
+    ints = False
     for entry, kind, dims in items:
         if entry is Ellipsis:
             d += ndim - used
         elif kind == 0 and dims:
             if type(entry) is int:
+                ints = True
                 n = shape[d]
                 if not -n <= entry < n:
                     raise IndexError(f"index {entry} is out of bounds for dimension {d} with "
@@ -964,10 +967,69 @@ def index_key(input, index):
                         f"The shape of the mask {list(entry.shape)} at index {j} does not match "
                         f"the shape of the indexed tensor {list(shape)} at index {d + j}")
             d += dims
+    if ints and kinds > 1 and all(dims for _, kind, dims in items if kind == 1):
+        return _all_advanced_key(items, shape, used), False, bool(kinds & 4)
     key = tuple(e for e, _, _ in items)
     if not ellipsis:
         key += (Ellipsis,)  # numpy then returns a 0-d array, never a scalar
     return key, kinds <= 1, bool(kinds & 4)
+
+
+def _all_advanced_key(items, shape, used):
+    """The key for an index that mixes ints with integer arrays or masks, in PyTorch's order.
+
+    PyTorch applies ints (selects) before the advanced indices, so whether those are adjacent
+    (and where their dims go) is decided without the ints; numpy counts ints as advanced. One
+    integer array per input dim, broadcasting to PyTorch's result shape, gives PyTorch's result
+    in one numpy step (reads, writes and ``np.add.at`` alike).
+    """
+    ndim = len(shape)
+    out = []  # PyTorch's result dims after the selects: ("s", d, slice) / ("n",) / ("a", d, arr)
+    d = 0
+    for entry, kind, dims in items:
+        if entry is Ellipsis:
+            for _ in range(ndim - used):
+                out.append(("s", d, slice(None)))
+                d += 1
+        elif entry is None:
+            out.append(("n",))
+        elif kind == 0:
+            if type(entry) is not int:
+                out.append(("s", d, entry))
+            d += 1
+        else:
+            for j, nz in enumerate(entry.nonzero() if kind == 1 else (entry,)):
+                out.append(("a", d + j, nz))
+            d += dims
+    while d < ndim:
+        out.append(("s", d, slice(None)))
+        d += 1
+    adv = [i for i, o in enumerate(out) if o[0] == "a"]
+    block = xp.broadcast_shapes(*(out[i][2].shape for i in adv))
+    start = adv[0] if adv == list(range(adv[0], adv[0] + len(adv))) else 0
+    rest = [o for o in out if o[0] != "a"]
+    n_out = len(rest) + len(block)
+    axes = list(range(start)) + list(range(start + len(block), n_out))
+    key = [None] * ndim
+    for o, axis in zip(rest, axes):
+        if o[0] == "s":
+            r = xp.arange(*o[2].indices(shape[o[1]]))
+            key[o[1]] = r.reshape((1,) * axis + (r.size,) + (1,) * (n_out - axis - 1))
+    for i in adv:
+        a = out[i][2]
+        key[out[i][1]] = a.reshape((1,) * start + (1,) * (len(block) - a.ndim) + a.shape
+                                   + (1,) * (n_out - start - len(block)))
+    d = 0
+    for entry, kind, dims in items:  # the selects: ints broadcast as 0-d indices
+        if entry is Ellipsis:
+            d += ndim - used
+        elif kind == 0 and dims:
+            if type(entry) is int:
+                key[d] = entry
+            d += 1
+        else:
+            d += dims
+    return tuple(key)
 
 
 def tensor_getitem(input, index):
