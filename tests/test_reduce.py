@@ -104,6 +104,9 @@ SPECIAL = [
     ("norm-p1-with-zero", lambda T, x: x.norm(1), [np.array([0.0, 1.0, -4.0])]),
     ("std-zero", lambda T, x: x.std(1), [np.array([[2.0, 2.0, 2.0], [1.0, 2.0, 4.0]])]),
     ("var-single-element", lambda T, x: x.var(1, correction=0), [np.array([[2.0], [3.0]])]),
+    ("var-no-degrees-of-freedom", lambda T, x: x.var(1), [np.array([[2.0], [3.0]])]),
+    ("std-negative-degrees-of-freedom", lambda T, x: x.std(1, correction=3),
+     [np.array([[2.0, 1.0], [3.0, 5.0]])]),
     ("logsumexp-large", lambda T, x: T.logsumexp(x, 1),
      [np.array([[1000.0, 1000.0, -1000.0], [-1e4, 0.0, 3.0]])]),
     ("logsumexp-inf", lambda T, x: T.logsumexp(x, 1),
@@ -111,6 +114,7 @@ SPECIAL = [
 ]
 
 
+@pytest.mark.filterwarnings("ignore:.*degrees of freedom")  # both libraries warn; same values
 @pytest.mark.parametrize("fn, arrays", [r[1:] for r in SPECIAL], ids=[r[0] for r in SPECIAL])
 def test_special_points_match_torch(fn, arrays):
     with np.errstate(all="ignore"):

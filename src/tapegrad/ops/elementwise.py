@@ -9,6 +9,7 @@ Tensors.
 import math
 
 from tapegrad import dtypes
+from tapegrad.ops import registry
 from tapegrad.ops.registry import op, xp
 
 try:  # scipy is an optional speed-up for erf, never a run-time dependency
@@ -669,8 +670,7 @@ def where(condition, input=None, other=None):
     """As ``torch.where(condition, input, other)``; ``torch.where(condition)`` gives the
     indices of the True elements (as ``nonzero(as_tuple=True)``).
     """
-    from tapegrad.tensor import Tensor
-
+    Tensor = registry.Tensor
     if isinstance(condition, Tensor):
         if condition._data.dtype.kind != "b":
             raise RuntimeError("where expected condition to be a boolean tensor, but got a "
@@ -690,8 +690,7 @@ def masked_fill(input, mask, value):
 
     ``value`` is a number or a 0-dim tensor (which then receives the gradient).
     """
-    from tapegrad.tensor import Tensor
-
+    Tensor = registry.Tensor
     if mask._data.dtype.kind != "b":
         raise RuntimeError(f"masked_fill: only supports boolean masks, but got mask with dtype "
                            f"{mask.dtype}")
@@ -708,12 +707,17 @@ def masked_fill(input, mask, value):
     return where_op(mask, value, input)
 
 
-__all__ = ["mul", "div", "true_divide", "floor_divide", "remainder", "fmod", "neg", "pow",
-           "exp", "expm1", "log", "log1p", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh",
-           "sigmoid", "erf", "relu", "abs", "sign", "floor", "ceil", "trunc", "round",
-           "clamp", "clip", "clamp_min", "clamp_max", "maximum", "minimum", "where",
-           "masked_fill", "isnan", "isinf", "isfinite", "positive", "square",
-           "logical_and", "logical_or", "logical_xor", "logical_not",
+negative = neg
+multiply = mul
+divide = div
+absolute = abs
+
+__all__ = ["mul", "multiply", "div", "divide", "true_divide", "floor_divide", "remainder",
+           "fmod", "neg", "negative", "pow", "exp", "expm1", "log", "log1p", "sqrt", "rsqrt",
+           "reciprocal", "sin", "cos", "tanh", "sigmoid", "erf", "relu", "abs", "absolute",
+           "sign", "floor", "ceil", "trunc", "round", "clamp", "clip", "clamp_min", "clamp_max",
+           "maximum", "minimum", "where", "masked_fill", "isnan", "isinf", "isfinite",
+           "positive", "square", "logical_and", "logical_or", "logical_xor", "logical_not",
            "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not",
            "eq", "ne", "lt", "le", "gt", "ge"]
 TENSOR_METHODS = [n for n in __all__ if n != "where"]

@@ -89,7 +89,8 @@ def var_op(a, dims, correction=1, keepdim=False):
 
 def _var_grad(g, a, dims, correction, keepdim):
     # PyTorch's var_backward: 2 / (N - correction) * g * (a - mean(a))
-    scale = 2.0 / (_count(a.shape, dims) - correction)
+    dof = _count(a.shape, dims) - correction
+    scale = 2.0 / dof if dof else math.inf  # as PyTorch's double arithmetic: no exception
     g = _kept(g, a.shape, dims, keepdim)
     return (scale * g) * (a - mean_op(a, dims=dims, keepdim=True))
 
