@@ -115,6 +115,8 @@ def measure(threads, torch, sizes=SIZES, rounds=15, min_time=0.005, dtype=np.flo
 
 def report(results, torch):
     names = ["numpy", "tapegrad (no grad)", "tapegrad", "torch (no grad)", "torch"]
+    short = {"tapegrad (no grad)": "tg no-grad", "tapegrad": "tapegrad",
+             "torch (no grad)": "torch no-grad"}
     if torch is None:
         names = names[:3]
     rows = []
@@ -128,9 +130,9 @@ def report(results, torch):
             row.append(f"{m['torch'] / m['tapegrad']:.2f}x")
             row.append(str(m["torch threads"]))
         rows.append(row)
-    headers = ["workload (float64)"] + [f"{n} us" for n in names] + ["tapegrad overhead us"]
+    headers = ["workload (float64)"] + [short.get(n, n) for n in names] + ["tg - numpy"]
     if torch is not None:
-        headers += ["torch overhead us", "tapegrad speed vs torch", "torch threads"]
+        headers += ["torch - numpy", "tg speed vs torch", "torch thr"]
     return H.table(rows, headers)
 
 
@@ -153,10 +155,12 @@ def plot(results, torch, path):
             ax.plot([8], [(mul[lib] - mul["numpy"]) * 1e6], marker, mfc="none", ms=10,
                     label=f"{lib}: mul 8x8")
         ax.axhline(0, color="grey", lw=0.8)
+        ax.set_yscale("symlog", linthresh=1.0)  # a few us at small n, ms at n=512
+        ax.grid(True, which="major", alpha=0.3)
         ax.set_xscale("log", base=2)
         ax.set_xticks(ns, [str(n) for n in ns])
         ax.set_xlabel("square matmul size n")
-        ax.set_ylabel("time over raw numpy per call (us)")
+        ax.set_ylabel("time over raw numpy per call (us, symlog)")
         ax.set_title(f"dispatch overhead, {mode} (float64)")
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -192,8 +196,9 @@ def _run(args, torch, threads):
     results = measure(threads, torch, sizes=sizes, rounds=rounds,
                       min_time=0.001 if args.quick else 0.005)
     H.out()
-    H.out("median time per call, microseconds; overhead = framework - numpy; "
-          "speed vs torch = torch time / tapegrad time")
+    H.out("median time per call in microseconds; inputs require grad except in the no-grad "
+          "columns;\n'x - numpy' is the framework's overhead over the bare numpy call; "
+          "tg speed vs torch = torch time / tapegrad time")
     H.out(report(results, torch))
     path = plot(results, torch, args.plot or default_plot_path())
     H.out(f"\nplot written to {path}")
