@@ -14,6 +14,7 @@ import torch
 import tapegrad
 import tapegrad.nn as tnn
 from helpers import assert_close
+from test_layers import compare
 
 
 def tg_state(module):
@@ -34,7 +35,7 @@ def mlp(nn):
 
 def cnn(nn):
     return nn.Sequential(
-        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.BatchNorm2d(8), nn.MaxPool2d(2),
         nn.Conv2d(8, 8, 3, stride=2, groups=2, bias=False), nn.GroupNorm(2, 8),
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
 
@@ -267,6 +268,16 @@ def test_load_torch_state_dict(build):
     assert repr(result) == "<All keys matched successfully>"
     for k, v in th.state_dict().items():
         assert_close(tg.state_dict()[k], v, rtol=0)
+
+
+@pytest.mark.parametrize("build,inputs,train", [
+    (mlp, [np.random.default_rng(0).standard_normal((5, 4))], False),
+    (cnn, [np.random.default_rng(0).standard_normal((2, 3, 8, 8))], True),
+    (block, [np.random.default_rng(0).integers(0, 11, (2, 5))], True),
+], ids=["mlp", "cnn", "block"])
+def test_whole_models_match_torch(build, inputs, train):
+    """Loaded torch weights give the same outputs, gradients and (BatchNorm) buffers."""
+    compare(build, inputs, train=train)
 
 
 def test_load_copies_in_place_and_keeps_parameter_objects():
