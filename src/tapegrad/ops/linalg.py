@@ -64,7 +64,19 @@ _LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 @op(flops=2, needs=True)
 def einsum_op(arrays, equation):
     """``xp.einsum`` on an explicit equation whose operands have no repeated subscripts."""
-    return xp.einsum(equation, *arrays, optimize=len(arrays) > 2)
+    return xp.einsum(equation, *arrays, optimize=len(arrays) > 2 or _work(equation, arrays) > 32768)
+
+
+def _work(equation, arrays):
+    # the naive loop's length: above a few thousand, numpy's BLAS-backed path (which costs
+    # ~40 us to plan) is the faster one
+    sizes = {}
+    for term, a in zip(_split_equation(equation)[0], arrays):
+        sizes.update(zip(term, a.shape))
+    n = 1
+    for m in sizes.values():
+        n *= m
+    return n
 
 
 @einsum_op.grad

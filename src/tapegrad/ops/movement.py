@@ -902,6 +902,29 @@ def _index_item(i):
     return data, 2, 1
 
 
+def _basic_tuple_key(index, shape):
+    """The key for the common tuple of ints, slices (positive int steps) and None, or None
+    when the index needs the general path (which also raises the errors)."""
+    d = 0
+    ndim = len(shape)
+    for i in index:
+        t = type(i)
+        if t is int:
+            if d >= ndim or not -shape[d] <= i < shape[d]:
+                return None
+            d += 1
+        elif t is slice:
+            step = i.step
+            if step is not None and (type(step) is not int or step <= 0):
+                return None
+            d += 1
+        elif i is not None:
+            return None
+    if d > ndim:
+        return None
+    return index + (Ellipsis,)
+
+
 def index_key(input, index):
     """PyTorch's index (ints, slices, None, Ellipsis, bools, integer/bool Tensors, lists and
     ndarrays, or a tuple of them) as ``(key, basic, accumulate)``: a tuple numpy indexes with
@@ -915,6 +938,13 @@ def index_key(input, index):
                              "`tensor.item<T>()` in C++ to convert a 0-dim tensor to a number")
         if not -n <= index < n:
             raise IndexError(f"index {index} is out of bounds for dimension 0 with size {n}")
+        return (index, Ellipsis), True, False
+    if type(index) is tuple:
+        key = _basic_tuple_key(index, shape)
+        if key is not None:
+            return key, True, False
+    elif type(index) is slice and (index.step is None or type(index.step) is int and
+                                   index.step > 0) and shape:
         return (index, Ellipsis), True, False
     if type(index) is not tuple:
         if type(index) is list and _sequence_as_tuple(index):
