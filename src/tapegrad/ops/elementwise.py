@@ -25,8 +25,11 @@ def np_dtype(d):
 
 
 def _floating(a):
-    """Integer and bool arrays become the default float dtype (PyTorch's unary float ops)."""
-    return a if a.dtype.kind == "f" else a.astype(dtypes.get_default_dtype().np)
+    """Integer and bool arrays become the default float dtype (PyTorch's unary float ops).
+
+    Dtype tests use ``kind in "iub"``: bfloat16 (ml_dtypes) has numpy kind "V", not "f".
+    """
+    return a.astype(dtypes.get_default_dtype().np) if a.dtype.kind in "iub" else a
 
 
 def _is_scalar(x):
@@ -132,7 +135,7 @@ def _(g, out, a, b):
 def trunc_divide(a, b):
     """``torch.div(a, b, rounding_mode='trunc')``: division rounded toward zero."""
     _check_int_divisor("div", a, b)
-    if (a if hasattr(a, "dtype") else b).dtype.kind == "f":
+    if (a if hasattr(a, "dtype") else b).dtype.kind not in "iub":
         return xp.trunc(a / b)
     q = xp.floor_divide(a, b)
     return q + ((xp.remainder(a, b) != 0) & ((a < 0) != (b < 0)))
@@ -474,24 +477,24 @@ sign.grad(_zero_rule)
 @op(flops=1, saves="none")
 def floor(a):
     """As ``torch.floor`` (zero gradient)."""
-    return xp.floor(a) if a.dtype.kind == "f" else a.copy()
+    return a.copy() if a.dtype.kind in "iub" else xp.floor(a)
 
 
 @op(flops=1, saves="none")
 def ceil(a):
     """As ``torch.ceil`` (zero gradient)."""
-    return xp.ceil(a) if a.dtype.kind == "f" else a.copy()
+    return a.copy() if a.dtype.kind in "iub" else xp.ceil(a)
 
 
 @op(flops=1, saves="none")
 def trunc(a):
     """As ``torch.trunc``: round toward zero (zero gradient)."""
-    return xp.trunc(a) if a.dtype.kind == "f" else a.copy()
+    return a.copy() if a.dtype.kind in "iub" else xp.trunc(a)
 
 
 @op(flops=2, saves="none", name="round")
 def round_op(a, decimals=0):
-    if a.dtype.kind != "f":
+    if a.dtype.kind in "iub":
         if decimals:
             raise RuntimeError(f"round: decimals is not supported for {a.dtype} inputs")
         return a.copy()
@@ -523,7 +526,7 @@ logical_not = _predicate("logical_not", xp.logical_not,
 @op(flops=1, saves="none", differentiable=False)
 def bitwise_not(a):
     """As ``torch.bitwise_not`` / ``~a``: on bool and integer tensors only."""
-    if a.dtype.kind == "f":
+    if a.dtype.kind not in "iub":
         raise RuntimeError(f"bitwise_not: only integer and bool tensors are supported, got "
                            f"{a.dtype}")
     return xp.invert(a)
@@ -573,7 +576,7 @@ logical_xor = _logical("logical_xor", xp.logical_xor)
 
 def _bitwise(name, fn):
     def f(a, b):
-        if (a if hasattr(a, "dtype") else b).dtype.kind == "f":
+        if (a if hasattr(a, "dtype") else b).dtype.kind not in "iub":
             raise RuntimeError(f"{name}: only integer and bool tensors are supported, got "
                                "floating point")
         return fn(a, b)

@@ -342,7 +342,7 @@ any_op = _logical_reduce("any", xp.any)
 
 # --- PyTorch-signature functions (exported as tapegrad.X and Tensor.X) ------------------
 def _float_input(name, input):
-    if input._data.dtype.kind not in "fc":
+    if input._data.dtype.kind in "iub":
         raise RuntimeError(f"{name}(): input dtype must be floating point, got {input.dtype}")
 
 
@@ -360,7 +360,7 @@ def mean(input, dim=None, keepdim=False, *, dtype=None):
         dtype = dtypes.to_dtype(dtype)
         if input._data.dtype != dtype.np:
             input = to_dtype(input, dtype=dtype)
-    if input._data.dtype.kind not in "fc":
+    if input._data.dtype.kind in "iub":
         raise RuntimeError(
             "mean(): could not infer output dtype. Input dtype must be either a floating point "
             f"or complex dtype. Got: {input.dtype}")
@@ -374,7 +374,7 @@ def _var_args(name, input, dim, unbiased, keepdim, correction):
         raise TypeError(f"{name}(): pass either unbiased= or correction=, not both")
     if correction is None:
         correction = 1 if unbiased is None or unbiased else 0
-    if input._data.dtype.kind not in "fc":
+    if input._data.dtype.kind in "iub":
         raise RuntimeError(f"{name}: std and var only support floating point and complex "
                            f"dtypes (got {input.dtype})")
     return dict(dims=axes(dim, input.ndim, name), correction=correction, keepdim=keepdim)
@@ -473,7 +473,7 @@ def logsumexp(input, dim, keepdim=False):
     dims = (dim,) if isinstance(dim, int) else tuple(dim)
     if not dims:
         raise RuntimeError("logsumexp: dim must name at least one dimension")
-    if input._data.dtype.kind not in "fc":
+    if input._data.dtype.kind in "iub":
         input = to_dtype(input, dtype=dtypes.get_default_dtype())
     return logsumexp_op(input, dims=axes(dims, input.ndim, "logsumexp"), keepdim=keepdim)
 
@@ -486,7 +486,7 @@ def norm(input, p="fro", dim=None, keepdim=False, dtype=None):
         dtype = dtypes.to_dtype(dtype)
         if input._data.dtype != dtype.np:
             input = to_dtype(input, dtype=dtype)
-    if input._data.dtype.kind not in "fc":
+    if input._data.dtype.kind in "iub":
         raise RuntimeError("linalg.vector_norm: Expected a floating point or complex tensor as "
                            f"input. Got {input.dtype}")
     if isinstance(p, str):
