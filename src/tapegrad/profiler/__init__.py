@@ -1,4 +1,4 @@
 """``tapegrad.profiler``: where time and memory go."""
-from tapegrad.profiler.memory import memory, MemoryTracker, OpMemory, storage_bytes  # noqa: F401
+from tapegrad.profiler.memory import memory, MemoryTracker, OpMemory, storage_bytes
 
 __all__ = ["memory", "MemoryTracker", "OpMemory", "storage_bytes"]
