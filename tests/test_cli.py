@@ -33,6 +33,11 @@ def test_bench_list_and_unknown_name(capsys):
         bench.load("nope")
 
 
+def test_memory_command(capsys):
+    assert cli.main(["memory", "--depth", "2", "--width", "8", "--batch", "4"]) == 0
+    assert "depth 2, width 8, batch 4" in capsys.readouterr().out
+
+
 def test_demo_quick(capsys):
     assert cli.main(["demo", "--quick", "--threads", "1"]) == 0
     out = capsys.readouterr().out

@@ -1,8 +1,10 @@
-"""``python -m tapegrad demo|bench ...`` (also the ``tapegrad`` console script).
+"""``python -m tapegrad demo|bench|memory ...`` (also the ``tapegrad`` console script).
 
     tapegrad demo [--quick] [--no-torch]     the guided report (README's ``make demo``)
     tapegrad bench [NAME] [OPTIONS]          the benchmark suite (``make bench``): NAME is
                                              one of ``tapegrad bench --list``, default all
+    tapegrad memory [--depth N] [--checkpoint [SEGMENTS]]
+                                             measured memory of one deep-MLP training step
 """
 import argparse
 import sys
@@ -52,7 +54,13 @@ def _bench(argv):
     return 0
 
 
-COMMANDS = {"demo": _demo, "bench": _bench}
+def _memory(argv):
+    from tapegrad.profiler import workload
+
+    return workload.main(argv)
+
+
+COMMANDS = {"demo": _demo, "bench": _bench, "memory": _memory}
 
 
 def main(argv=None):
@@ -65,7 +73,8 @@ def main(argv=None):
         print(f"tapegrad: unknown command {command!r}; choose from {', '.join(COMMANDS)}\n\n"
               + USAGE, file=sys.stderr)
         return 2
-    return COMMANDS[command](rest) or 0
+    rc = COMMANDS[command](rest)
+    return rc if isinstance(rc, int) else 0
 
 
 if __name__ == "__main__":
