@@ -55,7 +55,7 @@ class Tensor:
                 "you can only change requires_grad flags of leaf variables. If you want to use "
                 "a computed variable in a subgraph that doesn't require differentiation use "
                 "var_no_grad = var.detach().")
-        if value and self._data.dtype.kind not in "fc":
+        if value and self._data.dtype not in _FLOAT_NP:
             raise RuntimeError(
                 "only Tensors of floating point and complex dtype can require gradients "
                 f"(got {self.dtype})")
@@ -110,7 +110,7 @@ class Tensor:
 
     def is_floating_point(self) -> bool:
         """As ``Tensor.is_floating_point()``."""
-        return self._data.dtype.kind == "f"
+        return self._data.dtype in _FLOAT_NP
 
     def is_contiguous(self, memory_format=None) -> bool:
         return self._data.flags.c_contiguous
@@ -511,6 +511,10 @@ class Tensor:
         return engine._Handle(self._hooks, hook)
 
 
+# numpy dtypes of floating-point tensors (ml_dtypes' bfloat16 has numpy kind "V", not "f")
+_FLOAT_NP = frozenset(d.np for d in dtypes.ALL if d.category == dtypes.FLOAT)
+
+
 # --- conversion helpers -------------------------------------------------------------------
 _TYPE_NAMES = {"float32": "FloatTensor", "float64": "DoubleTensor", "float16": "HalfTensor",
                "bfloat16": "BFloat16Tensor", "int64": "LongTensor", "int32": "IntTensor",
@@ -588,7 +592,7 @@ def _cast_error(name, result, out):
 
 
 def _check_float_result(t, name, *operands):
-    if t._data.dtype.kind != "f":
+    if t._data.dtype not in _FLOAT_NP:
         raise _cast_error(name, dtypes.get_default_dtype(), t.dtype)
 
 
@@ -622,7 +626,7 @@ def _binary_inplace(t, name, ufunc, other, alpha, fn, float_only=False):
     data = t._data
     if isinstance(other, Tensor):
         od = other._data
-        if od.dtype is data.dtype and not (float_only and data.dtype.kind != "f"):
+        if od.dtype is data.dtype and not (float_only and data.dtype not in _FLOAT_NP):
             dt_np = data.dtype
         else:
             dt = dtypes.result_type(t, other)
@@ -635,7 +639,7 @@ def _binary_inplace(t, name, ufunc, other, alpha, fn, float_only=False):
                 od = od.astype(dt_np)
     else:
         od = other
-        if data.dtype.kind == "f" and not isinstance(other, Tensor):
+        if data.dtype in _FLOAT_NP:
             dt_np = data.dtype
         else:
             try:
@@ -661,7 +665,7 @@ def _binary_inplace(t, name, ufunc, other, alpha, fn, float_only=False):
 def _unary_inplace(t, name, ufunc, fn, float_only):
     if grad_state.enabled and t._requires_grad:
         return _inplace(t, name, fn, (), {})
-    if float_only and t._data.dtype.kind != "f":
+    if float_only and t._data.dtype not in _FLOAT_NP:
         raise _cast_error(name, dtypes.get_default_dtype(), t.dtype)
     ufunc(t._data, out=t._data)
     t._version[0] += 1
@@ -754,7 +758,7 @@ def _repr(t):
     if data.size == 0 and data.ndim != 1:
         body = "[]"
         suffix.append(f"size={tuple(data.shape)}")
-    elif data.dtype.kind == "f":
+    elif data.dtype in _FLOAT_NP:
         shown = data.astype(xp.float64)
         summary = shown
         if shown.size > 1000:  # format only what is printed, as PyTorch does
@@ -791,8 +795,8 @@ def _to_array(data, dtype):
         if dtype is None:  # with a dtype, cast once from what numpy built (no double rounding)
             if arr.dtype == xp.float64 and not _has_numpy_floats(data):
                 arr = arr.astype(dtypes.get_default_dtype().np)
-            elif arr.dtype.kind == "i":
-                arr = arr.astype(xp.int64)
+            elif arr.dtype.kind == "i" and arr.dtype.itemsize < 8 and not _has_numpy_ints(data):
+                arr = arr.astype(xp.int64)  # platforms whose default int is 32-bit
     if dtype is not None:
         arr = arr.astype(dtypes.to_dtype(dtype).np, copy=False)
     dtypes.from_numpy_dtype(arr.dtype)  # raises for unsupported dtypes
@@ -800,10 +804,31 @@ def _to_array(data, dtype):
 
 
 def _has_numpy_floats(data):
-    if isinstance(data, xp.floating):
-        return data.dtype == xp.float64
-    if isinstance(data, (list, tuple)):
-        return any(_has_numpy_floats(d) for d in data[:1])
+    """Whether nested ``data`` holds a float64 that is not a Python float (a numpy float64
+    scalar or array, or a float64 Tensor): PyTorch then infers float64, not the default."""
+    stack = [data]
+    while stack:
+        d = stack.pop()
+        if type(d) is float:
+            continue
+        if isinstance(d, (list, tuple)):
+            stack.extend(d)
+        elif isinstance(d, (xp.ndarray, xp.generic)):
+            if d.dtype == xp.float64:
+                return True
+        elif isinstance(d, Tensor) and d._data.dtype == xp.float64:
+            return True
+    return False
+
+
+def _has_numpy_ints(data):
+    stack = [data]
+    while stack:
+        d = stack.pop()
+        if isinstance(d, (list, tuple)):
+            stack.extend(d)
+        elif isinstance(d, (xp.ndarray, xp.integer)) or isinstance(d, Tensor):
+            return True
     return False
 
 

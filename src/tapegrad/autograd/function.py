@@ -25,6 +25,7 @@ bookkeeping (gradient sums on diamonds, shape checks) is unchanged.
 """
 import weakref
 
+from tapegrad import dtypes
 from tapegrad.autograd.engine import Node
 from tapegrad.autograd.grad_mode import state as grad_state
 from tapegrad.backend import xp
@@ -319,7 +320,7 @@ def _record(cls, ctx, args, outs):
     Tensor = _tensor_cls()
     diff = [k for k, o in enumerate(outs)
             if isinstance(o, Tensor) and id(o) not in ctx._non_differentiable
-            and o._data.dtype.kind in "fc"]
+            and dtypes.from_numpy_dtype(o._data.dtype).category == dtypes.FLOAT]
     ctx._saved = _snapshot_saved(ctx, args, outs)
     if not diff:
         return
