@@ -568,3 +568,38 @@ def test_modulelist_and_moduledict():
         d.update([("x", tnn.ReLU(), 1)])
     d.clear()
     assert len(d) == 0
+
+
+def test_parameter_list_and_dict():
+    def build(nn):
+        lib = torch if nn is torch.nn else tapegrad
+
+        class Holder(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.plist = nn.ParameterList([nn.Parameter(lib.ones(2, 3)), lib.zeros(4)])
+                self.plist.append(lib.ones(1))
+                self.pdict = nn.ParameterDict({"b": lib.ones(2), "a": nn.Parameter(lib.ones(3))})
+                self.pdict["c"] = lib.zeros(1)
+
+        return Holder()
+
+    th, tg = both(build)
+    assert list(tg.state_dict()) == list(th.state_dict()) == [
+        "plist.0", "plist.1", "plist.2", "pdict.a", "pdict.b", "pdict.c"]
+    assert all(isinstance(p, tnn.Parameter) for p in tg.plist)
+    assert repr(tg.plist) == repr(th.plist).replace("torch.", "tapegrad.")
+    assert "(a): Parameter containing: [tapegrad.float32 of size 3]" in repr(tg.pdict)
+    assert len(tg.plist) == 3 and tg.plist[-1].shape == (1,)
+    assert [p.shape for p in tg.plist[1:]] == [(4,), (1,)]
+    assert list(tg.pdict) == ["a", "b", "c"] and "b" in tg.pdict and len(tg.pdict) == 3
+    assert tg.pdict.pop("b").shape == (2,) and list(tg.pdict.keys()) == ["a", "c"]
+    assert tg.pdict.get("zz") is None and [k for k, _ in tg.pdict.items()] == ["a", "c"]
+    merged = tg.pdict | tnn.ParameterDict({"d": tapegrad.ones(1)})
+    assert list(merged) == ["a", "c", "d"]
+    with pytest.raises(RuntimeError, match="should not be called"):
+        tg.plist(1)
+    with pytest.raises(TypeError, match="not a string"):
+        tg.pdict[0] = tapegrad.ones(1)
+    with pytest.raises(IndexError):
+        tg.plist[3]

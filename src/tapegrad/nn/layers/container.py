@@ -1,12 +1,15 @@
-"""Containers: ``Sequential``, ``ModuleList``, ``ModuleDict`` (as in ``torch.nn``)."""
+"""Containers: ``Sequential``, ``ModuleList``, ``ModuleDict``, ``ParameterList``,
+``ParameterDict`` (as in ``torch.nn``)."""
 import operator
 from collections import OrderedDict
 from collections import abc as container_abcs
 from itertools import chain, islice
 
 from tapegrad.nn.module import Module, _addindent
+from tapegrad.nn.parameter import Parameter
+from tapegrad.tensor import Tensor
 
-__all__ = ["Sequential", "ModuleList", "ModuleDict"]
+__all__ = ["Sequential", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict"]
 
 
 def _renumber(module):
@@ -291,3 +294,192 @@ class ModuleDict(Module):
                 raise ValueError(f"ModuleDict update sequence element #{j} has length "
                                  f"{len(m)}; 2 is required")
             self[m[0]] = m[1]
+
+
+def _describe(value):
+    """One line of a ParameterList/ParameterDict repr."""
+    if isinstance(value, Tensor):
+        kind = "Parameter" if isinstance(value, Parameter) else "Tensor"
+        size = "x".join(str(n) for n in value.shape)
+        return f"{kind} containing: [{value.dtype} of size {size}]"
+    return "Object of type: " + type(value).__name__
+
+
+class ParameterList(Module):
+    """As ``torch.nn.ParameterList``: a list whose tensors are registered as parameters
+    (plain tensors are wrapped in ``Parameter``), named "0", "1", ..."""
+
+    def __init__(self, values=None):
+        super().__init__()
+        self._size = 0
+        if values is not None:
+            self += values
+
+    def _get_abs_string_index(self, idx):
+        idx = operator.index(idx)
+        if not -len(self) <= idx < len(self):
+            raise IndexError(f"index {idx} is out of range")
+        return str(idx % len(self))
+
+    def __getitem__(self, idx):
+        if isinstance(idx, slice):
+            out = self.__class__()
+            for i in range(*idx.indices(len(self))):
+                out.append(self[i])
+            return out
+        return getattr(self, self._get_abs_string_index(idx))
+
+    def __setitem__(self, idx, param):
+        idx = self._get_abs_string_index(idx)
+        if isinstance(param, Tensor) and not isinstance(param, Parameter):
+            param = Parameter(param)
+        setattr(self, idx, param)
+
+    def __len__(self):
+        return self._size
+
+    def __iter__(self):
+        return iter(self[i] for i in range(len(self)))
+
+    def __iadd__(self, parameters):
+        return self.extend(parameters)
+
+    def __dir__(self):
+        return [key for key in super().__dir__() if not key.isdigit()]
+
+    def append(self, value):
+        """As ``ParameterList.append``."""
+        new_idx = len(self)
+        self._size += 1
+        self[new_idx] = value
+        return self
+
+    def extend(self, values):
+        """As ``ParameterList.extend``: append every element of an iterable."""
+        if not isinstance(values, container_abcs.Iterable) or isinstance(values, Tensor):
+            raise TypeError("ParameterList.extend should be called with an iterable, but got "
+                            + type(values).__name__)
+        for value in values:
+            self.append(value)
+        return self
+
+    def extra_repr(self) -> str:
+        return "\n".join(f"  ({k}): {_describe(p)}" for k, p in enumerate(self))
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError("ParameterList should not be called.")
+
+
+class ParameterDict(Module):
+    """As ``torch.nn.ParameterDict``: an ordered dict whose tensors are registered as
+    parameters (plain tensors are wrapped in ``Parameter``)."""
+
+    def __init__(self, parameters=None):
+        super().__init__()
+        self._keys = {}
+        if parameters is not None:
+            self.update(parameters)
+
+    @staticmethod
+    def _key_to_attr(key):
+        if not isinstance(key, str):
+            raise TypeError("Index given to ParameterDict cannot be used as a key as it is not a "
+                            f"string (type is '{type(key).__name__}').")
+        return key
+
+    def __getitem__(self, key):
+        return getattr(self, self._key_to_attr(key))
+
+    def __setitem__(self, key, value):
+        attr = self._key_to_attr(key)
+        self._keys[key] = None
+        if isinstance(value, Tensor) and not isinstance(value, Parameter):
+            value = Parameter(value)
+        setattr(self, attr, value)
+
+    def __delitem__(self, key):
+        del self._keys[key]
+        delattr(self, self._key_to_attr(key))
+
+    def __len__(self):
+        return len(self._keys)
+
+    def __iter__(self):
+        return iter(self._keys)
+
+    def __reversed__(self):
+        return reversed(self._keys)
+
+    def __contains__(self, key):
+        return key in self._keys
+
+    def copy(self):
+        """A new ParameterDict holding the same parameters."""
+        return ParameterDict(OrderedDict((k, self[k]) for k in self._keys))
+
+    def setdefault(self, key, default=None):
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def clear(self):
+        for k in list(self._keys):
+            del self[k]
+
+    def pop(self, key):
+        v = self[key]
+        del self[key]
+        return v
+
+    def popitem(self):
+        k = next(reversed(self._keys))
+        return k, self.pop(k)
+
+    def get(self, key, default=None):
+        return self[key] if key in self else default
+
+    def keys(self):
+        return self._keys.keys()
+
+    def items(self):
+        return ((k, self[k]) for k in self._keys)
+
+    def values(self):
+        return (self[k] for k in self._keys)
+
+    def update(self, parameters):
+        """As ``ParameterDict.update``: plain mappings are added in sorted key order, ordered
+        ones (OrderedDict, ParameterDict, pairs) in their own order, as PyTorch."""
+        if not isinstance(parameters, container_abcs.Iterable):
+            raise TypeError("ParametersDict.update should be called with an iterable of key/value "
+                            "pairs, but got " + type(parameters).__name__)
+        if isinstance(parameters, (OrderedDict, ParameterDict)):
+            for key, parameter in parameters.items():
+                self[key] = parameter
+        elif isinstance(parameters, container_abcs.Mapping):
+            for key, parameter in sorted(parameters.items()):
+                self[key] = parameter
+        else:
+            for j, p in enumerate(parameters):
+                if not isinstance(p, container_abcs.Iterable):
+                    raise TypeError(f"ParameterDict update sequence element #{j} should be "
+                                    f"Iterable; is{type(p).__name__}")
+                if len(p) != 2:
+                    raise ValueError(f"ParameterDict update sequence element #{j} has length "
+                                     f"{len(p)}; 2 is required")
+                self[p[0]] = p[1]
+
+    def extra_repr(self) -> str:
+        return "\n".join(f"  ({k}): {_describe(p)}" for k, p in self.items())
+
+    def __call__(self, input):
+        raise RuntimeError("ParameterDict should not be called.")
+
+    def __or__(self, other):
+        out = self.copy()
+        out.update(other)
+        return out
+
+    def __ior__(self, other):
+        self.update(other)
+        return self
