@@ -12,10 +12,52 @@ def F(T):
     return T.nn.functional
 
 
+def _outs(out):
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def gradgrad(fn, specs, seed=0, low=None, high=None, away_from=None):
+    """Second order: gradcheck of the vector-Jacobian product, recorded with create_graph.
+
+    (Written here because autograd.gradgradcheck evaluates its vjp under no_grad, where
+    nothing is recorded, so it compares empty Jacobians. The upstream gradients are held
+    constant: autograd.grad does not yet record through grad_outputs, and the vjp is linear
+    in them anyway, its Jacobian there being the first-order one gradcheck already checked.)
+    """
+    arrays = make_inputs(specs, seed, low, high, away_from)
+    inputs = [tapegrad.tensor(a, requires_grad=a.dtype.kind == "f")
+              if isinstance(a, np.ndarray) else a for a in arrays]
+    diff = [i for i, t in enumerate(inputs) if isinstance(t, tapegrad.Tensor) and t.requires_grad]
+    outs = [o for o in _outs(fn(tapegrad, *inputs)) if o.requires_grad]
+    rng = np.random.default_rng(seed + 1)
+    gos = [tapegrad.tensor(rng.standard_normal(o.shape)) for o in outs]
+    n = len(inputs)
+
+    def vjp(*args):
+        with tapegrad.enable_grad():
+            ys = [o for o in _outs(fn(tapegrad, *args[:n])) if o.requires_grad]
+            gs = tapegrad.autograd.grad(ys, [args[i] for i in diff], grad_outputs=list(args[n:]),
+                                        create_graph=True, allow_unused=True)
+        found = tuple(g for g in gs if g is not None)
+        assert found, "no gradient reached the inputs"
+        return found
+
+    assert tapegrad.autograd.gradcheck(vjp, tuple(inputs) + tuple(gos))
+
+
+def check(fn, specs, second_order=True, **kw):
+    """check_op (PyTorch values/gradients in float64 and float32, gradcheck), then a real
+    second-order check."""
+    check_op(fn, specs, second_order=False, **kw)
+    if second_order:
+        opts = {k: kw[k] for k in ("seed", "low", "high", "away_from") if k in kw}
+        gradgrad(fn, specs, **opts)
+
+
 def test_linear():
-    check_op(lambda T, x, w, b: F(T).linear(x, w, b), [(2, 3), (4, 3), (4,)])
-    check_op(lambda T, x, w: F(T).linear(x, w), [(2, 2, 3), (4, 3)])
-    check_op(lambda T, x, w, b: F(T).linear(x, w, b), [(3,), (2, 3), (2,)])
+    check(lambda T, x, w, b: F(T).linear(x, w, b), [(2, 3), (4, 3), (4,)])
+    check(lambda T, x, w: F(T).linear(x, w), [(2, 2, 3), (4, 3)])
+    check(lambda T, x, w, b: F(T).linear(x, w, b), [(3,), (2, 3), (2,)])
 
 
 def test_linear_fused_matches_composite():
@@ -39,7 +81,7 @@ def test_linear_fused_matches_composite():
                                                     0.75),
     ("elu", {}, 0.0), ("elu", {"alpha": 0.5}, 0.0)])
 def test_activation(name, kwargs, kinks):
-    check_op(lambda T, x: getattr(F(T), name)(x, **kwargs), [(3, 4)], away_from=kinks,
+    check(lambda T, x: getattr(F(T), name)(x, **kwargs), [(3, 4)], away_from=kinks,
              second_order=name not in ("relu", "leaky_relu"))
 
 
@@ -60,8 +102,8 @@ def test_gelu_third_order():
 
 @pytest.mark.parametrize("name", ["softmax", "log_softmax"])
 def test_softmax_family(name):
-    check_op(lambda T, x: getattr(F(T), name)(x, dim=1), [(2, 3, 2)])
-    check_op(lambda T, x: getattr(F(T), name)(x, dim=-1), [(3, 4)], float32=False)
+    check(lambda T, x: getattr(F(T), name)(x, dim=1), [(2, 3, 2)])
+    check(lambda T, x: getattr(F(T), name)(x, dim=-1), [(3, 4)], float32=False)
     check_torch(lambda T, x: getattr(F(T), name)(x, dim=0, dtype=T.float64), make_inputs([(4,)]))
 
 
@@ -109,25 +151,25 @@ def W(T, x):
 @pytest.mark.parametrize("smoothing", [0.0, 0.2])
 def test_cross_entropy_class_indices(reduction, smoothing):
     kw = dict(reduction=reduction, label_smoothing=smoothing)
-    check_op(lambda T, x, t: F(T).cross_entropy(x, t, **kw), [(4, 3), TARGET])
-    check_op(lambda T, x, t: F(T).cross_entropy(x, t, weight=W(T, x), **kw),
+    check(lambda T, x, t: F(T).cross_entropy(x, t, **kw), [(4, 3), TARGET])
+    check(lambda T, x, t: F(T).cross_entropy(x, t, weight=W(T, x), **kw),
              [(4, 3), TARGET_IGN], second_order=False)
-    check_op(lambda T, x, t: F(T).cross_entropy(x, t, ignore_index=2, **kw), [(4, 3), TARGET],
+    check(lambda T, x, t: F(T).cross_entropy(x, t, ignore_index=2, **kw), [(4, 3), TARGET],
              second_order=reduction == "mean")
 
 
 def test_cross_entropy_spatial_and_unbatched():
     t = np.array([[[0, 1], [2, 2]], [[1, 0], [-100, 2]]])
-    check_op(lambda T, x, t: F(T).cross_entropy(x, t, label_smoothing=0.1), [(2, 3, 2, 2), t])
-    check_op(lambda T, x, t: F(T).cross_entropy(x, t), [(3,), np.array(1)])
+    check(lambda T, x, t: F(T).cross_entropy(x, t, label_smoothing=0.1), [(2, 3, 2, 2), t])
+    check(lambda T, x, t: F(T).cross_entropy(x, t), [(3,), np.array(1)])
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_cross_entropy_probabilities(reduction):
     probs = np.random.default_rng(3).dirichlet(np.ones(3), size=4)
     kw = dict(reduction=reduction)
-    check_op(lambda T, x, p: F(T).cross_entropy(x, p, **kw), [(4, 3), probs])
-    check_op(lambda T, x, p, w: F(T).cross_entropy(x, p, weight=w, label_smoothing=0.3, **kw),
+    check(lambda T, x, p: F(T).cross_entropy(x, p, **kw), [(4, 3), probs])
+    check(lambda T, x, p, w: F(T).cross_entropy(x, p, weight=w, label_smoothing=0.3, **kw),
              [(4, 3), probs, WEIGHT], second_order=False)
 
 
@@ -160,34 +202,34 @@ def test_cross_entropy_errors():
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_nll_loss(reduction):
-    check_op(lambda T, x, t: F(T).nll_loss(x, t, reduction=reduction), [(4, 3), TARGET])
-    check_op(lambda T, x, t: F(T).nll_loss(x, t, weight=W(T, x), reduction=reduction),
+    check(lambda T, x, t: F(T).nll_loss(x, t, reduction=reduction), [(4, 3), TARGET])
+    check(lambda T, x, t: F(T).nll_loss(x, t, weight=W(T, x), reduction=reduction),
              [(4, 3), TARGET_IGN])
-    check_op(lambda T, x, t: F(T).nll_loss(F(T).log_softmax(x, 1), t, reduction=reduction),
+    check(lambda T, x, t: F(T).nll_loss(F(T).log_softmax(x, 1), t, reduction=reduction),
              [(2, 3, 2), np.array([[0, 2], [1, 1]])])
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_regression_losses(reduction):
     kw = dict(reduction=reduction)
-    check_op(lambda T, x, y: F(T).mse_loss(x, y, **kw), [(3, 4), (3, 4)])
-    check_op(lambda T, x, y, w: F(T).mse_loss(x, y, weight=w, **kw), [(3, 4), (3, 4), (3, 4)],
+    check(lambda T, x, y: F(T).mse_loss(x, y, **kw), [(3, 4), (3, 4)])
+    check(lambda T, x, y, w: F(T).mse_loss(x, y, weight=w, **kw), [(3, 4), (3, 4), (3, 4)],
              float32=False)
-    check_op(lambda T, x, y: F(T).l1_loss(x - y, 0 * y, **kw), [(3, 4), (3, 4)],
+    check(lambda T, x, y: F(T).l1_loss(x - y, 0 * y, **kw), [(3, 4), (3, 4)],
              second_order=False)
-    check_op(lambda T, d, y: F(T).smooth_l1_loss(d + y, y, **kw), [(3, 4), (3, 4)],
+    check(lambda T, d, y: F(T).smooth_l1_loss(d + y, y, **kw), [(3, 4), (3, 4)],
              away_from=[-1.0, 0.0, 1.0])
-    check_op(lambda T, d, y: F(T).smooth_l1_loss(d + y, y, beta=0.5, **kw), [(3, 4), (3, 4)],
+    check(lambda T, d, y: F(T).smooth_l1_loss(d + y, y, beta=0.5, **kw), [(3, 4), (3, 4)],
              away_from=[-0.5, 0.0, 0.5])
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_binary_cross_entropy(reduction):
     kw = dict(reduction=reduction)
-    check_op(lambda T, x, t: F(T).binary_cross_entropy(x, t, **kw), [(3, 4), (3, 4)],
+    check(lambda T, x, t: F(T).binary_cross_entropy(x, t, **kw), [(3, 4), (3, 4)],
              low=0.05, high=0.95)
     w = np.array([0.5, 1.0, 2.0, 0.1])
-    check_op(lambda T, x, t: F(T).binary_cross_entropy(x, t, weight=T.tensor(w, dtype=x.dtype),
+    check(lambda T, x, t: F(T).binary_cross_entropy(x, t, weight=T.tensor(w, dtype=x.dtype),
                                                        **kw),
              [(3, 4), (3, 4)], low=0.05, high=0.95, second_order=False)
     with pytest.raises(RuntimeError, match="binary_cross_entropy: .*weight"):
@@ -210,9 +252,9 @@ def test_binary_cross_entropy_clamps_log():
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_binary_cross_entropy_with_logits(reduction):
     kw = dict(reduction=reduction)
-    check_op(lambda T, x, t: F(T).binary_cross_entropy_with_logits(x, t, **kw), [(3, 4), (3, 4)])
+    check(lambda T, x, t: F(T).binary_cross_entropy_with_logits(x, t, **kw), [(3, 4), (3, 4)])
     w, pw = np.array([0.5, 1.0, 2.0, 0.1]), np.array([3.0, 0.5, 1.0, 2.0])
-    check_op(lambda T, x, t: F(T).binary_cross_entropy_with_logits(
+    check(lambda T, x, t: F(T).binary_cross_entropy_with_logits(
         x, t, weight=T.tensor(w, dtype=x.dtype), pos_weight=T.tensor(pw, dtype=x.dtype), **kw),
         [(3, 4), (3, 4)])
     x = tapegrad.tensor([[800.0, -800.0]], dtype=tapegrad.float64)
@@ -224,7 +266,7 @@ def test_binary_cross_entropy_with_logits(reduction):
 # --- embedding and normalisation -------------------------------------------------------
 def test_embedding():
     idx = np.array([[0, 2, 4], [2, 2, 1]])
-    check_op(lambda T, w, i: F(T).embedding(i, w), [(5, 3), idx])
+    check(lambda T, w, i: F(T).embedding(i, w), [(5, 3), idx])
     # padding_idx and scale_grad_by_freq change the gradient on purpose: no gradcheck
     w = make_inputs([(5, 3)])[0]
     check_torch(lambda T, w, i: F(T).embedding(i, w, padding_idx=2), [w, idx])
@@ -247,9 +289,9 @@ def test_embedding_max_norm_in_place():
 
 
 def test_layer_norm():
-    check_op(lambda T, x, w, b: F(T).layer_norm(x, (4,), w, b), [(3, 4), (4,), (4,)])
-    check_op(lambda T, x: F(T).layer_norm(x, [2, 3], eps=1e-3), [(2, 2, 3)])
-    check_op(lambda T, x, w: F(T).layer_norm(x, (3,), weight=w), [(2, 3), (3,)])
+    check(lambda T, x, w, b: F(T).layer_norm(x, (4,), w, b), [(3, 4), (4,), (4,)])
+    check(lambda T, x: F(T).layer_norm(x, [2, 3], eps=1e-3), [(2, 2, 3)])
+    check(lambda T, x, w: F(T).layer_norm(x, (3,), weight=w), [(2, 3), (3,)])
 
 
 def test_layer_norm_fused_matches_composite():
@@ -267,8 +309,8 @@ def test_layer_norm_fused_matches_composite():
 
 
 def test_rms_norm():
-    check_op(lambda T, x, w: F(T).rms_norm(x, (4,), w), [(3, 4), (4,)])
-    check_op(lambda T, x: F(T).rms_norm(x, [2, 3], eps=1e-4), [(2, 2, 3)])
+    check(lambda T, x, w: F(T).rms_norm(x, (4,), w), [(3, 4), (4,)])
+    check(lambda T, x: F(T).rms_norm(x, [2, 3], eps=1e-4), [(2, 2, 3)])
 
 
 def test_batch_norm_training_updates_running_stats():
@@ -284,13 +326,13 @@ def test_batch_norm_training_updates_running_stats():
     # check_torch runs the function twice per library (float64 and float32 is skipped here)
     assert_close(stats[tapegrad][0], stats[torch][0])
     assert_close(stats[tapegrad][1], stats[torch][1])
-    check_op(lambda T, x, w, b: F(T).batch_norm(x, None, None, w, b, training=True),
+    check(lambda T, x, w, b: F(T).batch_norm(x, None, None, w, b, training=True),
              [(3, 2, 2, 2), (2,), (2,)])
 
 
 def test_batch_norm_eval():
     rm, rv = np.array([0.1, -0.3]), np.array([0.7, 1.9])
-    check_op(lambda T, x, w, b: F(T).batch_norm(x, T.tensor(rm, dtype=x.dtype),
+    check(lambda T, x, w, b: F(T).batch_norm(x, T.tensor(rm, dtype=x.dtype),
                                                 T.tensor(rv, dtype=x.dtype), w, b),
              [(3, 2, 2), (2,), (2,)])
     with pytest.raises(ValueError, match="more than 1 value per channel"):
@@ -298,8 +340,8 @@ def test_batch_norm_eval():
 
 
 def test_group_norm():
-    check_op(lambda T, x, w, b: F(T).group_norm(x, 2, w, b), [(2, 4, 3), (4,), (4,)])
-    check_op(lambda T, x: F(T).group_norm(x, 1, eps=1e-3), [(2, 3, 2, 2)], float32=False)
+    check(lambda T, x, w, b: F(T).group_norm(x, 2, w, b), [(2, 4, 3), (4,), (4,)])
+    check(lambda T, x: F(T).group_norm(x, 1, eps=1e-3), [(2, 3, 2, 2)], float32=False)
     with pytest.raises(RuntimeError, match=r"group_norm.*divisible.*\[2, 4, 3\]"):
         TF.group_norm(tapegrad.randn(2, 4, 3), 3)
 
@@ -309,31 +351,31 @@ def test_group_norm():
                                 dict(padding="same", dilation=(1, 2)), dict(groups=2),
                                 dict(stride=(2, 1), padding=(0, 1), groups=2)])
 def test_conv2d(kw):
-    check_op(lambda T, x, w, b: F(T).conv2d(x, w, b, **kw), [(2, 2, 5, 5), (4, 2 // kw.get(
-        "groups", 1), 3, 3), (4,)], second_order=False)
+    check(lambda T, x, w, b: F(T).conv2d(x, w, b, **kw), [(2, 2, 5, 5), (4, 2 // kw.get(
+        "groups", 1), 3, 3), (4,)])
 
 
 def test_conv2d_second_order_and_valid():
-    check_op(lambda T, x, w: F(T).conv2d(x, w, padding="valid", stride=2), [(1, 2, 4, 4),
+    check(lambda T, x, w: F(T).conv2d(x, w, padding="valid", stride=2), [(1, 2, 4, 4),
                                                                              (2, 2, 2, 2)])
-    check_op(lambda T, x, w: F(T).conv2d(x, w, padding="same"), [(1, 1, 3, 3), (2, 1, 2, 2)],
+    check(lambda T, x, w: F(T).conv2d(x, w, padding="same"), [(1, 1, 3, 3), (2, 1, 2, 2)],
              float32=False)
-    check_op(lambda T, x, w: F(T).conv2d(x, w, groups=2, padding=1), [(1, 2, 3, 3),
+    check(lambda T, x, w: F(T).conv2d(x, w, groups=2, padding=1), [(1, 2, 3, 3),
                                                                        (2, 1, 2, 2)])
 
 
 def test_conv1d():
-    check_op(lambda T, x, w, b: F(T).conv1d(x, w, b, stride=2, padding=1), [(2, 2, 6), (3, 2, 3),
+    check(lambda T, x, w, b: F(T).conv1d(x, w, b, stride=2, padding=1), [(2, 2, 6), (3, 2, 3),
                                                                             (3,)])
-    check_op(lambda T, x, w: F(T).conv1d(x, w, padding="same", dilation=2), [(2, 4), (2, 2, 2)])
+    check(lambda T, x, w: F(T).conv1d(x, w, padding="same", dilation=2), [(2, 4), (2, 2, 2)])
 
 
 def test_conv_transpose2d():
-    check_op(lambda T, x, w, b: F(T).conv_transpose2d(x, w, b, stride=2, padding=1,
+    check(lambda T, x, w, b: F(T).conv_transpose2d(x, w, b, stride=2, padding=1,
                                                       output_padding=1), [(2, 2, 3, 3),
                                                                           (2, 3, 3, 3), (3,)],
              second_order=False)
-    check_op(lambda T, x, w: F(T).conv_transpose2d(x, w, groups=2, dilation=2), [
+    check(lambda T, x, w: F(T).conv_transpose2d(x, w, groups=2, dilation=2), [
         (1, 2, 2, 3), (2, 1, 2, 2)])
 
 
@@ -354,7 +396,7 @@ def test_conv_errors():
                                 dict(kernel_size=2, stride=1, dilation=2),
                                 dict(kernel_size=(3, 2), stride=2, ceil_mode=True)])
 def test_max_pool2d(kw):
-    check_op(lambda T, x: F(T).max_pool2d(x, **kw), [(2, 2, 5, 5)])
+    check(lambda T, x: F(T).max_pool2d(x, **kw), [(2, 2, 5, 5)])
 
 
 def test_max_pool2d_indices_and_ties():
@@ -375,12 +417,12 @@ def test_max_pool2d_indices_and_ties():
                                 dict(kernel_size=2, stride=2, ceil_mode=True, padding=1),
                                 dict(kernel_size=2, divisor_override=3)])
 def test_avg_pool2d(kw):
-    check_op(lambda T, x: F(T).avg_pool2d(x, **kw), [(2, 2, 5, 5)])
+    check(lambda T, x: F(T).avg_pool2d(x, **kw), [(2, 2, 5, 5)])
 
 
 @pytest.mark.parametrize("size", [2, (3, 2), (None, 1), 5])
 def test_adaptive_avg_pool2d(size):
-    check_op(lambda T, x: F(T).adaptive_avg_pool2d(x, size), [(1, 2, 5, 4)])
+    check(lambda T, x: F(T).adaptive_avg_pool2d(x, size), [(1, 2, 5, 4)])
 
 
 def test_pool_errors():
@@ -392,19 +434,19 @@ def test_pool_errors():
 
 # --- attention -------------------------------------------------------------------------
 def test_sdpa_plain_and_scale():
-    check_op(lambda T, q, k, v: F(T).scaled_dot_product_attention(q, k, v), [(2, 3, 2),
+    check(lambda T, q, k, v: F(T).scaled_dot_product_attention(q, k, v), [(2, 3, 2),
                                                                             (2, 4, 2), (2, 4, 3)])
-    check_op(lambda T, q, k, v: F(T).scaled_dot_product_attention(q, k, v, scale=0.3),
+    check(lambda T, q, k, v: F(T).scaled_dot_product_attention(q, k, v, scale=0.3),
              [(1, 2, 2, 2), (1, 2, 3, 2), (1, 2, 3, 2)])
 
 
 def test_sdpa_masks():
     mask = np.array([[True, False, True], [True, True, False]])
-    check_op(lambda T, q, k, v: F(T).scaled_dot_product_attention(q, k, v, is_causal=True),
+    check(lambda T, q, k, v: F(T).scaled_dot_product_attention(q, k, v, is_causal=True),
              [(1, 3, 2), (1, 3, 2), (1, 3, 2)])
-    check_op(lambda T, q, k, v, m: F(T).scaled_dot_product_attention(q, k, v, attn_mask=m),
+    check(lambda T, q, k, v, m: F(T).scaled_dot_product_attention(q, k, v, attn_mask=m),
              [(1, 2, 2), (1, 3, 2), (1, 3, 2), mask])
-    check_op(lambda T, q, k, v, m: F(T).scaled_dot_product_attention(q, k, v, attn_mask=m),
+    check(lambda T, q, k, v, m: F(T).scaled_dot_product_attention(q, k, v, attn_mask=m),
              [(1, 2, 2), (1, 3, 2), (1, 3, 2), (2, 3)])
 
 
@@ -436,13 +478,68 @@ def test_one_hot():
 
 @pytest.mark.parametrize("p", [2.0, 1.0, 3.0])
 def test_normalize(p):
-    check_op(lambda T, x: F(T).normalize(x, p=p, dim=1), [(2, 3, 2)], second_order=p != 1.0)
-    check_op(lambda T, x: F(T).normalize(x, p=p, dim=0), [(4,)], float32=False,
+    check(lambda T, x: F(T).normalize(x, p=p, dim=1), [(2, 3, 2)], second_order=p != 1.0)
+    check(lambda T, x: F(T).normalize(x, p=p, dim=0), [(4,)], float32=False,
              second_order=False)
 
 
 def test_cosine_similarity():
-    check_op(lambda T, a, b: F(T).cosine_similarity(a, b), [(3, 4), (3, 4)])
-    check_op(lambda T, a, b: F(T).cosine_similarity(a, b, dim=-1), [(2, 3), (3,)])
+    check(lambda T, a, b: F(T).cosine_similarity(a, b), [(3, 4), (3, 4)])
+    check(lambda T, a, b: F(T).cosine_similarity(a, b, dim=-1), [(2, 3), (3,)])
     z = np.zeros((2, 3))
     check_torch(lambda T, a, b: F(T).cosine_similarity(a, b), [z, make_inputs([(2, 3)])[0]])
+
+
+@pytest.mark.parametrize("name,kwargs", [("relu", {}), ("leaky_relu", {"negative_slope": 0.1}),
+                                         ("elu", {}), ("silu", {})])
+def test_inplace_activations(name, kwargs):
+    a = make_inputs([(3, 4)], away_from=0.0)[0]
+    g = np.random.default_rng(2).standard_normal((3, 4))
+    res = []
+    for lib in (tapegrad, torch):
+        x = lib.tensor(a, requires_grad=True)
+        h = x * 2
+        y = getattr(F(lib), name)(h, inplace=True, **kwargs)
+        assert y is h
+        y.backward(lib.tensor(g))
+        res.append((h, x.grad))
+    assert_close(res[0][0], res[1][0])
+    assert_close(res[0][1], res[1][1])
+
+
+def test_dropout_inplace():
+    x = tapegrad.tensor(np.ones((4, 5)))
+    y = TF.dropout(x, 0.5, inplace=True)
+    assert y is x and set(np.unique(x.numpy())) <= {0.0, 2.0}
+
+
+def test_pad_is_reexported():
+    assert TF.pad is tapegrad.ops.movement.pad
+    check(lambda T, x: F(T).pad(x, (1, 2, 0, 1), value=0.5), [(2, 3, 2)])
+
+
+def test_linear_layer_norm_sdpa_errors():
+    with pytest.raises(RuntimeError, match=r"linear: .*\(2, 3\).*\(4, 5\)"):
+        TF.linear(tapegrad.randn(2, 3), tapegrad.randn(5, 4))
+    with pytest.raises(RuntimeError, match=r"layer_norm: .*normalized_shape=\[4\].*\[3, 5\]"):
+        TF.layer_norm(tapegrad.randn(3, 5), (4,))
+    with pytest.raises(RuntimeError, match=r"scaled_dot_product_attention: .*\[2, 3, 4\].*"
+                                           r"\[2, 5, 3\]"):
+        TF.scaled_dot_product_attention(tapegrad.randn(2, 3, 4), tapegrad.randn(2, 5, 3),
+                                        tapegrad.randn(2, 5, 3))
+    with pytest.raises(RuntimeError, match="is_causal"):
+        q = tapegrad.randn(1, 2, 2)
+        TF.scaled_dot_product_attention(q, q, q, attn_mask=tapegrad.ones(2, 2), is_causal=True)
+    with pytest.raises(IndexError, match=r"embedding: index out of range"):
+        TF.embedding(tapegrad.tensor([0, 5]), tapegrad.randn(5, 2))
+    with pytest.raises(RuntimeError, match=r"batch_norm: running_mean should contain 3"):
+        TF.batch_norm(tapegrad.randn(2, 3), tapegrad.zeros(4), tapegrad.ones(3))
+    with pytest.raises(RuntimeError, match=r"conv_transpose2d: .*output padding must be smaller"):
+        TF.conv_transpose2d(tapegrad.randn(1, 2, 3, 3), tapegrad.randn(2, 1, 3, 3),
+                            output_padding=1)
+    with pytest.raises(RuntimeError, match=r"gelu: approximate"):
+        TF.gelu(tapegrad.randn(2), approximate="fast")
+    with pytest.raises(ValueError, match=r"mse_loss.*Weights and input"):
+        TF.mse_loss(tapegrad.randn(2), tapegrad.randn(2), weight=tapegrad.ones(3))
+    with pytest.raises(ValueError, match=r"binary_cross_entropy_with_logits.*\(3,\).*\(2,\)"):
+        TF.binary_cross_entropy_with_logits(tapegrad.randn(2), tapegrad.rand(3))

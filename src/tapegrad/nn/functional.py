@@ -79,13 +79,22 @@ def linear(input, weight, bias=None):
     return N.linear(input, weight, bias) if bias is not None else N.linear(input, weight)
 
 
+def _in_place(input, name, fn):
+    """``inplace=True``: ``fn`` written back into ``input`` (history rebased, version bumped)."""
+    from tapegrad.tensor import _inplace
+
+    return _inplace(input, name, fn, (), {})
+
+
 def relu(input, inplace=False):
-    """As ``F.relu`` (``inplace`` is accepted; tapegrad returns a new tensor)."""
-    return _relu(input)
+    """As ``F.relu``: ``max(x, 0)``; ``inplace=True`` overwrites ``input``."""
+    return input.relu_() if inplace else _relu(input)
 
 
 def leaky_relu(input, negative_slope=0.01, inplace=False):
     """As ``F.leaky_relu``: ``x`` where ``x > 0``, else ``negative_slope * x``."""
+    if inplace:
+        return _in_place(input, "leaky_relu_", lambda t: leaky_relu(t, negative_slope))
     return where(input > 0, input, input * negative_slope)
 
 
@@ -99,6 +108,8 @@ def gelu(input, approximate="none"):
 
 def silu(input, inplace=False):
     """As ``F.silu``: ``x * sigmoid(x)``."""
+    if inplace:
+        return _in_place(input, "silu_", silu)
     return input * _sigmoid(input)
 
 
@@ -119,6 +130,8 @@ def softplus(input, beta=1.0, threshold=20.0):
 
 def elu(input, alpha=1.0, inplace=False):
     """As ``F.elu``: ``x`` for ``x > 0``, else ``alpha * (exp(x) - 1)``."""
+    if inplace:
+        return _in_place(input, "elu_", lambda t: N.elu(t, alpha=alpha))
     return N.elu(input, alpha=alpha)
 
 
@@ -160,6 +173,8 @@ def dropout(input, p=0.5, training=True, inplace=False):
         raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
     if not training or p == 0.0:
         return input
+    if inplace:
+        return _in_place(input, "dropout_", lambda t: dropout(t, p, training))
     if p == 1.0:
         return input * _const(xp.zeros(input.shape, dtype=input._data.dtype))
     return input * _const(_keep_mask(input.shape, 1.0 - p, input._data.dtype))
