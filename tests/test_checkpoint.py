@@ -394,3 +394,32 @@ def test_selective_policy_rejects_unknown_ops():
     x = tapegrad.tensor(np.ones(3), requires_grad=True)
     with pytest.raises(ValueError, match="unknown ops"):
         checkpoint(lambda h: h.exp(), x, context_fn=selective(["no_such_op"]))
+
+
+def test_user_autograd_function_inside_a_segment():
+    if not hasattr(tapegrad.autograd, "Function"):
+        pytest.skip("autograd.Function is not in this tree yet")
+
+    class Cube(tapegrad.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * x * x
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return 3 * g * x * x
+
+    results = []
+    for ckpt in (False, True):
+        x = tapegrad.tensor(np.linspace(-1, 1, 6).reshape(2, 3), requires_grad=True)
+        w = tapegrad.tensor(np.eye(3) * 0.7, requires_grad=True)
+
+        def f(h):
+            return Cube.apply((h @ w).tanh()).sigmoid() * h
+
+        y = checkpoint(f, x) if ckpt else f(x)
+        (y * y).sum().backward()
+        results.append(_grads([x, w]))
+    _assert_bitwise(*results)
