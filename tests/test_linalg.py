@@ -55,6 +55,8 @@ CASES = [
      [(2, 3), (3, 2)]),
     ("einsum_sublist_implicit", lambda T, a, b: T.einsum(a, [..., 0], b, [0]),
      [(2, 3), (3,)]),
+    ("einsum_diamond", lambda T, a: T.einsum("ij,ij->", a, a) + T.einsum("ij,kj", a, a).sum(),
+     [(2, 3)]),
     ("einsum_uppercase", lambda T, a, b: T.einsum("Ab,bC->AC", a, b), [(2, 3), (3, 2)]),
 ]
 

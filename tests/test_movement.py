@@ -183,6 +183,8 @@ def test_squeeze_unsqueeze_0d():
     assert x.squeeze().shape == () and x.squeeze(0).shape == () and x.squeeze(-1).shape == ()
     assert x.unsqueeze(0).shape == (1,) and x.unsqueeze(-1).shape == (1,)
     assert x.flatten().shape == (1,)
+    assert x.t().shape == () and x.transpose(0, -1).shape == () and x.T.shape == ()
+    check_op(lambda T, x: x.sum().t() * x.sum().transpose(0, 0), [(2,)])
 
 
 def test_index_arguments_accept_lists_and_arrays():
@@ -226,6 +228,7 @@ ERRORS = [
     (lambda T, x: x.unsqueeze(0).t(), RuntimeError, "<= 2 dimensions"),
     (lambda T, x: x.expand(3, 5), RuntimeError, "must match the existing size"),
     (lambda T, x: x.expand(4), RuntimeError, "number of sizes provided"),
+    (lambda T, x: x[:1].expand(3, -2), RuntimeError, "must match the existing size|negative"),
     (lambda T, x: x.expand(-1, 3, 4), RuntimeError, "leading, non-existing dimension"),
     (lambda T, x: T.broadcast_to(x, (3, 5)), RuntimeError, "must match the existing size"),
     (lambda T, x: x.repeat(2), RuntimeError, "can not be smaller"),

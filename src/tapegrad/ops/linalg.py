@@ -61,7 +61,7 @@ def _unlift(grad, lifted, shape):
 _LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
 
-@op(flops=2, needs=True)
+@op(flops=2, needs=True, name="einsum")
 def einsum_op(arrays, equation):
     """``xp.einsum`` on an explicit equation whose operands have no repeated subscripts."""
     return xp.einsum(equation, *arrays, optimize=len(arrays) > 2 or _work(equation, arrays) > 32768)

@@ -207,7 +207,7 @@ def _(g, out, a, sizes):
     return reshape_op(sum_to(reshape_op(g, shape=split), shape=ones), shape=a.shape)
 
 
-@op(saves="none")
+@op(saves="none", name="flip")
 def flip_op(a, dims):
     return xp.flip(a, dims).copy()  # PyTorch's flip copies: writes must not reach the input
 
@@ -306,7 +306,7 @@ def _check_tensor(x, name, what="input"):
 
 
 def _index_array(index, name):
-    """An integer index argument (Tensor, ndarray or list) as a backend int64 array."""
+    """An integer index argument (Tensor, ndarray or list) as a backend integer array."""
     data = index._data if isinstance(index, _registry.Tensor) else xp.asarray(index)
     if data.dtype.kind not in "iu":
         if data.size == 0 and data.dtype.kind == "f" and not isinstance(index, _registry.Tensor):
@@ -409,6 +409,8 @@ def transpose(input, dim0, dim1):
     """As ``torch.transpose``: swap two dims."""
     n = input.ndim
     a, b = _dim(dim0, n, "transpose"), _dim(dim1, n, "transpose")
+    if n == 0:
+        return reshape_op(input, shape=())
     dims = list(range(n))
     dims[a], dims[b] = dims[b], dims[a]
     return permute_op(input, dims=tuple(dims))
@@ -444,7 +446,7 @@ def expand(input, *sizes):
         n = input.shape[i - lead]
         if s == -1:
             s = n
-        elif n != s and n != 1:
+        elif n != s and n != 1 or s < 0:
             raise RuntimeError(
                 f"expand: the expanded size of the tensor ({s}) must match the existing size "
                 f"({n}) at non-singleton dimension {i}.  Target sizes: {list(sizes)}.  Tensor "
