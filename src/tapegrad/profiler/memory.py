@@ -31,7 +31,10 @@ def _numpy_traced_bytes():
 
 
 class OpMemory:
-    """One row of the per-op table: calls, net bytes kept, largest transient peak."""
+    """One row of the per-op table (summed over calls): ``net_bytes``, the traced bytes an op
+    call added and still held when it returned (its output, or a rule's gradients; negative
+    when it freed more); ``peak_bytes``, the largest high-water mark above the level at the
+    call's start (output plus temporaries)."""
 
     __slots__ = ("name", "calls", "net_bytes", "peak_bytes")
 
@@ -107,7 +110,7 @@ class MemoryTracker:
                  + (f" (numpy buffers {_fmt(self.numpy_live_bytes)})"
                     if self.numpy_live_bytes is not None else "")]
         if self.ops:
-            lines.append(f"{'op':<24}{'calls':>8}{'net kept':>14}{'max transient':>16}")
+            lines.append(f"{'op':<24}{'calls':>8}{'held after':>14}{'max transient':>16}")
             rows = sorted(self.ops.values(), key=lambda r: -max(abs(r.net_bytes), r.peak_bytes))
             for r in rows[:top]:
                 lines.append(f"{r.name:<24}{r.calls:>8}{_fmt(r.net_bytes):>14}"
