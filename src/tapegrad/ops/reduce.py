@@ -143,24 +143,37 @@ amax_op = _extreme("amax", xp.max, False)
 amin_op = _extreme("amin", xp.min, False)
 
 
+def _unsqueeze(a, dim):
+    return a.reshape(a.shape[:dim] + (1,) + a.shape[dim:])
+
+
 def _take_along(a, idx, dim, keepdim=False):
     if a.ndim == 0:
         return a.copy()
-    k = idx if keepdim else xp.expand_dims(idx, dim)
+    k = idx if keepdim else _unsqueeze(idx, dim)
     out = xp.take_along_axis(a, k, axis=dim)
     return out if keepdim else out.squeeze(dim)
 
 
-def _selecting(name):
-    """An op that picks the elements at ``idx`` along ``dim`` (max/min with a dim)."""
-    o = op(flops=0, saves="none", name=name)(_take_along)
+def _selecting(name, fn=None):
+    """An op that picks the elements at ``idx`` along ``dim`` (max/min with a dim).
+
+    ``fn`` (xp.max/xp.min) computes the same values faster than gathering at ``idx``.
+    """
+    def forward(a, idx, dim, keepdim=False):
+        if fn is None or a.ndim == 0:
+            return _take_along(a, idx, dim, keepdim)
+        return fn(a, axis=dim, keepdims=keepdim)
+
+    forward.__doc__ = _take_along.__doc__
+    o = op(flops=0, saves="none", name=name)(forward)
     o.grad(lambda g, out, a, idx, dim, keepdim=False:
            put_along(g, idx=idx, shape=a.shape, dim=dim, keepdim=keepdim))
     return o
 
 
-max_dim = _selecting("max_dim")
-min_dim = _selecting("min_dim")
+max_dim = _selecting("max_dim", xp.max)
+min_dim = _selecting("min_dim", xp.min)
 take_along_reduce = _selecting("take_along_reduce")
 
 
@@ -170,8 +183,8 @@ def put_along(g, idx, shape, dim, keepdim=False):
     if len(shape) == 0:
         return g.copy()
     out = xp.zeros(shape, g.dtype)
-    k = idx if keepdim else xp.expand_dims(idx, dim)
-    xp.put_along_axis(out, k, g if keepdim else xp.expand_dims(g, dim), axis=dim)
+    k = idx if keepdim else _unsqueeze(idx, dim)
+    xp.put_along_axis(out, k, g if keepdim else _unsqueeze(g, dim), axis=dim)
     return out
 
 
