@@ -603,3 +603,38 @@ def test_parameter_list_and_dict():
         tg.pdict[0] = tapegrad.ones(1)
     with pytest.raises(IndexError):
         tg.plist[3]
+
+
+def test_user_load_from_state_dict_override_with_torch_signature():
+    """Backward-compatible loading code written for PyTorch (rename an old key) works."""
+
+    def build(nn):
+        class Renamed(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.proj = nn.Linear(2, 2)
+
+            def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict,
+                                      missing_keys, unexpected_keys, error_msgs):
+                for name in ("weight", "bias"):
+                    old = prefix + "fc." + name
+                    if old in state_dict:
+                        state_dict[prefix + "proj." + name] = state_dict.pop(old)
+                super()._load_from_state_dict(state_dict, prefix, local_metadata, strict,
+                                              missing_keys, unexpected_keys, error_msgs)
+
+        return nn.Sequential(Renamed())
+
+    th, tg = both(build)
+    sd = {"0.fc.weight": tapegrad.ones(2, 2), "0.fc.bias": tapegrad.zeros(2)}
+    result = tg.load_state_dict(dict(sd))
+    th_result = th.load_state_dict({k: torch.tensor(v._data) for k, v in sd.items()})
+    assert result.missing_keys == th_result.missing_keys
+    assert result.unexpected_keys == th_result.unexpected_keys
+    assert_close(tg[0].proj.weight, th[0].proj.weight, rtol=0)
+    # a mismatch elsewhere still loads nothing
+    bad = {"0.fc.weight": tapegrad.ones(2, 2), "0.fc.bias": tapegrad.zeros(3)}
+    tg[0].proj.weight._data[...] = 5
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        tg.load_state_dict(bad)
+    assert np.all(tg[0].proj.weight._data == 5)

@@ -7,6 +7,7 @@ deliberate strengthening: ``load_state_dict`` validates everything first and cop
 nothing when it raises (PyTorch may have copied part of the state by then).
 """
 import itertools
+import threading
 from collections import OrderedDict, namedtuple
 from collections.abc import Mapping
 
@@ -82,6 +83,13 @@ def _copy_into(dst, src):
     """``dst.copy_(src)`` without recording: write in place and bump the version counter."""
     dst._data[...] = src._data
     dst._version[0] += 1
+
+
+class _Loading(threading.local):
+    copies = None  # the queue of a load_state_dict in progress (per thread)
+
+
+_loading = _Loading()
 
 
 def _forward_unimplemented(self, *input):
@@ -628,12 +636,12 @@ class Module:
         return destination
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
-                              unexpected_keys, error_msgs, copies=None):
+                              unexpected_keys, error_msgs):
         """Check this module's own entries of ``state_dict`` (not its children's).
 
-        Copies found valid are appended to ``copies`` as ``(module, name, target, source)``
-        for ``load_state_dict`` to apply once everything has been checked; called with
-        ``copies=None`` (PyTorch's signature), valid entries are copied at once.
+        Inside ``load_state_dict`` the valid copies are queued and applied only once the whole
+        tree has been checked; called directly (PyTorch's signature, as subclasses' overrides
+        do), valid entries are copied at once.
         """
         for hook in self._load_state_dict_pre_hooks.values():
             hook(self, state_dict, prefix, local_metadata, strict, missing_keys,
@@ -643,7 +651,8 @@ class Module:
         local_state = {k: v for k, v in itertools.chain(self._parameters.items(),
                                                         persistent.items()) if v is not None}
         assign = local_metadata.get("assign_to_params_buffers", False)
-        pending = [] if copies is None else copies
+        queue = _loading.copies
+        pending = [] if queue is None else queue
         for name, param in local_state.items():
             key = prefix + name
             if key not in state_dict:
@@ -674,7 +683,7 @@ class Module:
                             unexpected_keys.append(key)
                     elif input_name[0] not in local_state:
                         unexpected_keys.append(key)
-        if copies is None:
+        if queue is None:
             _apply_copies(pending)
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
@@ -699,7 +708,7 @@ class Module:
             if assign:
                 local_metadata["assign_to_params_buffers"] = assign
             module._load_from_state_dict(local_state_dict, prefix, local_metadata, True,
-                                         missing_keys, unexpected_keys, error_msgs, copies)
+                                         missing_keys, unexpected_keys, error_msgs)
             for name, child in module._modules.items():
                 if child is not None:
                     child_prefix = prefix + name + "."
@@ -707,7 +716,11 @@ class Module:
                                  if k.startswith(child_prefix)}, child_prefix)
             loaded.append(module)
 
-        load(self, state_dict)
+        outer, _loading.copies = _loading.copies, copies
+        try:
+            load(self, state_dict)
+        finally:
+            _loading.copies = outer
         del load
         if strict:
             if unexpected_keys:

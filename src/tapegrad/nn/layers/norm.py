@@ -188,7 +188,7 @@ class _BatchNorm(Module):
                     **self.__dict__, use_bias=self.bias is not None))
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
-                              unexpected_keys, error_msgs, copies=None):
+                              unexpected_keys, error_msgs):
         version = local_metadata.get("version", None)
         if (version is None or version < 2) and self.track_running_stats:
             # state dicts from before num_batches_tracked existed load with it unchanged
@@ -196,7 +196,7 @@ class _BatchNorm(Module):
             if key not in state_dict:
                 state_dict[key] = self.num_batches_tracked
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
-                                      unexpected_keys, error_msgs, copies)
+                                      unexpected_keys, error_msgs)
 
 
 class BatchNorm1d(_BatchNorm):
