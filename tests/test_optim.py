@@ -309,3 +309,35 @@ def test_float32_parameters_stay_float32_and_match_torch(name, groups, kw):
     for state in opt.state.values():
         for k, v in state.items():
             assert v.dtype == tapegrad.float32, k
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW", "NAdam", "RAdam", "Adagrad", "Adamax",
+                                  "RMSprop"])
+def test_flat_batching_with_mixed_sizes_and_missing_grads_is_bit_identical(name):
+    def run(T, foreach):
+        rng = np.random.default_rng(1)
+        shapes = [(3,), (2, 2), (40, 50), (5,), ()]
+        params = [T.tensor(rng.standard_normal(s), requires_grad=True) for s in shapes]
+        kw = dict(lr=0.01, foreach=foreach)
+        if name in ("SGD", "RMSprop"):
+            kw["momentum"] = 0.9
+        opt = getattr(T.optim, name)(params, **kw)
+        for step in range(6):
+            opt.zero_grad()
+            used = params if step % 2 == 0 else params[:2] + params[3:4]  # steps diverge
+            sum((p * p).sum() * (i + 1.0) for i, p in enumerate(used)).backward()
+            opt.step()
+        return [p.detach().numpy().copy() for p in params], opt
+
+    loop, opt_loop = run(tapegrad, False)
+    flat, opt_flat = run(tapegrad, None)
+    theirs, _ = run(torch, False)
+    for a, b, c in zip(loop, flat, theirs):
+        assert np.array_equal(a, b)
+        _assert_close(a, c, "parameters")
+    for p_loop, p_flat in zip(opt_loop.param_groups[0]["params"],
+                              opt_flat.param_groups[0]["params"]):
+        s1, s2 = opt_loop.state[p_loop], opt_flat.state[p_flat]
+        assert list(s1) == list(s2)
+        for k in s1:
+            assert s1[k].shape == s2[k].shape and np.array_equal(s1[k].numpy(), s2[k].numpy())

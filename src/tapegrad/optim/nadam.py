@@ -31,8 +31,7 @@ def nadam(param, grad, state, group):
     lerp_(exp_avg, grad, 1 - beta1)
     exp_avg_sq *= beta2
     addcmul_(exp_avg_sq, grad, grad, 1 - beta2)
-    denom = exp_avg_sq / bias_correction2
-    xp.sqrt(denom, out=denom)
+    denom = xp.sqrt(exp_avg_sq / bias_correction2)
     mu_product = float(mu_product)
     mu_product_next = mu_product * mu_next
     denom += group["eps"]

@@ -4,8 +4,11 @@ Each optimizer is one pure per-parameter update, ``update(param, grad, state, gr
 backend arrays: ``param`` is ``p._data`` (updated in place), ``grad`` is ``p.grad._data``,
 ``state`` maps state names to arrays (updated in place; new entries are kept) and ``group``
 is the parameter group (hyperparameters). The base class owns everything around it:
-lazy state, the loop over parameters, and with ``foreach=True`` a flattened batch per
-group (same dtype, same scalar state) that runs the same update once over one buffer.
+lazy state, the loop over parameters, and the batching: small parameters of a group that
+share a dtype and their scalar state (``step``) are concatenated into one flat buffer and
+the same update runs once over it (per-call overhead dominates small tensors; large ones
+run one by one, where a concatenation would cost more than it saves). The batched result is
+bit-identical to the loop. ``foreach=False`` turns batching off; ``None``/``True`` keep it.
 """
 from collections import defaultdict
 from copy import deepcopy
@@ -38,7 +41,7 @@ def check_unsupported(differentiable=False, fused=None):
         raise NotImplementedError("tapegrad optimizers do not support differentiable=True")
     if fused:
         raise NotImplementedError("tapegrad optimizers have no fused kernels (fused=True); "
-                                  "foreach=True batches a group into one flat update")
+                                  "small parameters are batched into flat updates already")
 
 
 def check_betas(betas):
@@ -85,12 +88,13 @@ class Optimizer:
     Subclasses set ``update`` (the pure per-parameter step, see the module docstring) and
     ``init_state(param_array, group) -> dict`` (fresh state arrays, in PyTorch's key order).
     ``elementwise = True`` says the update treats every element alike (given the same
-    scalar state), which is what lets ``foreach=True`` run it once over a flat buffer.
+    scalar state), which is what lets the base class run it once over a flat buffer.
     """
 
     update = None
     elementwise = False
     _scalar_state = ("step",)  # 0-d state shared by a flat batch (e.g. step, mu_product)
+    flat_max_numel = 1024  # parameters up to this size are batched into flat updates
 
     def __init__(self, params, defaults: dict):
         self.defaults = defaults
@@ -191,7 +195,10 @@ class Optimizer:
                         g.detach_()
                     else:
                         g._requires_grad = False
-                    g._data[...] = 0
+                    if type(g._data) is xp.ndarray:
+                        g._data[...] = 0
+                    else:  # a 0-d result held as a numpy scalar
+                        g._data = xp.zeros_like(g._data)
                     g._version[0] += 1
 
     # --- the step ---------------------------------------------------------------------------
@@ -212,14 +219,17 @@ class Optimizer:
         with no_grad():
             for group in self.param_groups:
                 params = [p for p in group["params"] if p.grad is not None]
-                if params:
-                    if group.get("foreach") and self.elementwise and len(params) > 1:
-                        self._step_flat(params, group)
-                    else:
-                        self._step_each(params, group)
+                if self.elementwise and group.get("foreach") is not False and len(params) > 1:
+                    small = [p for p in params if p._data.size <= self.flat_max_numel]
+                    if len(small) > 1:
+                        self._step_flat(small, group)
+                        params = [p for p in params if p._data.size > self.flat_max_numel]
+                self._step_each(params, group)
         return loss
 
     def _state_arrays(self, p, group):
+        if type(p._data) is not xp.ndarray:  # a numpy scalar cannot be updated in place
+            p._data = xp.asarray(p._data)
         state = self.state[p]
         if not state:
             for k, v in self.init_state(p._data, group).items():

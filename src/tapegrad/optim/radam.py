@@ -32,8 +32,7 @@ def radam(param, grad, state, group):
         adaptive_lr = xp.sqrt(exp_avg_sq)
         adaptive_lr += group["eps"]
         # PyTorch's ``number / tensor`` is ``tensor.reciprocal() * number``
-        xp.reciprocal(adaptive_lr, out=adaptive_lr)
-        adaptive_lr *= bias_correction2**0.5
+        adaptive_lr = xp.reciprocal(adaptive_lr) * bias_correction2**0.5
         rect = ((rho_t - 4) * (rho_t - 2) * rho_inf
                 / ((rho_inf - 4) * (rho_inf - 2) * rho_t)) ** 0.5
         update *= adaptive_lr

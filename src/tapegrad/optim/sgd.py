@@ -1,4 +1,5 @@
 """SGD with momentum, dampening, Nesterov momentum and weight decay (``torch.optim.SGD``)."""
+from tapegrad.backend import xp
 from tapegrad.optim.optimizer import Optimizer, check_unsupported
 
 
@@ -12,7 +13,7 @@ def sgd(param, grad, state, group):
     if momentum != 0:
         buf = state.get("momentum_buffer")
         if buf is None:
-            buf = state["momentum_buffer"] = grad.copy()
+            buf = state["momentum_buffer"] = xp.array(grad)  # an array even for a 0-d grad
         else:
             buf *= momentum
             buf += (1 - group["dampening"]) * grad
