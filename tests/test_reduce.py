@@ -143,8 +143,8 @@ def test_prod_second_order_with_zeros_matches_torch():
 
 
 # --- integer and bool inputs ------------------------------------------------------------------
-I = np.array([[3, -1, 4], [1, 5, -9]], dtype=np.int64)
-I32 = I.astype(np.int32)
+INTS = np.array([[3, -1, 4], [1, 5, -9]], dtype=np.int64)
+I32 = INTS.astype(np.int32)
 U8 = np.array([[1, 0, 2], [3, 4, 5]], dtype=np.uint8)
 B = np.array([[True, False, True], [True, True, True]])
 X = np.array([[0.5, -1.0, 2.0], [0.0, 3.0, -4.0]])
@@ -153,26 +153,26 @@ INT_ROWS = [
     ("sum-int", lambda T, a: a.sum(), [I32]),
     ("sum-int-dim", lambda T, a: a.sum(1, keepdim=True), [I32]),
     ("sum-bool", lambda T, b: b.sum(0), [B]),
-    ("sum-int-dtype", lambda T, a: a.sum(dtype=T.float32), [I]),
-    ("mean-int-dtype", lambda T, a: a.mean(dtype=T.float64), [I]),
-    ("max-int", lambda T, a: a.max(), [I]),
-    ("max-int-dim", lambda T, a: list(a.max(1)), [I]),
+    ("sum-int-dtype", lambda T, a: a.sum(dtype=T.float32), [INTS]),
+    ("mean-int-dtype", lambda T, a: a.mean(dtype=T.float64), [INTS]),
+    ("max-int", lambda T, a: a.max(), [INTS]),
+    ("max-int-dim", lambda T, a: list(a.max(1)), [INTS]),
     ("amin-int", lambda T, a: a.amin(0), [I32]),
     ("argmax", lambda T, x: x.argmax(), [X]),
     ("argmax-dim", lambda T, x: T.argmax(x, 1), [X]),
     ("argmax-keepdim", lambda T, x: x.argmax(0, keepdim=True), [X]),
     ("argmax-none-keepdim", lambda T, x: T.argmax(x, keepdim=True), [X]),
     ("argmin", lambda T, x: T.argmin(x), [X]),
-    ("argmin-dim-int", lambda T, a: a.argmin(dim=-1), [I]),
+    ("argmin-dim-int", lambda T, a: a.argmin(dim=-1), [INTS]),
     ("argmax-0dim", lambda T, x: T.argmax(x, 0), [np.array(2.0)]),
     ("prod-int", lambda T, a: a.prod(), [I32]),
     ("prod-bool", lambda T, b: b.prod(1), [B]),
-    ("logsumexp-int", lambda T, a: T.logsumexp(a, 1), [I]),
+    ("logsumexp-int", lambda T, a: T.logsumexp(a, 1), [INTS]),
     ("cumsum-int", lambda T, a: a.cumsum(1), [I32]),
     ("cumsum-bool", lambda T, b: T.cumsum(b, 0), [B]),
     ("all", lambda T, b: b.all(), [B]),
     ("all-dim", lambda T, b: T.all(b, 1), [B]),
-    ("any-int-dim-keepdim", lambda T, a: a.any(0, keepdim=True), [I]),
+    ("any-int-dim-keepdim", lambda T, a: a.any(0, keepdim=True), [INTS]),
     ("any-float", lambda T, x: T.any(x), [X]),
     ("all-float-dims", lambda T, x: x.all(dim=(0, 1)), [X]),
     ("all-uint8", lambda T, u: u.all(), [U8]),
