@@ -163,15 +163,14 @@ class RNNBase(Module):
         H = self.hidden_size
         if self.mode == "LSTM":
             gates = xw + hw
-            i = gates[:, 0:H].sigmoid()
-            f = gates[:, H:2 * H].sigmoid()
+            s = gates.sigmoid()  # one op for i, f and o (g's quarter is computed and unused)
+            i, f, o = s[:, 0:H], s[:, H:2 * H], s[:, 3 * H:4 * H]
             g = gates[:, 2 * H:3 * H].tanh()
-            o = gates[:, 3 * H:4 * H].sigmoid()
             c = f * c + i * g
             h = o * c.tanh()
             return (h if w_hr is None else h @ w_hr.T), c
-        r = (hw[:, 0:H] + xw[:, 0:H]).sigmoid()
-        z = (hw[:, H:2 * H] + xw[:, H:2 * H]).sigmoid()
+        rz = (hw[:, 0:2 * H] + xw[:, 0:2 * H]).sigmoid()
+        r, z = rz[:, 0:H], rz[:, H:2 * H]
         n = (xw[:, 2 * H:3 * H] + hw[:, 2 * H:3 * H] * r).tanh()
         return (h - n) * z + n, None
 
