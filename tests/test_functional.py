@@ -326,6 +326,7 @@ def test_batch_norm_training_updates_running_stats():
     assert_close(stats[tapegrad][1], stats[torch][1])
     check(lambda T, x, w, b: F(T).batch_norm(x, None, None, w, b, training=True),
              [(3, 2, 2, 2), (2,), (2,)])
+    check(lambda T, x: F(T).batch_norm(x, None, None, training=True, eps=1e-3), [(4, 3)])
 
 
 def test_batch_norm_eval():
@@ -446,6 +447,16 @@ def test_sdpa_masks():
              [(1, 2, 2), (1, 3, 2), (1, 3, 2), mask])
     check(lambda T, q, k, v, m: F(T).scaled_dot_product_attention(q, k, v, attn_mask=m),
              [(1, 2, 2), (1, 3, 2), (1, 3, 2), (2, 3)])
+
+
+def test_sdpa_grouped_query_heads():
+    check(lambda T, q, k, v: F(T).scaled_dot_product_attention(q, k, v, enable_gqa=True),
+          [(1, 4, 2, 2), (1, 2, 3, 2), (1, 2, 3, 2)])
+
+
+def test_regression_losses_broadcast_with_warning():
+    with pytest.warns(UserWarning, match="mse_loss: Using a target size"):
+        check_torch(lambda T, x, y: F(T).mse_loss(x, y), make_inputs([(3, 4), (4,)]))
 
 
 def test_sdpa_fused_matches_composite_and_dropout():

@@ -4,6 +4,7 @@ Argument normalisation and error checks live here; the numerics live in ops (the
 in ``tapegrad.ops.nn``, each with its own gradient rule).
 """
 import math
+import warnings
 
 from tapegrad import dtypes
 from tapegrad.autograd.grad_mode import state as grad_state
@@ -37,12 +38,6 @@ def _dim(dim, ndim, name):
 
 def _shape(t):
     return list(t.shape)
-
-
-def _float_check(name, x):
-    if x._data.dtype.kind not in "f":
-        raise RuntimeError(f"{name}: expected a floating point input, got dtype {x.dtype} "
-                           f"(shape {tuple(x.shape)})")
 
 
 def _tuple(value, n, name, what):
@@ -202,6 +197,10 @@ def _reduce(loss, reduction, denominator=None):
 
 def _same_size(name, input, target):
     if tuple(target.shape) != tuple(input.shape):
+        warnings.warn(f"{name}: Using a target size ({tuple(target.shape)}) that is different to "
+                      f"the input size ({tuple(input.shape)}). This will likely lead to "
+                      "incorrect results due to broadcasting. Please ensure they have the same "
+                      "size.", stacklevel=3)
         try:
             xp.broadcast_shapes(input.shape, target.shape)
         except ValueError:
