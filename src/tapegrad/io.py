@@ -273,7 +273,13 @@ def load(f, map_location=None, weights_only=True, **kwargs):
     if map_location not in (None, "cpu") and str(map_location) != "cpu":
         raise RuntimeError(f"tapegrad.load: map_location={map_location!r}; tapegrad runs on "
                            "the CPU only")
-    name = os.fspath(f) if isinstance(f, (str, os.PathLike)) else getattr(f, "name", repr(f))
+    if isinstance(f, (str, os.PathLike)):
+        with open(f, "rb") as fh:  # a missing or unreadable file raises its own OSError
+            return _load(fh, os.fspath(f))
+    return _load(f, getattr(f, "name", repr(f)))
+
+
+def _load(f, name):
     try:
         with zipfile.ZipFile(f, "r") as z:
             names = set(z.namelist())
@@ -285,8 +291,6 @@ def load(f, map_location=None, weights_only=True, **kwargs):
                 raise _CorruptCheckpoint(f"unknown format {z.read(_FORMAT)[:40]!r}")
             tree = json.loads(z.read(_OBJECT))
             return _Decoder(z).decode(tree)
-    except FileNotFoundError:
-        raise
     except (_CorruptCheckpoint, zipfile.BadZipFile, zipfile.LargeZipFile, KeyError, ValueError,
             TypeError, EOFError, OSError) as e:
         raise RuntimeError(f"tapegrad.load: {name} is not a valid tapegrad checkpoint or is "
