@@ -193,3 +193,46 @@ def test_constructor_errors():
     sched.step()
     with pytest.raises(ValueError, match="Tried to step 3 times"):
         sched.step()
+
+
+@pytest.mark.parametrize("name", ["StepLR", "MultiStepLR", "ExponentialLR", "CosineAnnealingLR",
+                                  "LinearLR", "ConstantLR", "PolynomialLR",
+                                  "CosineAnnealingWarmRestarts", "LambdaLR"])
+def test_explicit_epochs_use_the_closed_form_as_torch(name):
+    def run(T):
+        S = torch.optim.lr_scheduler if T is torch else tg_sched
+        opt = _optimizer(T)
+        sched = _make(S, opt, name)
+        out = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for epoch in [3, 4, 10, 7, 30, 31, 62, 5]:
+                opt.step()
+                sched.step(epoch)
+                out.append(list(sched.get_last_lr()))
+        return out
+
+    np.testing.assert_allclose(run(tapegrad), run(torch), rtol=1e-15, atol=0)
+
+
+@pytest.mark.parametrize("name", ["StepLR", "CosineAnnealingLR", "LinearLR", "ExponentialLR",
+                                  "MultiStepLR"])
+def test_constructing_with_last_epoch_resumes_as_torch(name):
+    def run(T):
+        S = torch.optim.lr_scheduler if T is torch else tg_sched
+        opt = _optimizer(T)
+        for group in opt.param_groups:
+            group["initial_lr"] = group["lr"]
+            group["lr"] = group["lr"] * 0.5
+        kwargs = {"StepLR": dict(step_size=4), "CosineAnnealingLR": dict(T_max=15),
+                  "LinearLR": dict(total_iters=9), "ExponentialLR": dict(gamma=0.9),
+                  "MultiStepLR": dict(milestones=[8, 12])}[name]
+        sched = getattr(S, name)(opt, last_epoch=6, **kwargs)
+        out = [list(sched.get_last_lr())]
+        for _ in range(20):
+            opt.step()
+            sched.step()
+            out.append(list(sched.get_last_lr()))
+        return out
+
+    np.testing.assert_allclose(run(tapegrad), run(torch), rtol=1e-15, atol=0)
