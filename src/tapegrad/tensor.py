@@ -313,25 +313,42 @@ class Tensor:
         if _tracked(self, (tensor1, tensor2)):
             return _inplace(self, "addcmul_", lambda a, b, c: a + value * b * c,
                             (tensor1, tensor2), {})
-        _check_float_result(self, "addcmul_", tensor1, tensor2)
-        d = self._data
-        return _write(self, d + value * tensor1._data * tensor2._data, "addcmul_")
+        _check_result(self, "addcmul_", tensor1, tensor2, value)
+        tmp = tensor1._data * value  # PyTorch's order: self + (value * t1) * t2
+        tmp *= tensor2._data
+        return _accumulate(self, tmp, "addcmul_")
 
     def addcdiv_(self, tensor1, tensor2, value=1):
         """As ``Tensor.addcdiv_``: ``self += value * tensor1 / tensor2``."""
         if _tracked(self, (tensor1, tensor2)):
             return _inplace(self, "addcdiv_", lambda a, b, c: a + value * b / c,
                             (tensor1, tensor2), {})
-        _check_float_result(self, "addcdiv_", tensor1, tensor2)
-        d = self._data
-        return _write(self, d + value * tensor1._data / tensor2._data, "addcdiv_")
+        if tensor1._data.dtype not in _FLOAT_NP and tensor2._data.dtype not in _FLOAT_NP:
+            raise RuntimeError("addcdiv_: integer division with addcdiv is not supported; "
+                               "use addcmul_(tensor1, 1 / tensor2) or true division")
+        _check_result(self, "addcdiv_", tensor1, tensor2, value)
+        tmp = tensor1._data * value  # PyTorch's order: self + (value * t1) / t2
+        tmp /= tensor2._data
+        return _accumulate(self, tmp, "addcdiv_")
 
     def lerp_(self, end, weight):
         """As ``Tensor.lerp_``: ``self + weight * (end - self)`` (PyTorch's two-sided form)."""
         if _tracked(self, (end, weight)):
             return _inplace(self, "lerp_", _lerp, (end, weight), {})
-        w = weight._data if isinstance(weight, Tensor) else weight
-        return _write(self, _lerp(self._data, end._data, w), "lerp_")
+        if isinstance(weight, Tensor):
+            return _write(self, _lerp(self._data, end._data, weight._data), "lerp_")
+        _check_float_result(self, "lerp_")
+        d = self._data
+        diff = end._data - d
+        if abs(weight) < 0.5:
+            diff *= weight
+            return _accumulate(self, diff, "lerp_")
+        diff *= 1 - weight
+        if diff.shape != d.shape:
+            raise _shape_error("lerp_", self, diff.shape)
+        xp.subtract(end._data, diff, out=d, casting="same_kind")
+        self._version[0] += 1
+        return self
 
     def clamp_(self, min=None, max=None):
         """As ``Tensor.clamp_(min, max)``."""
@@ -591,9 +608,15 @@ def _cast_error(name, result, out):
                         f"{_TYPE_NAMES.get(out.name, out.name)[:-6]}")
 
 
-def _check_float_result(t, name, *operands):
+def _check_float_result(t, name):
     if t._data.dtype not in _FLOAT_NP:
         raise _cast_error(name, dtypes.get_default_dtype(), t.dtype)
+
+
+def _check_result(t, name, *operands):
+    res = dtypes.result_type(t, *operands)
+    if not _can_cast(res, t.dtype):
+        raise _cast_error(name, res, t.dtype)
 
 
 def _shape_error(name, t, shape):
@@ -615,6 +638,16 @@ def _write(t, values, name):
     if res.np != data.dtype and not _can_cast(res, t.dtype):
         raise _cast_error(name, res, t.dtype)
     xp.copyto(data, values, casting="unsafe")
+    t._version[0] += 1
+    return t
+
+
+def _accumulate(t, values, name):
+    """``t += values`` in place (``values`` broadcasts to ``t``); bump the version."""
+    try:
+        xp.add(t._data, values, out=t._data, casting="same_kind")
+    except ValueError:
+        raise _shape_error(name, t, xp.broadcast_shapes(t.shape, values.shape)) from None
     t._version[0] += 1
     return t
 
