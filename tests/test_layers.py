@@ -139,6 +139,13 @@ def test_conv2d(kwargs):
     check(lambda nn: nn.Conv2d(4, 6, **kwargs), [randn(2, 4, 6, 7)])
 
 
+@pytest.mark.parametrize("mode", ["reflect", "replicate", "circular"])
+def test_conv_padding_modes(mode):
+    check(lambda nn: nn.Conv2d(2, 3, 3, padding=1, padding_mode=mode), [randn(1, 2, 5, 6)])
+    check(lambda nn: nn.Conv1d(2, 3, 3, padding=2, dilation=2, padding_mode=mode),
+          [randn(1, 2, 7)])
+
+
 def test_conv2d_unbatched():
     check(lambda nn: nn.Conv2d(2, 3, 3, padding=1), [randn(2, 5, 5)])
 
