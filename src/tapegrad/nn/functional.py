@@ -192,7 +192,8 @@ def _reduce(loss, reduction, denominator=None):
     total = sum_op(loss, dims=tuple(range(loss.ndim)))
     if reduction == "sum":
         return total
-    return total / (loss.numel() if denominator is None else denominator)
+    with xp.errstate(invalid="ignore", divide="ignore"):  # nothing counted: nan, silently
+        return total / (loss.numel() if denominator is None else denominator)
 
 
 def _same_size(name, input, target):
