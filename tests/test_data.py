@@ -172,3 +172,18 @@ def test_random_split_lengths_fractions_and_generator():
     batches = list(DataLoader(a, batch_size=4))
     assert [len(bt[1]) for bt in batches] == [4, 3]
     assert [v for bt in batches for v in bt[1].tolist()] == [ds[i][1].item() for i in a.indices]
+
+
+def test_tensor_dataset_fast_path_equals_per_sample_collation():
+    x, y = _xy(11)
+    ds = TensorDataset(x, y)
+    g1, g2 = tapegrad.Generator().manual_seed(4), tapegrad.Generator().manual_seed(4)
+    fast = list(DataLoader(ds, batch_size=4, shuffle=True, generator=g1))
+    slow = list(DataLoader(ds, batch_size=4, shuffle=True, generator=g2,
+                           collate_fn=lambda b: default_collate(b)))
+    assert len(fast) == len(slow) == 3
+    for bf, bs in zip(fast, slow):
+        assert type(bf) is type(bs) is list
+        for tf, ts in zip(bf, bs):
+            assert tf.dtype == ts.dtype and tf.shape == ts.shape
+            np.testing.assert_array_equal(tf.numpy(), ts.numpy())
