@@ -1,0 +1,6 @@
+"""Runnable examples: ``python -m tapegrad.examples.NAME`` (spiral, digits_cnn, char_gpt).
+
+Each model is written once against PyTorch's API and run with ``T = tapegrad``; with
+``--reference torch`` the same code also runs with ``T = torch`` from the same initial
+weights and the largest loss difference along the run is printed.
+"""
