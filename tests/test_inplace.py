@@ -188,6 +188,12 @@ def test_inplace_on_view_in_graph_raises_clearly():
     base[0] = x[0] * 3
     base.sum().backward()
     assert x.grad.tolist() == [[3.0, 3.0, 3.0], [0.0, 0.0, 0.0]]
+    # a view of a temporary nobody else holds is its own storage: assignment works
+    out = tapegrad.zeros(6).reshape(2, 3)
+    out[1] = x[1] * 2
+    x.grad = None
+    out.sum().backward()
+    assert x.grad.tolist() == [[0.0, 0.0, 0.0], [2.0, 2.0, 2.0]]
     # and views without grad involvement stay plain writes, even in grad mode
     plain = tapegrad.zeros(3)
     plain[1:].add_(2)

@@ -1,4 +1,5 @@
 """Tensor: a backend array, its grad and the Node that made it. Operators delegate to ops."""
+import sys
 import weakref
 
 from tapegrad import dtypes
@@ -528,6 +529,7 @@ class Tensor:
         return engine._Handle(self._hooks, hook)
 
 
+_refcount = sys.getrefcount
 # numpy dtypes of floating-point tensors (ml_dtypes' bfloat16 has numpy kind "V", not "f")
 _FLOAT_NP = frozenset(d.np for d in dtypes.ALL if d.category == dtypes.FLOAT)
 
@@ -712,6 +714,13 @@ def _lerp(a, end, weight):
     return _E.where(abs(weight) < 0.5, a + weight * (end - a), end - (end - a) * (1 - weight))
 
 
+def _shares_base(array):
+    """Whether ``array`` views memory that something else (another tensor) still holds: a
+    view of a temporary (``zeros(6).reshape(2, 3)``) is its own storage in practice."""
+    base = array.base
+    return base is not None and _refcount(base) > 3  # array.base, ``base``, the argument
+
+
 def _inplace(t, name, fn, args, kwargs):
     """The general in-place op: ``fn(t, *args, **kwargs)`` out of place, written back into
     ``t``'s buffer. In grad mode with something requiring grad, ``t`` takes over the result's
@@ -726,7 +735,7 @@ def _inplace(t, name, fn, args, kwargs):
     if node is None and t._requires_grad:
         raise RuntimeError(f"{name}: a leaf Variable that requires grad is being used in an "
                            "in-place operation.")
-    if node is not None and node.op.view or node is None and t._data.base is not None:
+    if node is not None and node.op.view or node is None and _shares_base(t._data):
         raise RuntimeError(
             f"{name}: in-place operation on a view (shape {tuple(t.shape)}) while recording "
             "gradients is not supported by tapegrad (PyTorch would rewrite the base tensor's "
