@@ -552,3 +552,81 @@ def test_linear_layer_norm_sdpa_errors():
         TF.mse_loss(tapegrad.randn(2), tapegrad.randn(2), weight=tapegrad.ones(3))
     with pytest.raises(ValueError, match=r"binary_cross_entropy_with_logits.*\(3,\).*\(2,\)"):
         TF.binary_cross_entropy_with_logits(tapegrad.randn(2), tapegrad.rand(3))
+
+
+# --- each fused op against its composite formulation in tapegrad's own primitives -------
+def _conv2d_composite(x, w, stride, padding):
+    x = tapegrad.ops.movement.pad(x, (padding,) * 4)
+    kh, kw = w.shape[2:]
+    oh = (x.shape[2] - kh) // stride + 1
+    ow = (x.shape[3] - kw) // stride + 1
+    out = 0
+    for i in range(kh):  # a sum over kernel offsets of shifted 1x1 convolutions
+        for j in range(kw):
+            patch = x[:, :, i:i + stride * (oh - 1) + 1:stride, j:j + stride * (ow - 1) + 1:stride]
+            out = out + tapegrad.einsum("nchw,oc->nohw", patch, w[:, :, i, j])
+    return out
+
+
+IDX = np.array([[1, 0, 3], [3, 3, 2]])
+COMPOSITES = {
+    "gelu": ([(3, 4)], lambda x: TF.gelu(x),
+             lambda x: x * 0.5 * (1 + tapegrad.erf(x / np.sqrt(2.0)))),
+    "gelu_tanh": ([(3, 4)], lambda x: TF.gelu(x, approximate="tanh"),
+                  lambda x: 0.5 * x * (1 + tapegrad.tanh(np.sqrt(2 / np.pi)
+                                                         * (x + 0.044715 * x ** 3)))),
+    "softplus": ([(3, 4)], lambda x: TF.softplus(x, beta=1.5),
+                 lambda x: tapegrad.log1p(tapegrad.exp(1.5 * x)) / 1.5),
+    "elu": ([(3, 4)], lambda x: TF.elu(x, 0.7),
+            lambda x: tapegrad.where(x > 0, x, 0.7 * tapegrad.expm1(x))),
+    "log_sigmoid": ([(3, 4)], lambda x: TF.binary_cross_entropy_with_logits(
+        x, 0.5 * tapegrad.ones(3, 4, dtype=tapegrad.float64)),
+        lambda x: -(0.5 * tapegrad.log(tapegrad.sigmoid(x))
+                    + 0.5 * tapegrad.log(1 - tapegrad.sigmoid(x))).mean()),
+    "nll_loss": ([(4, 3)], lambda x: TF.nll_loss(x, tapegrad.tensor(TARGET)),
+                 lambda x: -(TF.one_hot(tapegrad.tensor(TARGET), 3).double() * x).sum() / 4),
+    "binary_cross_entropy": (
+        [(3, 4)], lambda x: TF.binary_cross_entropy(tapegrad.sigmoid(x), 0.3 * tapegrad.ones(
+            3, 4, dtype=tapegrad.float64)),
+        lambda x: -(0.3 * tapegrad.log(tapegrad.sigmoid(x))
+                    + 0.7 * tapegrad.log1p(-tapegrad.sigmoid(x))).mean()),
+    "normalize": ([(3, 4)], lambda x: TF.normalize(x, dim=1),
+                  lambda x: x / tapegrad.sqrt((x * x).sum(1, keepdim=True))),
+    "batch_norm": ([(4, 3, 2)], lambda x: TF.batch_norm(x, None, None, training=True),
+                   lambda x: (x - x.mean((0, 2), keepdim=True)) / tapegrad.sqrt(
+                       x.var((0, 2), keepdim=True, correction=0) + 1e-5)),
+    "embedding": ([(4, 3)], lambda w: TF.embedding(tapegrad.tensor(IDX), w),
+                  lambda w: TF.one_hot(tapegrad.tensor(IDX), 4).double() @ w),
+    "conv2d": ([(2, 3, 5, 5), (4, 3, 3, 3)], lambda x, w: TF.conv2d(x, w, stride=2, padding=1),
+               lambda x, w: _conv2d_composite(x, w, 2, 1)),
+    "max_pool2d": ([(2, 3, 4, 6)], lambda x: TF.max_pool2d(x, 2),
+                   lambda x: x.reshape(2, 3, 2, 2, 3, 2).amax((3, 5))),
+    "avg_pool2d": ([(2, 3, 4, 6)], lambda x: TF.avg_pool2d(x, 2),
+                   lambda x: x.reshape(2, 3, 2, 2, 3, 2).mean((3, 5))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(COMPOSITES))
+def test_fused_matches_composite(name):
+    specs, fused, composite = COMPOSITES[name]
+    arrays = make_inputs(specs, seed=4)
+    results = []
+    for fn in (fused, composite):
+        xs = [tapegrad.tensor(a, requires_grad=True) for a in arrays]
+        out = fn(*xs)
+        g = np.random.default_rng(5).standard_normal(out.shape)
+        out.backward(tapegrad.tensor(g))
+        results.append((out, [x.grad for x in xs]))
+    assert_close(results[0][0], results[1][0], rtol=1e-11)
+    for a, b in zip(results[0][1], results[1][1]):
+        assert_close(a, b, rtol=1e-10, what="gradient")
+
+
+def test_conv_transpose2d_is_the_adjoint_of_conv2d():
+    x, w, y = make_inputs([(2, 4, 7, 6), (6, 2, 3, 2), (2, 6, 4, 3)], seed=6)
+    kw = dict(stride=2, padding=1, dilation=(1, 2), groups=2)
+    cx = TF.conv2d(tapegrad.tensor(x), tapegrad.tensor(w), **kw).numpy()
+    ty = TF.conv_transpose2d(tapegrad.tensor(y), tapegrad.tensor(w), output_padding=(0, 1),
+                             **kw).numpy()
+    assert ty.shape == x.shape
+    np.testing.assert_allclose((cx * y).sum(), (x * ty).sum(), rtol=1e-12)
