@@ -165,6 +165,9 @@ ERRORS = [
     (lambda T: T.tensor([0.0]), IndexError, "tensors used as indices must be long, int, byte or "
      "bool"),
     (lambda T: 1.5, IndexError, "only integers, slices"),
+    (lambda T: ([0, 1], [0, 1, 2]), IndexError, "shape mismatch: indexing tensors could not be "
+     "broadcast together with shapes \\[2\\], \\[3\\]"),
+    (lambda T: (_t(T, [True, False, True]), [0, 1, 2]), IndexError, "shape mismatch"),
 ]
 
 
@@ -276,3 +279,71 @@ def test_index_put_errors():
         movement.index_put(a, 1.0, index=3)
     with pytest.raises(RuntimeError, match="index_put.*broadcast"):
         movement.index_put(a, tapegrad.zeros(3), index=0)
+
+
+def _random_index(rng, shape):
+    """A random mixture of every index kind that fits ``shape``."""
+    items, d, ellipsis = [], 0, False
+    for _ in range(rng.integers(1, 5)):
+        n = shape[min(d, len(shape) - 1)]
+        k = rng.integers(7)
+        if k == 0:
+            it, used = int(rng.integers(-n, n)), 1
+        elif k == 1:
+            it = slice(rng.choice([None, 0, 1]), rng.choice([None, -1, n]),
+                       rng.choice([None, 1, 2]))
+            used = 1
+        elif k == 2:
+            it, used = None, 0
+        elif k == 3:
+            it, used = rng.integers(-n, n, size=rng.integers(1, 4)).tolist(), 1
+        elif k == 4:
+            it, used = rng.random(n) < 0.5, 1
+        elif k == 5:
+            it, used = rng.integers(0, n, size=(2, 1)), 1
+        else:
+            if ellipsis:
+                continue
+            it, used, ellipsis = Ellipsis, 0, True
+        if d + used > len(shape):
+            break
+        items.append(it)
+        d += used
+    return tuple(items)
+
+
+def test_random_index_mixtures_match_torch():
+    """Values, gradients and index_put writes for random mixtures of index kinds."""
+    rng = np.random.default_rng(0)
+    base = rng.standard_normal((3, 4, 2))
+    checked = 0
+    for _ in range(400):
+        index = _random_index(rng, base.shape)
+        t_index = tuple(torch.tensor(i) if isinstance(i, np.ndarray) else i for i in index)
+        g_index = tuple(tapegrad.tensor(i) if isinstance(i, np.ndarray) else i for i in index)
+        tx = torch.tensor(base, requires_grad=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                expected = tx[t_index]
+            except (IndexError, RuntimeError):
+                with pytest.raises((IndexError, RuntimeError)):
+                    tapegrad.tensor(base)[g_index]
+                continue
+        if expected.numel() == 0:
+            continue  # PyTorch skips bounds checks for empty results; tapegrad raises
+        gx = tapegrad.tensor(base, requires_grad=True)
+        got = gx[g_index]
+        np.testing.assert_array_equal(got.detach().numpy(), expected.detach().numpy(),
+                                      err_msg=str(index))
+        w = rng.standard_normal(tuple(expected.shape))
+        (expected * torch.tensor(w)).sum().backward()
+        (got * tapegrad.tensor(w)).sum().backward()
+        np.testing.assert_allclose(gx.grad.numpy(), tx.grad.numpy(), rtol=1e-12,
+                                   err_msg=str(index))
+        out = torch.tensor(base)
+        out[t_index] = torch.tensor(w)
+        put = movement.index_put(tapegrad.tensor(base), tapegrad.tensor(w), index=g_index)
+        np.testing.assert_array_equal(put.numpy(), out.numpy(), err_msg=str(index))
+        checked += 1
+    assert checked > 200

@@ -999,8 +999,20 @@ def index_key(input, index):
                         f"The shape of the mask {list(entry.shape)} at index {j} does not match "
                         f"the shape of the indexed tensor {list(shape)} at index {d + j}")
             d += dims
+    if kinds & 6:  # advanced indices must broadcast together
+        shapes = [list(e.shape) if k == 2 else [int(e.sum())] for e, k, dims in items
+                  if k == 2 or k == 1 and dims]
+        try:
+            xp.broadcast_shapes(*map(tuple, shapes))
+        except ValueError:
+            raise IndexError("shape mismatch: indexing tensors could not be broadcast together "
+                             "with shapes " + ", ".join(map(str, shapes))) from None
     if ints and kinds > 1 and all(dims for _, kind, dims in items if kind == 1):
         return _all_advanced_key(items, shape, used), False, bool(kinds & 4)
+    if ellipsis and used == ndim and kinds > 1:
+        # an Ellipsis standing for no dims does not separate advanced indices in PyTorch
+        items = [it for it in items if it[0] is not Ellipsis]
+        ellipsis = False
     key = tuple(e for e, _, _ in items)
     if not ellipsis:
         key += (Ellipsis,)  # numpy then returns a 0-d array, never a scalar
