@@ -264,3 +264,23 @@ def test_function_in_a_training_loop_matches_torch():
                 w.grad.zero_()
         results.append(w.detach())
     assert_close(results[0], results[1])
+
+
+def test_non_tensor_outputs_get_none_gradients():
+    for T in (tapegrad, torch):
+        seen = []
+
+        class WithCount(T.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x * 2, 3
+
+            @staticmethod
+            def backward(ctx, g, g_count):
+                seen.append(g_count)
+                return g * 2
+
+        x = T.ones(2, requires_grad=True)
+        y, k = WithCount.apply(x)
+        y.sum().backward()
+        assert k == 3 and seen == [None] and x.grad.tolist() == [2.0, 2.0]

@@ -176,7 +176,7 @@ def _function_rule(g, out, ctx):
     wrapped = []
     for k, gk in enumerate(grads):
         if gk is None:
-            if ctx.materialize_grads:
+            if ctx.materialize_grads and op.out_meta[k] is not None:  # None: not a Tensor
                 shape, dt = op.out_meta[k]
                 wrapped.append(Tensor._make(xp.zeros(shape, dtype=dt)))
             else:
@@ -324,8 +324,7 @@ def _record(cls, ctx, args, outs):
     ctx._saved = _snapshot_saved(ctx, args, outs)
     if not diff:
         return
-    meta = [(o._data.shape, o._data.dtype) if isinstance(o, Tensor) else ((), xp.float64)
-            for o in outs]
+    meta = [(o._data.shape, o._data.dtype) if isinstance(o, Tensor) else None for o in outs]
     fop = _FunctionOp(cls, len(outs), meta, bool(ctx._saved))
     node = Node(fop, list(args), outs[diff[0]], {})
     node.saved = [ctx]
