@@ -194,6 +194,8 @@ def test_cross_entropy_errors():
         TF.cross_entropy(x, tapegrad.rand(4, 2))
     with pytest.raises(IndexError, match="Target 3 is out of bounds"):
         TF.cross_entropy(x, tapegrad.tensor([0, 1, 3, 0]))
+    with pytest.raises(RuntimeError, match=r"cross_entropy: .*float32.*float64"):
+        TF.cross_entropy(x, tapegrad.rand(4, 3, dtype=tapegrad.float64))
     with pytest.raises(ValueError, match="not a valid value for reduction"):
         TF.cross_entropy(x, tapegrad.tensor([0, 1, 2, 0]), reduction="avg")
 

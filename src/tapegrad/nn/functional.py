@@ -209,6 +209,13 @@ def _same_size(name, input, target):
                                f"{tuple(target.shape)} cannot be broadcast together") from None
 
 
+def _same_dtype(name, input, target):
+    if input._data.dtype != target._data.dtype:
+        raise RuntimeError(f"{name}: expected target of the input's dtype {input.dtype}, got "
+                           f"{target.dtype} (input {tuple(input.shape)}, target "
+                           f"{tuple(target.shape)})")
+
+
 def _class_targets(name, input, target, weight, ignore_index):
     """One-hot (class dim 1, or 0 for 1-D input) with the class weight folded in."""
     if input.ndim == 0:
@@ -271,6 +278,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     cdim = 0 if input.ndim == 1 else 1
     n_classes = input.shape[cdim]
     if target._data.dtype.kind == "f":  # class probabilities
+        _same_dtype("cross_entropy", input, target)
         if tuple(target.shape) != tuple(input.shape):
             raise ValueError(
                 f"cross_entropy: expected target of shape {tuple(input.shape)} (class "
@@ -353,6 +361,7 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
             f"binary_cross_entropy: Using a target size ({tuple(target.shape)}) that is "
             f"different to the input size ({tuple(input.shape)}) is deprecated. Please ensure "
             "they have the same size.")
+    _same_dtype("binary_cross_entropy", input, target)
     x = input._data
     if ((x < 0) | (x > 1)).any():
         raise RuntimeError("binary_cross_entropy: all elements of input should be between 0 "
