@@ -188,3 +188,14 @@ def test_inplace_samplers():
         tapegrad.zeros(2, requires_grad=True).normal_()
     with tapegrad.no_grad():
         tapegrad.zeros(2, requires_grad=True).uniform_()
+
+
+def test_state_through_tapegrad_save(tmp_path):
+    tapegrad.manual_seed(8)
+    tapegrad.rand(3)
+    path = tmp_path / "rng.pt"
+    tapegrad.save({"rng": tapegrad.get_rng_state()}, path)
+    a = values(tapegrad.randn(6))
+    tapegrad.manual_seed(0)
+    tapegrad.set_rng_state(tapegrad.load(path)["rng"])
+    np.testing.assert_array_equal(values(tapegrad.randn(6)), a)
