@@ -638,3 +638,85 @@ def test_user_load_from_state_dict_override_with_torch_signature():
     with pytest.raises(RuntimeError, match="size mismatch"):
         tg.load_state_dict(bad)
     assert np.all(tg[0].proj.weight._data == 5)
+
+
+def _record_backward_hooks(lib, nn, x_requires_grad):
+    """A two-input, two-output module with full backward (pre-)hooks that log and rescale."""
+
+    class TwoWay(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 2)
+
+        def forward(self, x, scale, y):
+            h = self.lin(x) * scale
+            return h + y, (h * y).tanh()
+
+    m = TwoWay().double()
+    m.lin.load_state_dict({"weight": lib.tensor(np.arange(6.0).reshape(2, 3) / 10),
+                           "bias": lib.tensor(np.array([0.1, -0.2]))})
+    log = []
+
+    def to_np(gs):
+        return [None if g is None else g.detach().numpy().copy() for g in gs]
+
+    def pre(mod, grad_output):
+        log.append(("pre", to_np(grad_output)))
+        return tuple(None if g is None else g * (3 - k) for k, g in enumerate(grad_output))
+
+    def full(mod, grad_input, grad_output):
+        log.append(("full", to_np(grad_input), to_np(grad_output)))
+        return tuple(None if g is None else g * 2 for g in grad_input)
+
+    handles = [m.register_full_backward_pre_hook(pre), m.register_full_backward_hook(full)]
+    x = lib.tensor(np.arange(12.0).reshape(4, 3) / 7, requires_grad=x_requires_grad)
+    y = lib.tensor(np.linspace(-1, 1, 8).reshape(4, 2), requires_grad=True)
+    a, b = m(x, 0.5, y)
+    (a * a).sum().backward(retain_graph=True)
+    b.sum().backward()
+    grads = [None if t.grad is None else t.grad.numpy().copy() for t in (x, y, m.lin.weight)]
+    for h in handles:
+        h.remove()
+    return log, grads
+
+
+@pytest.mark.parametrize("x_requires_grad", [True, False])
+def test_full_backward_hooks_match_torch(x_requires_grad):
+    tg_log, tg_grads = _record_backward_hooks(tapegrad, tnn, x_requires_grad)
+    th_log, th_grads = _record_backward_hooks(torch, torch.nn, x_requires_grad)
+    assert [e[0] for e in tg_log] == [e[0] for e in th_log] == ["pre", "full"] * 2
+    for e_tg, e_th in zip(tg_log, th_log):
+        for part_tg, part_th in zip(e_tg[1:], e_th[1:]):
+            assert len(part_tg) == len(part_th)
+            for u, v in zip(part_tg, part_th):
+                assert (u is None) == (v is None)
+                if u is not None:
+                    np.testing.assert_allclose(u, v, rtol=1e-12)
+    for u, v in zip(tg_grads, th_grads):
+        assert (u is None) == (v is None)
+        if u is not None:
+            np.testing.assert_allclose(u, v, rtol=1e-12)
+
+
+def test_full_backward_hook_without_input_grad_and_errors():
+    lin = tnn.Linear(3, 2)
+    seen = []
+    lin.register_full_backward_hook(lambda m, gi, go: seen.append((gi, go[0].shape)))
+    with pytest.warns(UserWarning, match="no inputs require gradients"):
+        lin(tapegrad.randn(4, 3)).sum().backward()
+    assert seen == [((None,), (4, 2))]
+    lin2 = tnn.Linear(3, 2)
+    lin2.register_full_backward_hook(lambda m, gi, go: (gi[0], gi[0]))
+    with pytest.raises(RuntimeError, match="invalid number of grad_input"):
+        lin2(tapegrad.randn(4, 3, requires_grad=True)).sum().backward()
+    lin3 = tnn.Linear(3, 2)
+    handle = lin3.register_full_backward_pre_hook(lambda m, go: (go[0] * 0,))
+    x = tapegrad.randn(4, 3, requires_grad=True)
+    lin3(x).sum().backward()
+    assert not np.any(x.grad._data) and not np.any(lin3.weight.grad._data)
+    handle.remove()
+    x.grad = None
+    lin3(x).sum().backward()
+    assert np.any(x.grad._data)
+    with tapegrad.no_grad():  # no recording, no hooks
+        lin(tapegrad.randn(2, 3))

@@ -8,11 +8,13 @@ nothing when it raises (PyTorch may have copied part of the state by then).
 """
 import itertools
 import threading
+import warnings
 from collections import OrderedDict, namedtuple
 from collections.abc import Mapping
 
 from tapegrad import dtypes
-from tapegrad.autograd.grad_mode import no_grad
+from tapegrad.autograd.function import Function
+from tapegrad.autograd.grad_mode import no_grad, state as grad_state
 from tapegrad.backend import DEVICE
 from tapegrad.nn.parameter import Buffer, Parameter
 from tapegrad.tensor import Tensor
@@ -124,6 +126,8 @@ class Module:
         set_("_parameters", {})
         set_("_buffers", {})
         set_("_non_persistent_buffers_set", set())
+        set_("_backward_hooks", OrderedDict())
+        set_("_backward_pre_hooks", OrderedDict())
         set_("_forward_hooks", OrderedDict())
         set_("_forward_hooks_with_kwargs", OrderedDict())
         set_("_forward_hooks_always_called", OrderedDict())
@@ -533,8 +537,29 @@ class Module:
             self._forward_hooks.move_to_end(handle.id, last=False)
         return handle
 
+    def register_full_backward_pre_hook(self, hook, prepend: bool = False) -> RemovableHandle:
+        """As ``Module.register_full_backward_pre_hook``: ``hook(module, grad_output)`` runs
+        when the gradients of the module's outputs are known; it may return replacements."""
+        handle = RemovableHandle(self._backward_pre_hooks)
+        self._backward_pre_hooks[handle.id] = hook
+        if prepend:
+            self._backward_pre_hooks.move_to_end(handle.id, last=False)
+        return handle
+
+    def register_full_backward_hook(self, hook, prepend: bool = False) -> RemovableHandle:
+        """As ``Module.register_full_backward_hook``: ``hook(module, grad_input, grad_output)``
+        runs when the gradients of the module's (positional tensor) inputs are known; it may
+        return replacements for ``grad_input``. ``None`` stands for non-tensor inputs and for
+        inputs that do not require grad."""
+        handle = RemovableHandle(self._backward_hooks)
+        self._backward_hooks[handle.id] = hook
+        if prepend:
+            self._backward_hooks.move_to_end(handle.id, last=False)
+        return handle
+
     def _call_impl(self, *args, **kwargs):
-        if not (self._forward_hooks or self._forward_pre_hooks):
+        if not (self._forward_hooks or self._forward_pre_hooks or self._backward_hooks
+                or self._backward_pre_hooks):
             return self.forward(*args, **kwargs)
         called = set()
         result = None
@@ -551,6 +576,10 @@ class Module:
                     out = hook(self, args)
                     if out is not None:
                         args = out if isinstance(out, tuple) else (out,)
+            backward_hook = None
+            if self._backward_hooks or self._backward_pre_hooks:
+                backward_hook = _BackwardHook(self)
+                args = backward_hook.setup_input(args)
             result = self.forward(*args, **kwargs)
             for hook_id, hook in list(self._forward_hooks.items()):
                 called.add(hook_id)
@@ -560,6 +589,8 @@ class Module:
                     out = hook(self, args, result)
                 if out is not None:
                     result = out
+            if backward_hook is not None:
+                result = backward_hook.setup_output(result)
             return result
         except Exception:
             for hook_id, hook in list(self._forward_hooks.items()):
@@ -767,6 +798,108 @@ class Module:
             else:
                 main_str += "\n  " + "\n  ".join(lines) + "\n"
         return main_str + ")"
+
+
+class _HookIdentity(Function):
+    """Identity on a module's inputs or outputs: its backward sees their gradients (as
+    PyTorch's hooks do: None for an unused output; zeros for an input that needs no grad)."""
+
+    @staticmethod
+    def forward(ctx, callback, materialize, *tensors):
+        ctx.callback = callback
+        ctx.set_materialize_grads(materialize)
+        ctx.mark_non_differentiable(*[t for t in tensors if not t.requires_grad])
+        return tensors
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (None, None) + tuple(ctx.callback(grads))
+
+
+class _BackwardHook:
+    """One call's full backward hooks (PyTorch's ``BackwardHook``): the outputs' identity
+    records ``grad_output`` (running the pre-hooks); the inputs' identity then calls the hooks
+    with ``grad_input`` and passes on what they return."""
+
+    def __init__(self, module):
+        self.module = module
+        self.hooks = list(module._backward_hooks.values())
+        self.pre_hooks = list(module._backward_pre_hooks.values())
+        self.grad_outputs = None
+        self.n_inputs = self.n_outputs = 0
+        self.input_index = self.output_index = None
+
+    @staticmethod
+    def _pack(index, values, size):
+        out = [None] * size
+        for i, v in zip(index, values):
+            out[i] = v
+        return tuple(out)
+
+    def _wrap(self, values, callback, materialize):
+        index = [i for i, v in enumerate(values) if isinstance(v, Tensor)]
+        tensors = [values[i] for i in index]
+        if not (grad_state.enabled and any(t.requires_grad for t in tensors)):
+            return values, None
+        new = _HookIdentity.apply(callback, materialize, *tensors)
+        values = list(values)
+        for i, t in zip(index, new):
+            values[i] = t
+        return tuple(values), index
+
+    def setup_input(self, args):
+        self.n_inputs = len(args)
+        args, self.input_index = self._wrap(args, self._on_grad_input, True)
+        return args
+
+    def setup_output(self, result):
+        single = not isinstance(result, tuple)
+        values = (result,) if single else result
+        self.n_outputs = len(values)
+        values, self.output_index = self._wrap(values, self._on_grad_output, False)
+        return values[0] if single else values
+
+    def _on_grad_output(self, grads):
+        self.grad_outputs = self._pack(self.output_index, grads, self.n_outputs)
+        for hook in self.pre_hooks:
+            out = hook(self.module, self.grad_outputs)
+            if out is None:
+                continue
+            out = out if isinstance(out, tuple) else (out,)
+            if len(out) != len(self.grad_outputs):
+                raise RuntimeError("Backward pre hook returned an invalid number of grad_output, "
+                                   f"got {len(out)}, but expected {len(self.grad_outputs)}")
+            self.grad_outputs = out
+        local = self.grad_outputs
+        if self.input_index is None:  # no input needs grad: the hooks fire here, with Nones
+            warnings.warn("Full backward hook is firing when gradients are computed with respect "
+                          "to module outputs since no inputs require gradients.", stacklevel=2)
+            grad_inputs = (None,) * self.n_inputs
+            for hook in self.hooks:
+                res = hook(self.module, grad_inputs, self.grad_outputs)
+                if res is not None and not (isinstance(res, tuple)
+                                            and all(r is None for r in res)):
+                    raise RuntimeError("Backward hook for Modules where no input requires "
+                                       "gradient should always return None or None for all "
+                                       "gradients.")
+            self.grad_outputs = None
+        return [local[i] for i in self.output_index]
+
+    def _on_grad_input(self, grads):
+        if self.grad_outputs is None:
+            return grads
+        res = self._pack(self.input_index, grads, self.n_inputs)
+        for hook in self.hooks:
+            out = hook(self.module, res, self.grad_outputs)
+            if out is None:
+                continue
+            out = out if isinstance(out, tuple) else (out,)
+            if len(out) != len(res):
+                raise RuntimeError("Backward hook returned an invalid number of grad_input, got "
+                                   f"{len(out)}, but expected {len(res)}")
+            res = out
+        self.grad_outputs = None
+        return [res[i] for i in self.input_index]
 
 
 def _apply_copies(copies):
