@@ -91,11 +91,6 @@ def test_requires_grad_on_integer_tensors_raises(n):
         tapegrad.zeros(2, dtype=getattr(tapegrad, n)).requires_grad_()
 
 
-BF16_KIND = pytest.mark.xfail(
-    strict=True, reason="ml_dtypes' bfloat16 has numpy kind 'V': ops/registry.py records a Node "
-    "only for kind 'f'/'c' outputs and ops/elementwise.py's float-only ops cast kind != 'f' to "
-    "the default dtype; both need a dtype-category check; and numpy computes bfloat16 times a "
-    "Python float in float32 (reported)")
 LOW = ["float16", pytest.param("bfloat16")]
 A = np.array([[0.5, -1.25, 2.0], [1.5, 0.75, -3.0]])
 B = np.array([1.1, -0.4, 2.5])
@@ -122,7 +117,7 @@ def test_low_precision_arithmetic_matches_torch(n):
     assert x.is_floating_point() and x.sum().dtype is x.dtype
 
 
-@pytest.mark.parametrize("n", ["float16", pytest.param("bfloat16", marks=BF16_KIND)])
+@pytest.mark.parametrize("n", ["float16", "bfloat16"])
 def test_low_precision_float_functions_match_torch(n):
     x, y, tx, ty = _low(n)
     for f in (lambda u: (u * 2).exp(), lambda u: u.abs().sqrt(), lambda u: u.tanh(),
@@ -133,7 +128,7 @@ def test_low_precision_float_functions_match_torch(n):
                                    rtol=2 ** -7)
 
 
-@pytest.mark.parametrize("n", ["float16", pytest.param("bfloat16", marks=BF16_KIND)])
+@pytest.mark.parametrize("n", ["float16", "bfloat16"])
 def test_low_precision_gradients(n):
     grads = []
     for T in (tapegrad, torch):

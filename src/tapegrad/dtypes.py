@@ -42,6 +42,8 @@ bfloat16 = dtype("bfloat16", _ml_dtypes.bfloat16, FLOAT) if _ml_dtypes else None
 
 ALL = [d for d in (bool_, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64) if d]
 _FROM_NP = {d.np: d for d in ALL}
+# numpy dtypes of floating-point tensors (ml_dtypes' bfloat16 has numpy kind "V", not "f")
+FLOAT_NP = frozenset(d.np for d in ALL if d.category == FLOAT)
 _NAMES = {d.name: d for d in ALL}
 _NAMES.update({"bool": bool_, "half": float16, "float": float32, "double": float64,
                "long": int64, "int": int32, "short": int16})

@@ -20,6 +20,7 @@ from tapegrad import dtypes
 from tapegrad.autograd.grad_mode import state as grad_state
 from tapegrad.autograd.engine import Node, Meta, WATCH
 from tapegrad.backend import xp
+from tapegrad.dtypes import FLOAT_NP
 from types import MethodType
 
 REGISTRY = {}  # name -> Op: read by the profiler and the compiler
@@ -131,6 +132,8 @@ def _prepare_elementwise(o, args):
     from tapegrad.ops.elementwise import to_dtype
     from tapegrad.ops.movement import broadcast_to
 
+    if dt is dtypes.bfloat16:  # numpy promotes a bare Python float with bfloat16 to float32
+        args = [xp.asarray(a, dt.np) if isinstance(a, float) else a for a in args]
     prepared = []
     for a in args:
         if isinstance(a, Tensor):
@@ -171,7 +174,7 @@ def dispatch(o, args, params):
     if grad_state.enabled and o.differentiable:
         for a in args:
             if isinstance(a, Tensor) and a._requires_grad:
-                if data.dtype.kind in "fc":
+                if data.dtype in FLOAT_NP:
                     out._requires_grad = True
                     out.grad_fn = Node(o, args, out, params)
                 break
