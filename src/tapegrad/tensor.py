@@ -559,7 +559,7 @@ def _to_args(t, args, kwargs):
             copy = a  # to(dtype, non_blocking, copy) positional flags: the last bool wins
         elif a is None:
             continue
-        elif isinstance(a, str) or hasattr(a, "type"):
+        elif isinstance(a, (str, type(DEVICE))):
             device = a
         else:
             dtype = dtypes.to_dtype(a)
