@@ -113,12 +113,29 @@ def _(g, out, a, index, accumulate=True):
 @op(saves="none")
 def index_backward(g, shape, index, accumulate=True):
     """``zeros(shape)`` with ``g`` put at ``index``; repeated indices add (``np.add.at``)."""
+    if accumulate and len(index) == 2 and index[1] is Ellipsis and g.dtype.kind == "f" \
+            and isinstance(index[0], xp.ndarray) and index[0].dtype.kind in "iu":
+        return _add_rows(g, shape, index[0])
     out = xp.zeros(shape, dtype=g.dtype)
     if accumulate:
         xp.add.at(out, index, g)
     else:
         out[index] = g
     return out
+
+
+def _add_rows(g, shape, rows):
+    """``zeros(shape)`` with the rows of ``g`` added at ``rows`` (x[idx]'s gradient, as in an
+    embedding): one bincount, ~4x faster than ``np.add.at`` and summing in the same order."""
+    n = shape[0]
+    width = 1
+    for m in shape[1:]:
+        width *= m
+    rows = rows.reshape(-1)
+    rows = xp.where(rows < 0, rows + n, rows)
+    flat = rows if width == 1 else (rows[:, None] * width + xp.arange(width)).reshape(-1)
+    out = xp.bincount(flat, weights=g.reshape(-1), minlength=n * width)
+    return out.astype(g.dtype, copy=False).reshape(shape)
 
 
 @index_backward.grad
