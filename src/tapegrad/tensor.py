@@ -473,15 +473,13 @@ class Tensor:
         """As ``x[index] = value`` (basic, integer-array and boolean-mask indices); ``value``
         broadcasts to the indexed shape and is cast to this dtype. Differentiable (through
         the ``index_put`` op) when this tensor or ``value`` requires grad."""
-        from tapegrad.ops import movement
-
         if _tracked(self, (value,)):
             if not isinstance(value, Tensor):
                 value = Tensor._make(xp.asarray(value, dtype=self._data.dtype))
-            _inplace(self, "__setitem__",
-                     lambda a, v: movement.index_put(a, v, index=index), (value,), {})
+            _inplace(self, "__setitem__", lambda a, v: _M.index_put(a, v, index=index),
+                     (value,), {})
             return
-        key = movement.index_key(self, index)[0]
+        key = _M.index_key(self, index)[0]
         v = value._data if isinstance(value, Tensor) else value
         try:
             self._data[key] = v
