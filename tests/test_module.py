@@ -429,6 +429,8 @@ def test_to_double_float_half_keep_parameter_objects():
         bn.to(tapegrad.int64)
     with pytest.raises(RuntimeError, match="cpu"):
         bn.to("cuda")
+    with pytest.raises(RuntimeError, match="cpu only"):
+        bn.cuda()
     assert w.requires_grad
     bn.requires_grad_(False)
     assert not any(p.requires_grad for p in bn.parameters())

@@ -480,6 +480,10 @@ class Module:
         """As ``Module.cpu()`` (tapegrad runs on the CPU: a no-op)."""
         return self
 
+    def cuda(self, device=None) -> "Module":
+        """``Module.cuda()`` raises: tapegrad runs on the CPU only."""
+        raise RuntimeError("cuda: tapegrad runs on the cpu only (see docs/differences.md)")
+
     def float(self) -> "Module":
         """As ``Module.float()``: floating parameters and buffers to float32."""
         return self._apply(lambda t: _cast(t, dtypes.float32))
