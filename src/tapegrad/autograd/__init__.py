@@ -1,4 +1,5 @@
 """``tapegrad.autograd``: backward, grad, user Functions, gradcheck, anomaly detection."""
+from tapegrad.backend import xp
 from tapegrad.autograd.engine import Node, run_backward, toposort
 from tapegrad.autograd.grad_mode import (no_grad, enable_grad, set_grad_enabled,
                                          inference_mode, is_grad_enabled)
@@ -28,6 +29,13 @@ def _root_grads(name, outputs, grad_outputs, create_graph):
                     f"shape {tuple(out.shape)}); pass gradient=")
             g = xp.ones_like(out._data)
         else:
+            if create_graph and isinstance(g, Tensor):  # keep its graph: grad of grad flows
+                if g.shape != out._data.shape:
+                    raise RuntimeError(
+                        f"{name}: gradient has shape {tuple(g.shape)} but the output has "
+                        f"shape {tuple(out.shape)}")
+                grads.append(g)
+                continue
             g = g._data if isinstance(g, Tensor) else xp.asarray(g, dtype=out._data.dtype)
             if g.shape != out._data.shape:
                 raise RuntimeError(
@@ -62,7 +70,7 @@ def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False, 
             if create_graph:
                 t.grad = g if t.grad is None else t.grad + g
             elif t.grad is None:
-                t.grad = _wrap(g.copy())
+                t.grad = _wrap(xp.array(g))
             else:
                 t.grad._data += g
         return

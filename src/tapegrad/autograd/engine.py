@@ -6,6 +6,7 @@ declared it needs (``saved``). It never points at its own output Tensor, so a gr
 DAG of plain references, freed by reference counting the moment its output goes.
 """
 from tapegrad.autograd.grad_mode import state as grad_state
+from tapegrad.backend import xp
 
 Tensor = None  # set by tapegrad.tensor
 # Op watchers (checkpointing, anomaly mode, the memory tracker): objects with before_op(op),
@@ -193,7 +194,7 @@ def run_backward(roots, root_grads, retain_graph=False, create_graph=False, inpu
             if node.retained is not None:
                 t = node.retained()
                 if t is not None and capture is None:
-                    t.grad = g if create_graph else Tensor._make(g.copy())
+                    t.grad = g if create_graph else Tensor._make(xp.array(g))
             if capture is not None and id(node) in capture:
                 capture[id(node)] = g
             op = node.op
@@ -251,6 +252,6 @@ def _accumulate_leaf(leaf, g, create_graph, capture):
     if create_graph:
         leaf.grad = g if leaf.grad is None else leaf.grad + g
     elif leaf.grad is None:
-        leaf.grad = Tensor._make(g.copy())  # owned: later in-place accumulation is safe
+        leaf.grad = Tensor._make(xp.array(g))  # owned: later in-place accumulation is safe
     else:
         leaf.grad._data += g

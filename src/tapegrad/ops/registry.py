@@ -23,6 +23,8 @@ from tapegrad.backend import xp
 from tapegrad.dtypes import FLOAT_NP
 from types import MethodType
 
+ndarray = xp.ndarray
+
 REGISTRY = {}  # name -> Op: read by the profiler and the compiler
 Tensor = None  # set by tapegrad.tensor (breaks the import cycle)
 make = None  # tapegrad.tensor.make: wrap an array as a Tensor without copying
@@ -168,6 +170,8 @@ def dispatch(o, args, params):
     except (ValueError, IndexError, TypeError) as e:
         shapes = ", ".join(f"{tuple(a.shape)} {a.dtype}" for a in args if isinstance(a, Tensor))
         raise RuntimeError(f"{o.name}: {e} (inputs: {shapes})") from None
+    if type(data) is not ndarray:  # numpy reductions to 0-d give scalars: keep an array
+        data = xp.asarray(data)
     out = make(data)
     if o.view:
         out._version = args[0]._version
