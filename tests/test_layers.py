@@ -482,3 +482,36 @@ def test_multihead_attention_dropout_train_vs_eval():
     tapegrad.manual_seed(1)
     _, w_train = m(x, x, x, average_attn_weights=False)
     assert np.any(w_train._data == 0)  # dropped attention weights
+
+
+# --- first and second order through the composite layers ---------------------------------
+def _first(out):
+    return out[0] if isinstance(out, tuple) else out
+
+
+GRAD_CASES = [
+    ("bilinear", lambda: tnn.Bilinear(2, 3, 2), [(2, 2), (2, 3)], {}),
+    ("mha-weights", lambda: tnn.MultiheadAttention(4, 2), [(2, 1, 4)] * 3, {}),
+    ("mha-sdpa", lambda: tnn.MultiheadAttention(4, 2), [(2, 1, 4)] * 3,
+     {"need_weights": False}),
+    ("lstm", lambda: tnn.LSTM(2, 2, num_layers=2), [(3, 1, 2)], {}),
+    ("gru", lambda: tnn.GRU(2, 2, bidirectional=True), [(3, 1, 2)], {}),
+    ("rnn", lambda: tnn.RNN(2, 3), [(3, 2, 2)], {}),
+    ("batchnorm", lambda: tnn.BatchNorm1d(2), [(3, 2)], {}),
+    ("conv2d", lambda: tnn.Conv2d(1, 2, 2), [(1, 1, 3, 3)], {}),
+]
+
+
+@pytest.mark.parametrize("name,make,shapes,kwargs", GRAD_CASES, ids=[c[0] for c in GRAD_CASES])
+def test_gradcheck_and_gradgradcheck_through_layers(name, make, shapes, kwargs):
+    """Central differences agree with the tape, to first and second order (create_graph
+    through every op the layer is built from)."""
+    tapegrad.manual_seed(0)
+    m = make().double()
+    inputs = [tapegrad.tensor(a, requires_grad=True) for a in make_inputs(shapes, seed=4)]
+
+    def fn(*xs):
+        return _first(m(*xs, **kwargs))
+
+    assert tapegrad.autograd.gradcheck(fn, inputs)
+    assert tapegrad.autograd.gradgradcheck(fn, inputs)

@@ -15,7 +15,7 @@ from tapegrad.nn import init
 from tapegrad.nn.module import Module
 from tapegrad.nn.layers._utils import empty_parameter
 
-__all__ = ["RNN", "LSTM", "GRU"]
+__all__ = ["RNNBase", "RNN", "LSTM", "GRU"]
 
 _GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
 
