@@ -43,6 +43,19 @@ INPLACE = [
     ("lerp_", lambda T, x, y: x.lerp_(y, 0.3)),
     ("lerp_far", lambda T, x, y: x.lerp_(y, 0.9)),
     ("masked_fill_", lambda T, x, y: x.masked_fill_(y > 0, -1.0)),
+    ("sin_", lambda T, x, y: x.sin_()),
+    ("cos_", lambda T, x, y: x.cos_()),
+    ("erf_", lambda T, x, y: x.erf_()),
+    ("square_", lambda T, x, y: x.square_()),
+    ("reciprocal_", lambda T, x, y: x.reciprocal_()),
+    ("rsqrt_", lambda T, x, y: x.abs_().rsqrt_()),
+    ("log1p_", lambda T, x, y: x.abs_().log1p_()),
+    ("expm1_", lambda T, x, y: x.expm1_()),
+    ("floor_", lambda T, x, y: x.floor_()),
+    ("round_", lambda T, x, y: x.mul_(3).round_()),
+    ("sign_", lambda T, x, y: x.sign_()),
+    ("remainder_", lambda T, x, y: x.remainder_(0.7)),
+    ("imod", lambda T, x, y: x.__imod__(y)),
 ]
 
 
@@ -69,6 +82,35 @@ def test_gradients_match_torch_through_inplace(name, fn):
 
     check_torch(f, [A, B])
     check_torch(f, [A, B], dtype=np.float32, rtol=2e-5)
+
+
+def test_integer_and_bool_inplace_match_torch():
+    for T in (tapegrad, torch):
+        i = T.tensor([5, -6, 7])
+        i //= 2
+        i %= 3
+        i.bitwise_xor_(T.tensor([1, 1, 0]))
+        i.fmod_(2)
+        i |= 4
+        i &= 6
+        b = T.tensor([True, False, True])
+        b.logical_not_()
+        b ^= T.tensor([True, True, False])
+        if T is tapegrad:
+            ours = (i.tolist(), b.tolist())
+        else:
+            assert ours == (i.tolist(), b.tolist())
+    with pytest.raises(RuntimeError, match="can't be cast"):
+        tapegrad.tensor([1, 2]).sin_()
+
+
+def test_scatter_add_inplace_matches_torch():
+    def f(T, x, y):
+        z = x * 1
+        z.scatter_add_(1, T.tensor([[0, 2, 0], [1, 1, 2]]), y.expand(2, 3) * 2)
+        return z
+
+    check_torch(f, [A, B])
 
 
 def test_rebased_history_gradcheck():

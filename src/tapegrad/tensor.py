@@ -9,6 +9,17 @@ from tapegrad.backend import xp, DEVICE
 from tapegrad.ops import registry
 
 
+def _generic_inplace(name):
+    """``Tensor.<name>_``: the out-of-place ``tapegrad.<name>`` written into the tensor."""
+
+    def method(self, *args, **kwargs):
+        return _inplace(self, name + "_", _public(name), args, kwargs)
+
+    method.__name__ = method.__qualname__ = name + "_"
+    method.__doc__ = f"As ``Tensor.{name}_``: ``{name}`` in place."
+    return method
+
+
 class Tensor:
     """As ``torch.Tensor``: an n-dimensional array that records the ops applied to it."""
 
@@ -468,6 +479,19 @@ class Tensor:
     def masked_fill_(self, mask, value):
         """As ``Tensor.masked_fill_(mask, value)``."""
         return _inplace(self, "masked_fill_", _public("masked_fill"), (mask, value), {})
+
+    sin_, cos_, erf_ = _generic_inplace("sin"), _generic_inplace("cos"), _generic_inplace("erf")
+    floor_, ceil_ = _generic_inplace("floor"), _generic_inplace("ceil")
+    round_, trunc_ = _generic_inplace("round"), _generic_inplace("trunc")
+    sign_, square_ = _generic_inplace("sign"), _generic_inplace("square")
+    reciprocal_, rsqrt_ = _generic_inplace("reciprocal"), _generic_inplace("rsqrt")
+    log1p_, expm1_ = _generic_inplace("log1p"), _generic_inplace("expm1")
+    floor_divide_, remainder_ = _generic_inplace("floor_divide"), _generic_inplace("remainder")
+    fmod_, logical_not_ = _generic_inplace("fmod"), _generic_inplace("logical_not")
+    bitwise_and_, bitwise_or_ = _generic_inplace("bitwise_and"), _generic_inplace("bitwise_or")
+    bitwise_xor_, scatter_add_ = _generic_inplace("bitwise_xor"), _generic_inplace("scatter_add")
+    __ifloordiv__, __imod__ = floor_divide_, remainder_
+    __iand__, __ior__, __ixor__ = bitwise_and_, bitwise_or_, bitwise_xor_
 
     def __setitem__(self, index, value):
         """As ``x[index] = value`` (basic, integer-array and boolean-mask indices); ``value``
