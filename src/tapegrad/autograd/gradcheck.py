@@ -51,7 +51,7 @@ def _analytical(fn, inputs, diff):
         rows = [xp.zeros((o._data.size, inputs[i]._data.size)) for i in diff]
         if o.requires_grad:
             for r in range(o._data.size):
-                seed = xp.zeros_like(o._data)
+                seed = xp.zeros(o._data.shape, o._data.dtype)  # C order: reshape(-1) is a view
                 seed.reshape(-1)[r] = 1
                 gs = grad(o, [inputs[i] for i in diff], grad_outputs=seed, retain_graph=True,
                           allow_unused=True)
