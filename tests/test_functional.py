@@ -632,3 +632,31 @@ def test_conv_transpose2d_is_the_adjoint_of_conv2d():
                              **kw).numpy()
     assert ty.shape == x.shape
     np.testing.assert_allclose((cx * y).sum(), (x * ty).sum(), rtol=1e-12)
+
+
+# --- functions beyond API.md ---------------------------------------------------------------
+@pytest.mark.parametrize("name,kwargs,kinks", [
+    ("logsigmoid", {}, None), ("hardtanh", {}, [-1.0, 1.0]),
+    ("hardtanh", {"min_val": -0.5, "max_val": 2.0}, [-0.5, 2.0]), ("relu6", {}, [0.0, 6.0]),
+    ("hardsigmoid", {}, [-3.0, 3.0]), ("hardswish", {}, [-3.0, 3.0]), ("selu", {}, 0.0),
+    ("celu", {"alpha": 0.5}, 0.0), ("mish", {}, None), ("softsign", {}, 0.0),
+    ("glu", {}, None), ("glu", {"dim": 0}, None), ("softmin", {"dim": 1}, None)])
+def test_more_activations(name, kwargs, kinks):
+    # PyTorch's hardsigmoid backward multiplies by the float32 constant 1.0f / 6.0f
+    rtol = 1e-7 if name == "hardsigmoid" else 1e-12
+    kinks = None if kinks is None else np.asarray(kinks) / 4  # the input is scaled by 4
+    check(lambda T, x: getattr(F(T), name)(x * 4, **kwargs), [(4, 4)], away_from=kinks, rtol=rtol)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_huber_and_kl_div(reduction):
+    check(lambda T, d, y: F(T).huber_loss(d + y, y, reduction=reduction, delta=0.7),
+          [(3, 4), (3, 4)], away_from=[-0.7, 0.0, 0.7])
+    logp = np.log(np.random.default_rng(1).dirichlet(np.ones(4), size=3))
+    p = np.random.default_rng(2).dirichlet(np.ones(4), size=3)
+    p[0, 1] = 0.0
+    red = "batchmean" if reduction == "mean" else reduction
+    check(lambda T, x: F(T).kl_div(x, T.tensor(p, dtype=x.dtype), reduction=red), [logp])
+    check(lambda T, x, t: F(T).kl_div(x, t, reduction=red), [logp, p + 0.1])
+    check(lambda T, x, t: F(T).kl_div(x, t.log(), reduction=red, log_target=True),
+          [logp, p + 0.1])

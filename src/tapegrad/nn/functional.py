@@ -11,7 +11,7 @@ from tapegrad.autograd.grad_mode import state as grad_state
 from tapegrad.backend import xp
 from tapegrad.ops import nn as N
 from tapegrad.ops.elementwise import relu as _relu, tanh as _tanh, sigmoid as _sigmoid
-from tapegrad.ops.elementwise import where, sqrt, to_dtype
+from tapegrad.ops.elementwise import where, sqrt, to_dtype, exp, log, expm1
 from tapegrad.ops.linalg import matmul
 from tapegrad.ops.movement import reshape_op, broadcast_to, pad  # noqa: F401 (F.pad)
 from tapegrad.ops.reduce import sum_op
@@ -173,6 +173,93 @@ def dropout(input, p=0.5, training=True, inplace=False):
     if p == 1.0:
         return input * _const(xp.zeros(input.shape, dtype=input._data.dtype))
     return input * _const(_keep_mask(input.shape, 1.0 - p, input._data.dtype))
+
+
+# --- further activations (beyond API.md; small composites, for porting) -----------------
+def logsigmoid(input):
+    """As ``F.logsigmoid``: ``log(sigmoid(x))`` computed stably."""
+    return N.log_sigmoid(input)
+
+
+def softmin(input, dim=None, _stacklevel=3, dtype=None):
+    """As ``F.softmin``: ``softmax(-input, dim)``."""
+    return softmax(-input if dtype is None else -to_dtype(input, dtype=dtypes.to_dtype(dtype)),
+                   dim)
+
+
+def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
+    """As ``F.hardtanh``: clamp to [min_val, max_val]; gradient only strictly inside."""
+    if min_val > max_val:
+        raise ValueError(f"hardtanh: min_val ({min_val}) cannot be greater than max_val "
+                         f"({max_val})")
+    if inplace:
+        return _in_place(input, "hardtanh_", lambda t: hardtanh(t, min_val, max_val))
+    x = input._data
+    inside = _const((x > min_val) & (x < max_val))
+    return where(inside, input, _const(xp.clip(x, min_val, max_val)))
+
+
+def relu6(input, inplace=False):
+    """As ``F.relu6``: ``min(max(x, 0), 6)``."""
+    return hardtanh(input, 0.0, 6.0, inplace)
+
+
+def hardsigmoid(input, inplace=False):
+    """As ``F.hardsigmoid``: ``relu6(x + 3) / 6``."""
+    if inplace:
+        return _in_place(input, "hardsigmoid_", hardsigmoid)
+    return hardtanh(input + 3, 0.0, 6.0) / 6
+
+
+def hardswish(input, inplace=False):
+    """As ``F.hardswish``: ``x * relu6(x + 3) / 6``."""
+    if inplace:
+        return _in_place(input, "hardswish_", hardswish)
+    return input * hardsigmoid(input)
+
+
+_SELU_ALPHA = 1.6732632423543772848170429916717
+_SELU_SCALE = 1.0507009873554804934193349852946
+
+
+def selu(input, inplace=False):
+    """As ``F.selu``: ``scale * elu(x, alpha)`` with the self-normalising constants."""
+    if inplace:
+        return _in_place(input, "selu_", selu)
+    return N.elu(input, alpha=_SELU_ALPHA) * _SELU_SCALE
+
+
+def celu(input, alpha=1.0, inplace=False):
+    """As ``F.celu``: ``x`` for ``x > 0``, else ``alpha * (exp(x / alpha) - 1)``."""
+    if alpha == 0:
+        raise RuntimeError("celu: ZeroDivisionError: alpha cannot be 0 for CELU")
+    if inplace:
+        return _in_place(input, "celu_", lambda t: celu(t, alpha))
+    return where(input > 0, input, alpha * expm1(input / alpha))
+
+
+def mish(input, inplace=False):
+    """As ``F.mish``: ``x * tanh(softplus(x))``."""
+    if inplace:
+        return _in_place(input, "mish_", mish)
+    return input * _tanh(N.softplus(input))
+
+
+def softsign(input):
+    """As ``F.softsign``: ``x / (1 + |x|)``."""
+    return input / (1 + _abs(input))
+
+
+def glu(input, dim=-1):
+    """As ``F.glu``: halves ``a, b`` along ``dim``; ``a * sigmoid(b)``."""
+    if input.ndim == 0:
+        raise RuntimeError("glu: glu does not support scalars because halving size must be even")
+    dim = _dim(dim, input.ndim, "glu")
+    if input.shape[dim] % 2:
+        raise RuntimeError(f"glu: Halving dimension must be even, but dimension {dim} is size "
+                           f"{input.shape[dim]}")
+    a, b = input.chunk(2, dim)
+    return a * _sigmoid(b)
 
 
 # --- losses ------------------------------------------------------------------------------
@@ -397,6 +484,49 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
     loss = (1 - target) * input - log_sig
     if weight is not None:
         loss = loss * weight
+    return _reduce(loss, reduction)
+
+
+def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
+    """As ``F.huber_loss``: ``0.5 d**2`` where ``|d| < delta``, else ``delta (|d| - delta/2)``."""
+    reduction = _reduction(None, None, reduction)
+    if delta <= 0:
+        raise RuntimeError(f"huber_loss: huber_loss does not support non-positive values for "
+                           f"delta (got {delta})")
+    _same_size("huber_loss", input, target)
+    d = input - target
+    ad = _abs(d)
+    loss = where(ad < delta, 0.5 * d * d, delta * (ad - 0.5 * delta))
+    if weight is not None:
+        if tuple(weight.shape) != tuple(input.shape):
+            raise ValueError(f"huber_loss: Weights and input must have the same size (weight "
+                             f"{tuple(weight.shape)}, input {tuple(input.shape)})")
+        loss = loss * weight
+    return _reduce(loss, reduction)
+
+
+def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_target=False):
+    """As ``F.kl_div``: ``target * (log(target) - input)`` (input in log space); ``reduction=
+    'batchmean'`` divides by the batch size."""
+    if size_average is not None or reduce is not None:
+        reduction = _reduction(size_average, reduce, reduction)
+    elif reduction == "mean":
+        warnings.warn("kl_div: reduction: 'mean' divides the total loss by both the batch size "
+                      "and the support size. 'batchmean' divides only by the batch size.",
+                      stacklevel=2)
+    elif reduction != "batchmean":
+        reduction = _reduction(None, None, reduction)
+    if log_target:
+        loss = exp(target) * (target - input)
+    else:
+        t = target._data
+        tlogt = _const(xp.where(t == 0, 0, t * xp.log(xp.where(t > 0, t, 1))).astype(t.dtype)) \
+            if not target.requires_grad else where(target == 0, 0.0, target * log(
+                where(target > 0, target, 1.0)))
+        loss = tlogt - target * input
+    if reduction == "batchmean":
+        total = _reduce(loss, "sum")
+        return total / input.shape[0] if input.ndim else total
     return _reduce(loss, reduction)
 
 
@@ -926,4 +1056,7 @@ __all__ = ["linear", "relu", "leaky_relu", "gelu", "silu", "tanh", "sigmoid", "s
            "binary_cross_entropy_with_logits", "embedding", "layer_norm", "rms_norm",
            "batch_norm", "group_norm", "conv1d", "conv2d", "conv_transpose2d", "max_pool2d",
            "max_pool2d_with_indices", "avg_pool2d", "adaptive_avg_pool2d",
-           "scaled_dot_product_attention", "one_hot", "pad", "normalize", "cosine_similarity"]
+           "scaled_dot_product_attention", "one_hot", "pad", "normalize", "cosine_similarity",
+           # beyond API.md
+           "logsigmoid", "softmin", "hardtanh", "relu6", "hardsigmoid", "hardswish", "selu",
+           "celu", "mish", "softsign", "glu", "huber_loss", "kl_div"]

@@ -17,10 +17,6 @@ from tapegrad.ops.linalg import matmul
 _sliding = xp.lib.stride_tricks.sliding_window_view
 
 
-def _erf(a):
-    return erf(a)  # the registered op's forward, on arrays
-
-
 def _keep(g, shape, dims):
     """``g`` (reduced over ``dims`` without keepdim) reshaped so it broadcasts against shape."""
     return reshape(g, shape=tuple(1 if i in dims else n for i, n in enumerate(shape)))
@@ -65,7 +61,7 @@ def gelu(x, approximate="none"):
     """Exact ``x * Phi(x)`` or the tanh approximation, as ``torch.nn.functional.gelu``."""
     if approximate == "tanh":
         return 0.5 * x * (1 + xp.tanh(_GELU_BETA * (x + _GELU_KAPPA * x * x * x)))
-    return x * 0.5 * (1 + _erf(x * _SQRT1_2))
+    return x * 0.5 * (1 + erf(x * _SQRT1_2))
 
 
 @gelu.grad
@@ -92,7 +88,7 @@ def gelu_backward(g, x, approximate="none"):
         right = 1 + t
         dright = left * (1 - t * t) * _GELU_BETA * (1 + 3 * _GELU_KAPPA * x * x)
         return g * (0.5 * right + dright)
-    cdf = 0.5 * (1 + _erf(x * _SQRT1_2))
+    cdf = 0.5 * (1 + erf(x * _SQRT1_2))
     pdf = xp.exp(-0.5 * x * x) * _INV_SQRT_2PI
     return g * (cdf + x * pdf)
 
