@@ -28,15 +28,15 @@ def _numerical(fn, inputs, diff, eps):
         base = [o._data.copy() for o in _flat_outputs(fn(*inputs))]
     jac = [[xp.zeros((o.size, inputs[i]._data.size)) for i in diff] for o in base]
     for k, i in enumerate(diff):
-        flat = inputs[i]._data.reshape(-1)  # a view: nudging it nudges the input
-        for j in range(flat.size):
-            orig = flat[j]
+        data = inputs[i]._data  # nudged in place, element by element, whatever its layout
+        for j, idx in enumerate(xp.ndindex(data.shape)):
+            orig = data[idx]
             with no_grad():
-                flat[j] = orig + eps
+                data[idx] = orig + eps
                 plus = [o._data.astype(xp.float64) for o in _flat_outputs(fn(*inputs))]
-                flat[j] = orig - eps
+                data[idx] = orig - eps
                 minus = [o._data.astype(xp.float64) for o in _flat_outputs(fn(*inputs))]
-            flat[j] = orig
+            data[idx] = orig
             for m, (p, q) in enumerate(zip(plus, minus)):
                 jac[m][k][:, j] = ((p - q) / (2 * eps)).reshape(-1)
     return jac
