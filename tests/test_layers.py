@@ -133,7 +133,9 @@ def test_conv1d(kwargs):
 
 @pytest.mark.parametrize("kwargs", [
     dict(), dict(stride=2, padding=1), dict(kernel_size=(2, 3), stride=(1, 2), padding=(1, 0)),
-    dict(dilation=2, bias=False), dict(groups=2, padding=1), dict(padding="same")])
+    dict(dilation=2, bias=False), dict(groups=2, padding=1), dict(padding="same"),
+    dict(kernel_size=(2, 4), padding="same")])
+@pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel")
 def test_conv2d(kwargs):
     kwargs = {"kernel_size": 3, **kwargs}
     check(lambda nn: nn.Conv2d(4, 6, **kwargs), [randn(2, 4, 6, 7)])
@@ -144,6 +146,7 @@ def test_conv_padding_modes(mode):
     check(lambda nn: nn.Conv2d(2, 3, 3, padding=1, padding_mode=mode), [randn(1, 2, 5, 6)])
     check(lambda nn: nn.Conv1d(2, 3, 3, padding=2, dilation=2, padding_mode=mode),
           [randn(1, 2, 7)])
+    check(lambda nn: nn.Conv1d(2, 3, 3, padding="same", padding_mode=mode), [randn(1, 2, 7)])
 
 
 def test_conv2d_unbatched():
