@@ -151,9 +151,10 @@ class RNNBase(Module):
         return tapegrad.zeros(self._hidden_shape(input, size), dtype=input.dtype)
 
     # --- the computation --------------------------------------------------------------
-    def _cell(self, xw, h, c, w_hh, b_hh, w_hr):
-        """One time step: ``xw`` is the input's projection (bias included)."""
-        hw = h @ w_hh.T
+    def _cell(self, xw, h, c, w_hh_t, b_hh, w_hr_t):
+        """One time step: ``xw`` is the input's projection (bias included); the hidden and
+        projection weights come transposed (hoisted out of the time loop)."""
+        hw = h @ w_hh_t
         if b_hh is not None:
             hw = hw + b_hh
         if self.mode == "RNN_TANH":
@@ -168,7 +169,7 @@ class RNNBase(Module):
             g = gates[:, 2 * H:3 * H].tanh()
             c = f * c + i * g
             h = o * c.tanh()
-            return (h if w_hr is None else h @ w_hr.T), c
+            return (h if w_hr_t is None else h @ w_hr_t), c
         rz = (hw[:, 0:2 * H] + xw[:, 0:2 * H]).sigmoid()
         r, z = rz[:, 0:H], rz[:, H:2 * H]
         n = (xw[:, 2 * H:3 * H] + hw[:, 2 * H:3 * H] * r).tanh()
@@ -190,9 +191,9 @@ class RNNBase(Module):
             for direction in range(num_directions):
                 index = layer * num_directions + direction
                 w = list(weights[index])
-                w_ih, w_hh = w[0], w[1]
+                w_ih, w_hh_t = w[0], w[1].T
                 b_ih, b_hh = (w[2], w[3]) if self.bias else (None, None)
-                w_hr = w[-1] if self.proj_size > 0 else None
+                w_hr_t = w[-1].T if self.proj_size > 0 else None
                 xw = layer_input @ w_ih.T
                 if b_ih is not None:
                     xw = xw + b_ih
@@ -201,7 +202,7 @@ class RNNBase(Module):
                 seq = [None] * steps
                 order = range(steps) if direction == 0 else range(steps - 1, -1, -1)
                 for t in order:
-                    h, c = self._cell(xw[t], h, c, w_hh, b_hh, w_hr)
+                    h, c = self._cell(xw[t], h, c, w_hh_t, b_hh, w_hr_t)
                     seq[t] = h
                 outputs.append(tapegrad.stack(seq))
                 h_n.append(h)
