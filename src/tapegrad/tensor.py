@@ -1,4 +1,5 @@
 """Tensor: a backend array, its grad and the Node that made it. Operators delegate to ops."""
+import math
 import sys
 import weakref
 
@@ -790,57 +791,112 @@ def _inplace(t, name, fn, args, kwargs):
     return t
 
 
-# --- printing, as PyTorch's _tensor_str ---------------------------------------------------
-def _float_formatter(arr):
-    finite = arr[xp.isfinite(arr)]
-    nonzero = xp.abs(finite[finite != 0])
-    sci = False
-    if nonzero.size:
-        lo, hi = float(nonzero.min()), float(nonzero.max())
-        sci = hi / lo > 1000.0 or hi > 1e8
-    if finite.size and (finite == xp.ceil(finite)).all():
-        fmt = "{:.4e}" if sci else "{:.0f}."
+# --- printing: PyTorch's _tensor_str rules (precision 4, threshold 1000, 3 edge items) -------
+_PRECISION, _THRESHOLD, _EDGE, _LINEWIDTH = 4, 1000, 3, 80
+
+
+class _Formatter:
+    """One width and style (int, fixed or scientific) for all the elements printed."""
+
+    def __init__(self, values, floating):
+        self.floating, self.int_mode, self.sci_mode, self.width = floating, True, False, 1
+        if not floating:
+            self.width = max((len(str(v)) for v in values), default=1)
+            return
+        nonzero = [v for v in values if v != 0 and math.isfinite(v)]
+        if not nonzero:
+            return
+        lo, hi = min(abs(v) for v in nonzero), max(abs(v) for v in nonzero)
+        self.int_mode = all(v == math.ceil(v) for v in nonzero)
+        self.sci_mode = hi / lo > 1000.0 or hi > 1.0e8 or lo < 1.0e-4
+        if self.sci_mode:
+            self.width = max(len(f"{v:.{_PRECISION}e}") for v in nonzero)
+        elif self.int_mode:
+            self.width = max(len(f"{v:.0f}") + 1 for v in nonzero)
+        else:
+            self.width = max(len(f"{v:.{_PRECISION}f}") for v in nonzero)
+
+    def format(self, v):
+        if not self.floating:
+            s = str(v)
+        elif self.sci_mode:
+            s = f"{v:{self.width}.{_PRECISION}e}"
+        elif self.int_mode:
+            s = f"{v:.0f}" + ("" if math.isinf(v) or math.isnan(v) else ".")
+        else:
+            s = f"{v:.{_PRECISION}f}"
+        return (self.width - len(s)) * " " + s
+
+
+def _summarized(a):
+    if a.ndim == 0:
+        return a
+    if a.ndim == 1:
+        return xp.concatenate((a[:_EDGE], a[-_EDGE:])) if a.shape[0] > 2 * _EDGE else a
+    rows = list(range(_EDGE)) + list(range(len(a) - _EDGE, len(a))) \
+        if a.shape[0] > 2 * _EDGE else range(a.shape[0])
+    return xp.stack([_summarized(a[i]) for i in rows])
+
+
+def _vector_str(a, indent, summarize, fmt):
+    per_line = max(1, math.floor((_LINEWIDTH - indent) / (fmt.width + 2)))
+    if summarize and a.shape[0] > 2 * _EDGE:
+        data = [fmt.format(v) for v in a[:_EDGE].tolist()] + [" ..."] + \
+            [fmt.format(v) for v in a[-_EDGE:].tolist()]
     else:
-        if nonzero.size and float(nonzero.min()) < 1e-4:
-            sci = True
-        fmt = "{:.4e}" if sci else "{:.4f}"
+        data = [fmt.format(v) for v in a.tolist()]
+    lines = [", ".join(data[i:i + per_line]) for i in range(0, len(data), per_line)]
+    return "[" + (",\n" + " " * (indent + 1)).join(lines) + "]"
 
-    def one(v):
-        v = float(v)
-        return ("nan" if v != v else ("inf" if v > 0 else "-inf")) if not xp.isfinite(v) \
-            else fmt.format(v)
 
-    width = max((len(one(v)) for v in finite.flat), default=1)
-    width = max(width, *(len(one(v)) for v in arr[~xp.isfinite(arr)].flat)) \
-        if (~xp.isfinite(arr)).any() else width
-    return lambda v: one(v).rjust(width)
+def _nested_str(a, indent, summarize, fmt):
+    if a.ndim == 0:
+        return fmt.format(a.item())
+    if a.ndim == 1:
+        return _vector_str(a, indent, summarize, fmt)
+    if summarize and a.shape[0] > 2 * _EDGE:
+        parts = [_nested_str(a[i], indent + 1, summarize, fmt) for i in range(_EDGE)] + \
+            ["..."] + [_nested_str(a[i], indent + 1, summarize, fmt)
+                       for i in range(len(a) - _EDGE, len(a))]
+    else:
+        parts = [_nested_str(a[i], indent + 1, summarize, fmt) for i in range(a.shape[0])]
+    return "[" + ("," + "\n" * (a.ndim - 1) + " " * (indent + 1)).join(parts) + "]"
 
 
 def _repr(t):
-    data = t._data
-    suffix = []
-    if data.size == 0 and data.ndim != 1:
+    data, prefix = t._data, "tensor("
+    indent = len(prefix)
+    suffixes = []
+    default = data.dtype == dtypes.get_default_dtype().np
+    if data.size == 0:
         body = "[]"
-        suffix.append(f"size={tuple(data.shape)}")
-    elif data.dtype in _FLOAT_NP:
-        shown = data.astype(xp.float64)
-        summary = shown
-        if shown.size > 1000:  # format only what is printed, as PyTorch does
-            summary = xp.concatenate([shown.reshape(-1)[:3], shown.reshape(-1)[-3:]])
-        body = xp.array2string(shown, separator=", ", prefix="tensor(", max_line_width=80,
-                               formatter={"float_kind": _float_formatter(summary)},
-                               threshold=1000, edgeitems=3)
+        if data.ndim != 1:
+            suffixes.append(f"size={tuple(data.shape)}")
+        if not default:
+            suffixes.append(f"dtype={t.dtype}")
     else:
-        body = xp.array2string(data, separator=", ", prefix="tensor(", max_line_width=80,
-                               threshold=1000, edgeitems=3)
-    default = (dtypes.get_default_dtype().np, xp.int64, xp.bool_)
-    if data.dtype not in default or (data.size == 0 and data.dtype != default[0]):
-        suffix.append(f"dtype={t.dtype}")
+        floating = data.dtype in _FLOAT_NP
+        shown = data.astype(xp.float64) if floating else data
+        summarize = data.size > _THRESHOLD
+        sample = _summarized(shown) if summarize else shown
+        fmt = _Formatter(sample.reshape(-1).tolist(), floating)
+        body = _nested_str(shown, indent, summarize, fmt)
+        if not (default or data.dtype in (xp.int64, xp.bool_)):
+            suffixes.append(f"dtype={t.dtype}")
     if t.grad_fn is not None:
-        suffix.append(f"grad_fn=<{t.grad_fn.name()}>")
+        suffixes.append(f"grad_fn=<{t.grad_fn.name()}>")
     elif t._requires_grad:
-        suffix.append("requires_grad=True")
-    return "tensor(" + body + "".join(", " + s for s in suffix) + ")"
+        suffixes.append("requires_grad=True")
+    out = prefix + body
+    last = len(out) - out.rfind("\n") + 1
+    for sfx in suffixes:
+        if last + len(sfx) + 2 > _LINEWIDTH:
+            out += ",\n" + " " * indent + sfx
+            last = indent + len(sfx)
+        else:
+            out += ", " + sfx
+            last += len(sfx) + 2
+    return out + ")"
 
 
 def _to_array(data, dtype):
