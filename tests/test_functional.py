@@ -378,6 +378,9 @@ def test_conv_transpose2d():
              )
     check(lambda T, x, w: F(T).conv_transpose2d(x, w, groups=2, dilation=2), [
         (1, 2, 2, 3), (2, 1, 2, 2)])
+    # output_padding past the stride (allowed below the dilation): the adjoint crops
+    check(lambda T, x, w: F(T).conv_transpose2d(x, w, dilation=3, output_padding=(2, 1)), [
+        (1, 2, 2, 2), (2, 1, 2, 2)])
 
 
 def test_conv_errors():
@@ -545,7 +548,8 @@ def test_linear_layer_norm_sdpa_errors():
         TF.embedding(tapegrad.tensor([0, 5]), tapegrad.randn(5, 2))
     with pytest.raises(RuntimeError, match=r"batch_norm: running_mean should contain 3"):
         TF.batch_norm(tapegrad.randn(2, 3), tapegrad.zeros(4), tapegrad.ones(3))
-    with pytest.raises(RuntimeError, match=r"conv_transpose2d: .*output padding must be smaller"):
+    with pytest.raises(RuntimeError, match=r"conv_transpose2d: .*output padding must be smaller"
+                                           r" than either stride or dilation"):
         TF.conv_transpose2d(tapegrad.randn(1, 2, 3, 3), tapegrad.randn(2, 1, 3, 3),
                             output_padding=1)
     with pytest.raises(RuntimeError, match=r"gelu: approximate"):

@@ -789,10 +789,11 @@ def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_paddi
     if cin % groups:
         raise RuntimeError(f"{name}: Given groups={groups}, expected weight to be divisible by "
                            f"{groups} at dimension 0, but got weight of size {_shape(weight)}")
-    for op_, s in zip(output_padding, stride):
-        if op_ >= s:
-            raise RuntimeError(f"{name}: output padding must be smaller than stride, but got "
-                               f"output_padding={list(output_padding)}, stride={list(stride)}")
+    for op_, s, d in zip(output_padding, stride, dilation):
+        if op_ >= max(s, d) or op_ < 0:
+            raise RuntimeError(f"{name}: output padding must be smaller than either stride or "
+                               f"dilation, but got output_padding={list(output_padding)}, "
+                               f"stride={list(stride)}, dilation={list(dilation)}")
     if bias is not None and tuple(bias.shape) != (cog * groups,):
         raise RuntimeError(f"{name}: expected bias of shape ({cog * groups},), got "
                            f"{_shape(bias)}")

@@ -323,8 +323,9 @@ def _patches(x, kernel, stride, padding, dilation, fill=0):
     return win[:, :, ::sh, ::sw, ::dh, ::dw]
 
 
-def _columns(x, kernel, stride, padding, dilation, groups):
-    """im2col, channels last: (N*OH*OW, G, C/G*KH*KW) and the output size.
+def _columns(x, kernel, stride, padding, dilation, groups, out_size=None):
+    """im2col, channels last: (N*OH*OW, G, C/G*KH*KW) and the output size (the leading
+    ``out_size`` windows when given).
 
     The input is copied once into a zero-padded (N, H, W, C) buffer; the patch copy then reads
     runs of contiguous memory (4x faster than gathering patches from NCHW).
@@ -336,6 +337,8 @@ def _columns(x, kernel, stride, padding, dilation, groups):
     (kh, kw), (dh, dw), (sh, sw) = kernel, dilation, stride
     win = _sliding(buf, ((kh - 1) * dh + 1, (kw - 1) * dw + 1), axis=(1, 2))
     win = win[:, ::sh, ::sw, :, ::dh, ::dw]  # (N, OH, OW, C, KH, KW)
+    if out_size is not None:
+        win = win[:, :out_size[0], :out_size[1]]
     oh, ow = win.shape[1:3]
     return win.reshape(n * oh * ow, groups, -1), (oh, ow)
 
@@ -360,11 +363,14 @@ def _grouped(a, groups):
 
 
 @op(flops=2, needs=True, fused=True)
-def conv2d(x, w, stride, padding, dilation, groups):
-    """Cross-correlation of (N, C, H, W) with (O, C/groups, KH, KW) as ``F.conv2d``."""
+def conv2d(x, w, stride, padding, dilation, groups, out_size=None):
+    """Cross-correlation of (N, C, H, W) with (O, C/groups, KH, KW) as ``F.conv2d``.
+
+    ``out_size`` keeps only the leading output rows/columns (the adjoint of a
+    conv_transpose2d whose output_padding reaches past the last stride)."""
     n = x.shape[0]
     o = w.shape[0]
-    cols, (oh, ow) = _columns(x, w.shape[2:], stride, padding, dilation, groups)
+    cols, (oh, ow) = _columns(x, w.shape[2:], stride, padding, dilation, groups, out_size)
     wmat = w.reshape(groups, o // groups, -1).transpose(0, 2, 1)  # (G, K, O/G)
     out = xp.matmul(_grouped(cols, groups), wmat[0] if groups == 1 else wmat)
     if groups > 1:
@@ -373,7 +379,7 @@ def conv2d(x, w, stride, padding, dilation, groups):
 
 
 @conv2d.grad
-def _(g, out, x, w, stride, padding, dilation, groups, needs=(True, True)):
+def _(g, out, x, w, stride, padding, dilation, groups, out_size=None, needs=(True, True)):
     p = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
     gx = conv2d_input(g, w, size=x.shape[2:], **p) if needs[0] else None
     gw = conv2d_weight(x, g, kernel=w.shape[2:], **p) if needs[1] else None
@@ -398,7 +404,7 @@ def conv2d_input(g, w, size, stride, padding, dilation, groups):
 @conv2d_input.grad
 def _(gg, out, g, w, size, stride, padding, dilation, groups, needs=(True, True)):
     p = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
-    dg = conv2d(gg, w, **p) if needs[0] else None
+    dg = conv2d(gg, w, out_size=g.shape[2:], **p) if needs[0] else None
     dw = conv2d_weight(gg, g, kernel=w.shape[2:], **p) if needs[1] else None
     return dg, dw
 
@@ -408,7 +414,7 @@ def conv2d_weight(x, g, kernel, stride, padding, dilation, groups):
     """conv2d's gradient for its weight: patches of ``x`` contracted with ``g``."""
     o = g.shape[1]
     og = o // groups
-    cols, _ = _columns(x, kernel, stride, padding, dilation, groups)  # (N*P, G, K)
+    cols, _ = _columns(x, kernel, stride, padding, dilation, groups, g.shape[2:])  # (N*P, G, K)
     gmat = g.transpose(1, 0, 2, 3).reshape(groups, og, -1)  # (G, O/G, N*P)
     gw = xp.matmul(gmat, cols[:, 0] if groups == 1 else cols.transpose(1, 0, 2))
     return gw.reshape(o, x.shape[1] // groups, *kernel)
@@ -418,7 +424,7 @@ def conv2d_weight(x, g, kernel, stride, padding, dilation, groups):
 def _(gg, out, x, g, kernel, stride, padding, dilation, groups, needs=(True, True)):
     p = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
     dx = conv2d_input(g, gg, size=x.shape[2:], **p) if needs[0] else None
-    dg = conv2d(x, gg, **p) if needs[1] else None
+    dg = conv2d(x, gg, out_size=g.shape[2:], **p) if needs[1] else None
     return dx, dg
 
 
