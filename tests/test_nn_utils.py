@@ -121,3 +121,28 @@ def test_parameters_to_vector_and_back():
         tnn.utils.vector_to_parameters(new, tg.parameters())
     with pytest.raises(RuntimeError, match="11 elements"):
         tnn.utils.vector_to_parameters(tapegrad.zeros(5), tg.parameters())
+
+
+def test_training_loop_with_clipping_tracks_torch():
+    """Module + loss + clip_grad_norm_ + an optimizer: five steps stay on PyTorch's path."""
+
+    def build(nn):
+        return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
+
+    th, tg = build(torch.nn).double(), build(tnn).double()
+    tg.load_state_dict({k: tapegrad.tensor(v.numpy()) for k, v in th.state_dict().items()})
+    opt_th = torch.optim.Adam(th.parameters(), lr=0.01)
+    opt_tg = tapegrad.optim.Adam(tg.parameters(), lr=0.01)
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((16, 4)), rng.integers(0, 3, 16)
+    for _ in range(5):
+        norms = []
+        for model, opt, lib in ((th, opt_th, torch), (tg, opt_tg, tapegrad)):
+            opt.zero_grad()
+            loss = lib.nn.CrossEntropyLoss()(model(lib.tensor(x)), lib.tensor(y))
+            loss.backward()
+            norms.append(lib.nn.utils.clip_grad_norm_(model.parameters(), 0.5))
+            opt.step()
+        assert_close(norms[1], norms[0])
+    for (name, a), (_, b) in zip(tg.state_dict().items(), th.state_dict().items()):
+        assert_close(a, b, what=name)
