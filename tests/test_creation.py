@@ -216,6 +216,22 @@ def test_item_tolist_is_floating_point():
         tapegrad.ones(2).item()
 
 
+def _rng_array(shape, scale=1.0):
+    return np.random.default_rng(0).standard_normal(shape) * scale
+
+
+@pytest.mark.parametrize("array", [
+    _rng_array((3, 12)), _rng_array((2, 2, 3), 1000), _rng_array(2000), _rng_array((40, 40)),
+    _rng_array((5, 300)), _rng_array((2, 50, 3)), _rng_array(12, 1e-6),
+    np.arange(30.0).reshape(3, 10) * 1e6, np.array([0.0, np.nan, np.inf, -1.0]),
+    np.random.default_rng(1).integers(0, 100000, (3, 30)),
+], ids=lambda a: f"{a.dtype}{a.shape}")
+def test_repr_layout_matches_torch(array):
+    """Line wrapping, summarisation (``...``) and number style as PyTorch's printer."""
+    assert repr(tapegrad.tensor(array)).replace("tapegrad.", "torch.") == \
+        repr(torch.tensor(array))
+
+
 @pytest.mark.parametrize("make", [
     lambda T: T.tensor([1.0, 2.0]),
     lambda T: T.tensor([1.5, -2.25, 3.125]),
@@ -236,22 +252,6 @@ def test_item_tolist_is_floating_point():
     lambda T: T.arange(12.0).reshape(3, 4),
     lambda T: T.tensor([0.1, 123.4567]),
 ])
-def _rng_array(shape, scale=1.0):
-    return np.random.default_rng(0).standard_normal(shape) * scale
-
-
-@pytest.mark.parametrize("array", [
-    _rng_array((3, 12)), _rng_array((2, 2, 3), 1000), _rng_array(2000), _rng_array((40, 40)),
-    _rng_array((5, 300)), _rng_array((2, 50, 3)), _rng_array(12, 1e-6),
-    np.arange(30.0).reshape(3, 10) * 1e6, np.array([0.0, np.nan, np.inf, -1.0]),
-    np.random.default_rng(1).integers(0, 100000, (3, 30)),
-], ids=lambda a: f"{a.dtype}{a.shape}")
-def test_repr_layout_matches_torch(array):
-    """Line wrapping, summarisation (``...``) and number style as PyTorch's printer."""
-    assert repr(tapegrad.tensor(array)).replace("tapegrad.", "torch.") == \
-        repr(torch.tensor(array))
-
-
 def test_repr_matches_torch(make):
     ours = repr(make(tapegrad)).replace("tapegrad.", "torch.")
     theirs = repr(make(torch))
