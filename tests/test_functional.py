@@ -535,6 +535,8 @@ def test_pad_is_reexported():
 def test_linear_layer_norm_sdpa_errors():
     with pytest.raises(RuntimeError, match=r"linear: .*\(2, 3\).*\(4, 5\)"):
         TF.linear(tapegrad.randn(2, 3), tapegrad.randn(5, 4))
+    with pytest.raises(RuntimeError, match=r"linear: .*same dtype.*float32.*float64"):
+        TF.linear(tapegrad.randn(2, 3), tapegrad.randn(5, 3, dtype=tapegrad.float64))
     with pytest.raises(RuntimeError, match=r"layer_norm: .*normalized_shape=\[4\].*\[3, 5\]"):
         TF.layer_norm(tapegrad.randn(3, 5), (4,))
     with pytest.raises(RuntimeError, match=r"scaled_dot_product_attention: .*\[2, 3, 4\].*"

@@ -66,6 +66,10 @@ def linear(input, weight, bias=None):
             f"linear: mat1 and mat2 shapes cannot be multiplied (input {tuple(input.shape)} "
             f"and weight.T {tuple(weight.shape[::-1])}: {input.shape[-1] if input.ndim else 0}"
             f" != {weight.shape[1]})")
+    for what, t in (("weight", weight), ("bias", bias)):
+        if t is not None and t._data.dtype != input._data.dtype:
+            raise RuntimeError(f"linear: expected input and {what} to have the same dtype, but "
+                               f"got {input.dtype} and {t.dtype}")
     if bias is not None and tuple(bias.shape) not in ((weight.shape[0],), ()):
         raise RuntimeError(f"linear: bias of shape {tuple(bias.shape)} does not match "
                            f"out_features {weight.shape[0]}")
