@@ -251,7 +251,8 @@ def test_training_step_leaves_no_reference_cycles():
         h2.retain_grad()
         loss = (h2.exp() - h).sum()
         refs = [weakref.ref(h), weakref.ref(h2), weakref.ref(loss), weakref.ref(h.grad_fn),
-                weakref.ref(h2.grad_fn), weakref.ref(loss.grad_fn)]
+                weakref.ref(h2.grad_fn), weakref.ref(loss.grad_fn), weakref.ref(h._data),
+                weakref.ref(h2._data)]
         loss.backward()
         with tapegrad.no_grad():
             w.add_(w.grad, alpha=-0.1)
