@@ -437,9 +437,9 @@ def test_multihead_attention_masks(need_weights):
     check(make, [q, kv, padding], call=_mha_call(need_weights, masks=["key_padding_mask"],
                                                  cross=True))
     with pytest.warns(UserWarning, match="mismatched key_padding_mask"):
-        tnn.MultiheadAttention(6, 2)(*[tapegrad.tensor(a) for a in (q, kv, kv)],
-                                     key_padding_mask=tapegrad.tensor(padding),
-                                     attn_mask=tapegrad.tensor(float_mask))
+        mha = tnn.MultiheadAttention(6, 2).double()
+        mha(*[tapegrad.tensor(a) for a in (q, kv, kv)], key_padding_mask=tapegrad.tensor(padding),
+            attn_mask=tapegrad.tensor(float_mask))
     check(make, [q, kv, padding.astype(np.float64) * -1e9, float_mask],
           call=_mha_call(need_weights, masks=["key_padding_mask", "attn_mask"], cross=True))
     check(make, [q, kv, causal], call=_mha_call(need_weights, masks=["attn_mask"],
