@@ -68,6 +68,14 @@ def test_arange_matches_torch(args):
     same(tapegrad.arange(*args, dtype=tapegrad.float64), torch.arange(*args, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("args", [(0, 5, 1.5), (0.5, 4), (-2.5, 3, 1), (10, 0, -3),
+                                  (7, -3, -2.5), (0, 7, 2)])
+@pytest.mark.parametrize("dtype", ["int64", "int32"])
+def test_arange_integer_dtype_with_float_bounds(args, dtype):
+    same(tapegrad.arange(*args, dtype=getattr(tapegrad, dtype)),
+         torch.arange(*args, dtype=getattr(torch, dtype)))
+
+
 def test_arange_errors_and_dtype():
     same(tapegrad.arange(5, dtype=tapegrad.float32), torch.arange(5, dtype=torch.float32))
     same(tapegrad.arange(tapegrad.tensor(4)), torch.arange(torch.tensor(4)))

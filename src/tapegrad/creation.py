@@ -207,16 +207,25 @@ def arange(start=0, end=None, step=1, *, dtype=None, device=None, requires_grad=
     if (end - start) * step < 0:
         raise RuntimeError(f"arange: upper bound and larger bound inconsistent with step sign "
                            f"(start={start}, end={end}, step={step})")
-    is_float = any(isinstance(v, float) for v in (start, end, step))
     if dtype is None:
+        is_float = any(isinstance(v, float) for v in (start, end, step))
         d = dtypes.get_default_dtype() if is_float else dtypes.int64
     else:
         d = dtypes.to_dtype(dtype)
-    if is_float or d.category == dtypes.FLOAT:
+    if d.category == dtypes.FLOAT:
         n = math.ceil((float(end) - float(start)) / float(step))
         values = float(start) + float(step) * xp.arange(n, dtype=xp.float64)
-    else:
-        values = xp.arange(start, end, step, dtype=xp.int64)
+    else:  # PyTorch converts the bounds to the integer type first (truncating)
+        first, last, stride = int(start), int(end), int(step)
+        if stride == 0:
+            raise RuntimeError(f"arange: step {step} truncates to 0 for dtype {d}")
+        if d is dtypes.int64:
+            sign = (stride > 0) - (stride < 0)
+            num = last - first + stride - sign
+            n = abs(num) // abs(stride) * (1 if (num >= 0) == (stride > 0) else -1)
+        else:
+            n = math.ceil((float(end) - float(start)) / float(step))
+        values = first + stride * xp.arange(max(n, 0), dtype=xp.int64)
     return finish(values.astype(d.np, copy=False), requires_grad, "arange")
 
 
