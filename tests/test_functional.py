@@ -666,3 +666,34 @@ def test_huber_and_kl_div(reduction):
     check(lambda T, x, t: F(T).kl_div(x, t, reduction=red), [logp, p + 0.1])
     check(lambda T, x, t: F(T).kl_div(x, t.log(), reduction=red, log_target=True),
           [logp, p + 0.1])
+
+
+def test_unfold_fold():
+    check(lambda T, x: F(T).unfold(x, (2, 3), padding=1, stride=(2, 1)), [(2, 2, 4, 5)])
+    check(lambda T, x: F(T).unfold(x, 2, dilation=2), [(2, 5, 5)])
+    check(lambda T, c: F(T).fold(c, (4, 5), (2, 3), padding=1, stride=(2, 1)), [(2, 12, 15)])
+    with pytest.raises(RuntimeError, match="fold: .*sliding blocks"):
+        TF.fold(tapegrad.randn(1, 12, 14), (4, 5), (2, 3), padding=1, stride=(2, 1))
+
+
+def test_pixel_shuffle_and_pairwise_distance():
+    check(lambda T, x: F(T).pixel_shuffle(x, 2), [(1, 8, 2, 3)])
+    check(lambda T, x: F(T).pixel_unshuffle(x, 2), [(2, 4, 6)])
+    check(lambda T, a, b: F(T).pairwise_distance(a, b), [(3, 4), (3, 4)])
+    check(lambda T, a, b: F(T).pairwise_distance(a, b, p=1.0, keepdim=True), [(3, 4), (4,)])
+
+
+@pytest.mark.parametrize("name,shape", [("dropout1d", (4, 30, 5)), ("dropout2d", (4, 30, 2, 3)),
+                                        ("dropout3d", (30, 2, 2, 2))])
+def test_channel_dropout(name, shape):
+    tapegrad.manual_seed(1)
+    x = tapegrad.tensor(np.ones(shape), requires_grad=True)
+    y = getattr(TF, name)(x, p=0.4)
+    v = y.numpy(force=True)
+    per_channel = v.reshape(v.shape[:2] + (-1,)) if name != "dropout3d" else v.reshape(
+        v.shape[0], 1, -1)
+    assert (per_channel == per_channel[..., :1]).all()  # a channel is kept or dropped whole
+    assert set(np.unique(v)) == {0.0, 1 / 0.6}
+    y.sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), v)
+    assert getattr(TF, name)(x, 0.4, training=False) is x

@@ -13,7 +13,7 @@ from tapegrad.ops import nn as N
 from tapegrad.ops.elementwise import relu as _relu, tanh as _tanh, sigmoid as _sigmoid
 from tapegrad.ops.elementwise import where, sqrt, to_dtype, exp, log, expm1
 from tapegrad.ops.linalg import matmul
-from tapegrad.ops.movement import reshape_op, broadcast_to, pad  # noqa: F401 (F.pad)
+from tapegrad.ops.movement import reshape_op, permute_op, broadcast_to, pad  # noqa: F401
 from tapegrad.ops.reduce import sum_op
 from tapegrad.tensor import Tensor
 
@@ -264,6 +264,47 @@ def glu(input, dim=-1):
                            f"{input.shape[dim]}")
     a, b = input.chunk(2, dim)
     return a * _sigmoid(b)
+
+
+def _feature_dropout(name, input, p, training, inplace, batched):
+    if p < 0.0 or p > 1.0:
+        raise ValueError(f"{name}: dropout probability has to be between 0 and 1, but got {p}")
+    if not training or p == 0.0:
+        return input
+    if inplace:
+        return _in_place(input, name + "_", lambda t: _feature_dropout(name, t, p, training,
+                                                                       False, batched))
+    lead = 2 if batched else 1
+    shape = tuple(input.shape[:lead]) + (1,) * (input.ndim - lead)
+    dt = input._data.dtype
+    mask = xp.zeros(shape, dt) if p == 1.0 else _keep_mask(shape, 1.0 - p, dt)
+    return input * _const(mask)
+
+
+def dropout1d(input, p=0.5, training=True, inplace=False):
+    """As ``F.dropout1d``: zero whole channels of (N, C, L) or (C, L) with probability p."""
+    if input.ndim not in (2, 3):
+        raise RuntimeError(f"dropout1d: Expected 2D or 3D input, but received a {input.ndim}D "
+                           "input.")
+    return _feature_dropout("dropout1d", input, p, training, inplace, input.ndim == 3)
+
+
+def dropout2d(input, p=0.5, training=True, inplace=False):
+    """As ``F.dropout2d``: zero whole channels of (N, C, H, W) with probability p (a 3-D input
+    is taken as (N, C, L), as PyTorch still does)."""
+    if input.ndim not in (3, 4):
+        warnings.warn(f"dropout2d: Received a {input.ndim}-D input to dropout2d, which is "
+                      "deprecated and will result in an error in a future release.",
+                      stacklevel=2)
+    return _feature_dropout("dropout2d", input, p, training, inplace, input.ndim >= 2)
+
+
+def dropout3d(input, p=0.5, training=True, inplace=False):
+    """As ``F.dropout3d``: zero whole channels of (N, C, D, H, W) or (C, D, H, W)."""
+    if input.ndim not in (4, 5):
+        raise RuntimeError(f"dropout3d: Expected 4D or 5D input, but received a {input.ndim}D "
+                           "input.")
+    return _feature_dropout("dropout3d", input, p, training, inplace, input.ndim == 5)
 
 
 # --- losses ------------------------------------------------------------------------------
@@ -912,6 +953,92 @@ def adaptive_avg_pool2d(input, output_size):
     return matmul(matmul(_const(rows), input), _const(xp.ascontiguousarray(cols)))
 
 
+def _identity_kernel(c, kernel, dtype):
+    """(C*KH*KW, 1, KH, KW): channel c, offset k picks exactly pixel k of channel c's patch."""
+    k = kernel[0] * kernel[1]
+    eye = xp.eye(k, dtype=dtype).reshape(k, 1, kernel[0], kernel[1])
+    return xp.ascontiguousarray(xp.broadcast_to(eye, (c, k, 1) + tuple(kernel)).reshape(
+        c * k, 1, *kernel))
+
+
+def unfold(input, kernel_size, dilation=1, padding=0, stride=1):
+    """As ``F.unfold`` (im2col): (N, C, H, W) to (N, C*KH*KW, L); a grouped conv2d with an
+    identity kernel, so gradients of every order come from conv2d's rules."""
+    name = "unfold"
+    if input.ndim not in (3, 4):
+        raise RuntimeError(f"{name}: Input Error: Only 3D or 4D input Tensors are supported "
+                           f"(got {input.ndim}D)")
+    kernel = _tuple(kernel_size, 2, name, "kernel_size")
+    batched = input.ndim == 4
+    x = input if batched else _reshape(input, (1,) + tuple(input.shape))
+    n, c = x.shape[:2]
+    w = _const(_identity_kernel(c, kernel, x._data.dtype))
+    cols = conv2d(x, w, None, stride, _tuple(padding, 2, name, "padding"), dilation, groups=c)
+    out = _reshape(cols, (n, cols.shape[1], -1))
+    return out if batched else _reshape(out, out.shape[1:])
+
+
+def fold(input, output_size, kernel_size, dilation=1, padding=0, stride=1):
+    """As ``F.fold`` (col2im): (N, C*KH*KW, L) summed back onto (N, C, H, W); the adjoint of
+    ``unfold`` (a conv_transpose2d with the identity kernel)."""
+    name = "fold"
+    if input.ndim not in (2, 3):
+        raise RuntimeError(f"{name}: Input Error: Only unbatched (2D) or batched (3D) input "
+                           f"Tensors are supported (got {input.ndim}D)")
+    size = _tuple(output_size, 2, name, "output_size")
+    kernel = _tuple(kernel_size, 2, name, "kernel_size")
+    dilation = _tuple(dilation, 2, name, "dilation")
+    padding = _tuple(padding, 2, name, "padding")
+    stride = _tuple(stride, 2, name, "stride")
+    batched = input.ndim == 3
+    x = input if batched else _reshape(input, (1,) + tuple(input.shape))
+    n, ck, length = x.shape
+    k = kernel[0] * kernel[1]
+    blocks = [(s + 2 * p - d * (kk - 1) - 1) // st + 1 for s, p, d, kk, st in zip(
+        size, padding, dilation, kernel, stride)]
+    if ck % k or blocks[0] * blocks[1] != length or min(blocks) < 1:
+        raise RuntimeError(
+            f"{name}: Given output_size={list(size)}, kernel_size={list(kernel)}, "
+            f"dilation={list(dilation)}, padding={list(padding)}, stride={list(stride)}, "
+            f"expected size of input's dimension 1 to be divisible by the product of "
+            f"kernel_size ({k}) and dimension 2 to match the calculated number of sliding blocks "
+            f"{blocks[0]} * {blocks[1]} = {blocks[0] * blocks[1]}, but got input of size "
+            f"{_shape(input)}")
+    c = ck // k
+    w = _const(_identity_kernel(c, kernel, x._data.dtype))
+    out = N.conv2d_input(_reshape(x, (n, ck) + tuple(blocks)), w, size=size, stride=stride,
+                         padding=tuple((p, p) for p in padding), dilation=dilation, groups=c)
+    return out if batched else _reshape(out, out.shape[1:])
+
+
+def pixel_shuffle(input, upscale_factor):
+    """As ``F.pixel_shuffle``: (*, C*r*r, H, W) to (*, C, H*r, W*r)."""
+    r = int(upscale_factor)
+    if input.ndim < 3 or r <= 0 or input.shape[-3] % (r * r):
+        raise RuntimeError(f"pixel_shuffle: expects its input's 'channel' dimension to be "
+                           f"divisible by the square of upscale_factor, but input.size(-3)="
+                           f"{input.shape[-3] if input.ndim >= 3 else None} is not divisible by "
+                           f"{r * r} (input {_shape(input)})")
+    lead, (c, h, w) = tuple(input.shape[:-3]), input.shape[-3:]
+    x = _reshape(input, lead + (c // (r * r), r, r, h, w))
+    k = len(lead)
+    x = permute_op(x, dims=tuple(range(k)) + tuple(k + i for i in (0, 3, 1, 4, 2)))
+    return _reshape(x, lead + (c // (r * r), h * r, w * r))
+
+
+def pixel_unshuffle(input, downscale_factor):
+    """As ``F.pixel_unshuffle``: (*, C, H*r, W*r) to (*, C*r*r, H, W)."""
+    r = int(downscale_factor)
+    if input.ndim < 3 or r <= 0 or input.shape[-2] % r or input.shape[-1] % r:
+        raise RuntimeError(f"pixel_unshuffle: expects height and width to be divisible by "
+                           f"downscale_factor {r} (input {_shape(input)})")
+    lead, (c, h, w) = tuple(input.shape[:-3]), input.shape[-3:]
+    x = _reshape(input, lead + (c, h // r, r, w // r, r))
+    k = len(lead)
+    x = permute_op(x, dims=tuple(range(k)) + tuple(k + i for i in (0, 2, 4, 1, 3)))
+    return _reshape(x, lead + (c * r * r, h // r, w // r))
+
+
 # --- attention ---------------------------------------------------------------------------
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, scale=None, enable_gqa=False):
@@ -1004,6 +1131,15 @@ def one_hot(tensor, num_classes=-1):
     return _const((t[..., None] == xp.arange(num_classes)).astype(xp.int64))
 
 
+def pairwise_distance(x1, x2, p=2.0, eps=1e-6, keepdim=False):
+    """As ``F.pairwise_distance``: ``||x1 - x2 + eps||_p`` over the last dim."""
+    d = x1 - x2 + eps
+    if d.ndim == 0:
+        d = _reshape(d, (1,))
+    out = _p_norm(d, p, d.ndim - 1, "pairwise_distance")
+    return out if keepdim else _reshape(out, out.shape[:-1])
+
+
 def _p_norm(x, p, dim, name):
     if p == 2:
         return N.l2_norm(x, dim=dim)
@@ -1064,4 +1200,6 @@ __all__ = ["linear", "relu", "leaky_relu", "gelu", "silu", "tanh", "sigmoid", "s
            "scaled_dot_product_attention", "one_hot", "pad", "normalize", "cosine_similarity",
            # beyond API.md
            "logsigmoid", "softmin", "hardtanh", "relu6", "hardsigmoid", "hardswish", "selu",
-           "celu", "mish", "softsign", "glu", "huber_loss", "kl_div"]
+           "celu", "mish", "softsign", "glu", "huber_loss", "kl_div", "dropout1d", "dropout2d",
+           "dropout3d", "unfold", "fold", "pixel_shuffle", "pixel_unshuffle",
+           "pairwise_distance"]
