@@ -55,6 +55,7 @@ def test_recurrent_unbatched(cls):
             call=run(True))
 
 
+@pytest.mark.filterwarnings("ignore:LSTM with projections is not supported with oneDNN")
 def test_rnn_relu_and_lstm_projection():
     check(lambda nn: nn.RNN(3, 4, nonlinearity="relu", num_layers=2), [randn(4, 2, 3)],
           call=run(False))
