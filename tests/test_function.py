@@ -284,3 +284,32 @@ def test_non_tensor_outputs_get_none_gradients():
         y, k = WithCount.apply(x)
         y.sum().backward()
         assert k == 3 and seen == [None] and x.grad.tolist() == [2.0, 2.0]
+
+
+def test_once_differentiable():
+    for T, decorator in ((tapegrad, tapegrad.autograd.function.once_differentiable),
+                         (torch, torch.autograd.function.once_differentiable)):
+        grad_modes = []
+
+        class Square(T.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                ctx.save_for_backward(x)
+                return x * x
+
+            @staticmethod
+            @decorator
+            def backward(ctx, g):
+                grad_modes.append(T.is_grad_enabled())
+                (x,) = ctx.saved_tensors
+                return 2 * g * x
+
+        x = T.tensor([1.5, -2.0], dtype=T.float64, requires_grad=True)
+        Square.apply(x).sum().backward()
+        assert x.grad.tolist() == [3.0, -4.0]
+        # the upstream gradient (x) requires grad, so the result must carry a graph
+        (g,) = T.autograd.grad((Square.apply(x) * x).sum(), x, create_graph=True)
+        assert g.tolist() == [3 * 1.5 ** 2, 3 * 2.0 ** 2] and grad_modes == [False, False]
+        assert g.requires_grad
+        with pytest.raises(RuntimeError, match="once_differentiable"):
+            g.sum().backward()

@@ -135,7 +135,7 @@ from tapegrad.autograd.anomaly import (detect_anomaly, set_detect_anomaly,  # no
 __all__ += ["detect_anomaly", "set_detect_anomaly", "is_anomaly_enabled",
             "is_anomaly_check_nan_enabled"]
 
-from tapegrad.autograd.function import Function, FunctionCtx  # noqa: E402
+from tapegrad.autograd.function import Function, FunctionCtx, once_differentiable  # noqa: E402,F401
 from tapegrad.autograd import function  # noqa: E402,F401
 
 __all__ += ["Function", "FunctionCtx"]

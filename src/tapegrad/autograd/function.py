@@ -349,4 +349,60 @@ def _record(cls, ctx, args, outs):
     ctx._nodes = nodes
 
 
-__all__ = ["Function", "FunctionCtx"]
+class _DelayedErrorOp:
+    """The op of a gradient computed by a ``once_differentiable`` backward under
+    ``create_graph``: differentiating it again raises (PyTorch's ``DelayedError``)."""
+
+    __slots__ = ("name", "rule", "saves", "save_inputs", "save_out", "needs", "view",
+                 "differentiable", "elementwise", "float_only", "fused", "flops")
+
+    def __init__(self):
+        self.name = "DelayedError"
+        self.rule = self._rule
+        self.saves = "none"
+        self.save_inputs = self.save_out = self.needs = self.view = False
+        self.elementwise = self.float_only = self.fused = False
+        self.differentiable = True
+        self.flops = 0
+
+    @staticmethod
+    def _rule(g, out, *inputs):
+        raise RuntimeError("trying to differentiate twice a function that was marked with "
+                           "@once_differentiable")
+
+
+_DELAYED_ERROR = _DelayedErrorOp()
+
+
+def once_differentiable(backward):
+    """As ``torch.autograd.function.once_differentiable``: the decorated ``backward`` runs
+    without recording; under ``create_graph`` its gradients carry a node that raises if they
+    are differentiated again."""
+    import functools
+
+    @functools.wraps(backward)
+    def wrapper(ctx, *grads):
+        recording = grad_state.enabled  # the engine sets grad mode to create_graph
+        grad_state.enabled = False
+        try:
+            result = backward(ctx, *grads)
+        finally:
+            grad_state.enabled = recording
+        Tensor = _tensor_cls()
+        links = [g for g in grads if isinstance(g, Tensor) and g._requires_grad]
+        if not recording or not links:
+            return result
+        single = not isinstance(result, tuple)
+        out = []
+        for r in ((result,) if single else result):
+            if isinstance(r, Tensor):
+                r = Tensor._make(r._data)
+                r.grad_fn = Node(_DELAYED_ERROR, links, r, {})
+                r._requires_grad = True
+            out.append(r)
+        return out[0] if single else tuple(out)
+
+    return wrapper
+
+
+__all__ = ["Function", "FunctionCtx", "once_differentiable"]
