@@ -722,3 +722,52 @@ def test_full_backward_hook_without_input_grad_and_errors():
     assert np.any(x.grad._data)
     with tapegrad.no_grad():  # no recording, no hooks
         lin(tapegrad.randn(2, 3))
+
+
+def test_extra_state_round_trip_and_keys():
+    def build(nn):
+        class Counter(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = nn.Linear(2, 2)
+                self.count = 0
+
+            def get_extra_state(self):
+                return {"count": self.count}
+
+            def set_extra_state(self, state):
+                self.count = state["count"]
+
+        return nn.Sequential(Counter(), nn.ReLU())
+
+    th, tg = both(build)
+    assert list(tg.state_dict()) == list(th.state_dict()) == [
+        "0._extra_state", "0.lin.weight", "0.lin.bias"]
+    tg[0].count = 7
+    sd = tg.state_dict()
+    fresh = build(tnn)
+    fresh.load_state_dict(sd)
+    assert fresh[0].count == 7
+    del sd["0._extra_state"]
+    with pytest.raises(RuntimeError, match='Missing key\\(s\\) in state_dict: "0._extra_state"'):
+        fresh.load_state_dict(sd)
+    plain = tnn.Sequential(tnn.Linear(2, 2), tnn.ReLU())
+    with pytest.raises(RuntimeError, match='Unexpected key\\(s\\) in state_dict: "0._extra_state"'):
+        plain.load_state_dict({"0.weight": tapegrad.zeros(2, 2), "0.bias": tapegrad.zeros(2),
+                               "0._extra_state": 3})
+    # a failing load leaves the extra state alone too
+    fresh[0].count = 1
+    bad = build(tnn)
+    bad[0].count = 9
+    state = bad.state_dict()
+    state["0.lin.bias"] = tapegrad.zeros(5)
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        fresh.load_state_dict(state)
+    assert fresh[0].count == 1
+
+
+def test_state_dict_positional_arguments_are_deprecated():
+    lin = tnn.Linear(2, 2)
+    with pytest.warns(FutureWarning, match="Positional args"):
+        sd = lin.state_dict(None, "p.", True)
+    assert list(sd) == ["p.weight", "p.bias"] and sd["p.weight"] is lin.weight

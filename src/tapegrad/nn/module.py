@@ -6,6 +6,7 @@ are PyTorch's for the same module tree; ``repr`` prints the tree as PyTorch does
 deliberate strengthening: ``load_state_dict`` validates everything first and copies
 nothing when it raises (PyTorch may have copied part of the state by then).
 """
+import functools
 import itertools
 import threading
 import warnings
@@ -85,6 +86,9 @@ def _copy_into(dst, src):
     """``dst.copy_(src)`` without recording: write in place and bump the version counter."""
     dst._data[...] = src._data
     dst._version[0] += 1
+
+
+_EXTRA_STATE = "_extra_state"
 
 
 class _Loading(threading.local):
@@ -645,13 +649,32 @@ class Module:
         for name, buf in self._buffers.items():
             if buf is not None and name not in self._non_persistent_buffers_set:
                 destination[prefix + name] = buf if keep_vars else buf.detach()
+        if type(self).get_extra_state is not Module.get_extra_state:
+            destination[prefix + _EXTRA_STATE] = self.get_extra_state()
 
-    def state_dict(self, *, destination=None, prefix: str = "", keep_vars: bool = False):
+    def get_extra_state(self):
+        """As ``Module.get_extra_state``: override (with ``set_extra_state``) to store any
+        picklable extra state under the ``"_extra_state"`` key of ``state_dict``."""
+        raise RuntimeError("get_extra_state: override it (and set_extra_state) in your Module "
+                           "to store extra state")
+
+    def set_extra_state(self, state) -> None:
+        """As ``Module.set_extra_state``: receives what ``get_extra_state`` returned."""
+        raise RuntimeError("set_extra_state: the state_dict holds extra state for a Module that "
+                           "does not override set_extra_state")
+
+    def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
         """As ``Module.state_dict()``: an OrderedDict of parameters and persistent buffers.
 
         Keys and their order are PyTorch's (each module's parameters, then its buffers, then
         its children's entries); values are detached tensors sharing the module's storage.
         """
+        if args:
+            warnings.warn("Positional args are being deprecated, use kwargs instead.",
+                          FutureWarning, stacklevel=2)
+            destination = args[0] if destination is None else destination
+            prefix = args[1] if len(args) > 1 and prefix == "" else prefix
+            keep_vars = args[2] if len(args) > 2 and keep_vars is False else keep_vars
         if destination is None:
             destination = OrderedDict()
             destination._metadata = OrderedDict()
@@ -708,10 +731,18 @@ class Module:
                     f"{tuple(source.shape)} from checkpoint, the shape in current model is "
                     f"{tuple(param.shape)}.")
                 continue
-            pending.append((self, name, param, source, assign))
+            pending.append(functools.partial(_load_one, self, name, param, source, assign))
+        extra_key = prefix + _EXTRA_STATE
+        if type(self).set_extra_state is not Module.set_extra_state:
+            if extra_key in state_dict:
+                pending.append(functools.partial(self.set_extra_state, state_dict[extra_key]))
+            elif strict:
+                missing_keys.append(extra_key)
+        elif strict and extra_key in state_dict:
+            unexpected_keys.append(extra_key)
         if strict:
             for key in state_dict:
-                if key.startswith(prefix):
+                if key.startswith(prefix) and key != extra_key:
                     input_name = key[len(prefix):].split(".", 1)
                     if len(input_name) > 1:
                         if input_name[0] not in self._modules:
@@ -906,16 +937,20 @@ class _BackwardHook:
         return [res[i] for i in self.input_index]
 
 
+def _load_one(module, name, target, source, assign):
+    if not assign:
+        _copy_into(target, source)
+    elif isinstance(target, Parameter):
+        value = source if isinstance(source, Parameter) else \
+            Parameter(source, requires_grad=target.requires_grad)
+        value.requires_grad_(target.requires_grad)
+        module._parameters[name] = value
+    else:
+        module._buffers[name] = source
+
+
 def _apply_copies(copies):
+    """Run the queued loads (copies, assignments, set_extra_state calls) without recording."""
     with no_grad():
-        for module, name, target, source, assign in copies:
-            if assign:
-                if isinstance(target, Parameter):
-                    value = source if isinstance(source, Parameter) else \
-                        Parameter(source, requires_grad=target.requires_grad)
-                    value.requires_grad_(target.requires_grad)
-                    module._parameters[name] = value
-                else:
-                    module._buffers[name] = source
-            else:
-                _copy_into(target, source)
+        for load in copies:
+            load()
