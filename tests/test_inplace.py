@@ -292,6 +292,10 @@ def test_shape_errors():
         tapegrad.ones(3).fill_(tapegrad.ones(2))
     with pytest.raises(RuntimeError, match="at least one"):
         tapegrad.ones(3).clamp_()
+    with pytest.raises(RuntimeError, match=r"add_: shapes \(3,\) and \(2,\) cannot be "):
+        tapegrad.ones(3).add_(tapegrad.ones(2))
+    with pytest.raises(RuntimeError, match="pow_: Integers to negative integer powers"):
+        tapegrad.tensor([2, 3]).pow_(-1)
 
 
 def test_copy_broadcasts_and_casts():

@@ -714,8 +714,17 @@ def _binary_inplace(t, name, ufunc, other, alpha, fn, float_only=False):
         od = od * alpha
     try:
         ufunc(data, od, out=data, dtype=dt_np, casting="unsafe")
-    except ValueError:
-        raise _shape_error(name, t, xp.broadcast_shapes(data.shape, xp.shape(od))) from None
+    except ValueError as e:
+        try:
+            shape = xp.broadcast_shapes(data.shape, xp.shape(od))
+        except ValueError:
+            shape = None
+        if shape is None:
+            raise RuntimeError(f"{name}: shapes {tuple(data.shape)} and {xp.shape(od)} cannot "
+                               "be broadcast together") from None
+        if shape != data.shape:
+            raise _shape_error(name, t, shape) from None
+        raise RuntimeError(f"{name}: {e} (tensor {tuple(data.shape)} {t.dtype})") from None
     t._version[0] += 1
     return t
 
