@@ -697,3 +697,28 @@ def test_channel_dropout(name, shape):
     y.sum().backward()
     np.testing.assert_array_equal(x.grad.numpy(), v)
     assert getattr(TF, name)(x, 0.4, training=False) is x
+
+
+@pytest.mark.parametrize("shape,kw", [
+    ((1, 2, 5), dict(size=8, mode="linear")),
+    ((1, 2, 5), dict(scale_factor=1.7, mode="linear", align_corners=True)),
+    ((1, 2, 3, 4), dict(size=(5, 7), mode="bilinear")),
+    ((1, 2, 4, 4), dict(scale_factor=0.6, mode="bilinear")),
+    ((1, 2, 3, 4), dict(scale_factor=(2, 1.5), mode="bilinear", align_corners=True)),
+    ((1, 1, 2, 3, 2), dict(size=(3, 4, 3), mode="trilinear")),
+    ((1, 2, 3, 4), dict(size=(6, 8))), ((1, 2, 3, 4), dict(size=(5, 3))),
+    ((1, 2, 5), dict(scale_factor=1.5)), ((1, 2, 3, 4), dict(size=(5, 7), mode="nearest-exact")),
+    ((1, 2, 6, 5), dict(size=(4, 2), mode="area")), ((1, 2, 7), dict(size=3, mode="area")),
+    ((1, 2, 4, 4), dict(scale_factor=1.5, recompute_scale_factor=True, mode="bilinear"))])
+def test_interpolate(shape, kw):
+    check(lambda T, x: F(T).interpolate(x, **kw), [shape])
+
+
+def test_interpolate_errors():
+    x = tapegrad.randn(1, 1, 4, 4)
+    with pytest.raises(ValueError, match="only one of size or scale_factor"):
+        TF.interpolate(x, size=2, scale_factor=2)
+    with pytest.raises(ValueError, match="align_corners option"):
+        TF.interpolate(x, size=2, align_corners=True)
+    with pytest.raises(NotImplementedError, match="interpolate: .*linear mode needs 3D"):
+        TF.interpolate(x, size=2, mode="linear")

@@ -1039,6 +1039,129 @@ def pixel_unshuffle(input, downscale_factor):
     return _reshape(x, lead + (c * r * r, h // r, w // r))
 
 
+def adaptive_avg_pool1d(input, output_size):
+    """As ``F.adaptive_avg_pool1d``: (N, C, L) to (N, C, output_size)."""
+    if input.ndim not in (2, 3) or input.shape[-1] == 0:
+        raise RuntimeError(f"adaptive_avg_pool1d: Expected 2D or 3D tensor, but got "
+                           f"{_shape(input)}")
+    o = output_size if isinstance(output_size, int) else output_size[0]
+    if o <= 0:
+        raise RuntimeError(f"adaptive_avg_pool1d: invalid output size {o}")
+    m = _adaptive_matrix(input.shape[-1], o, input._data.dtype)
+    return matmul(input, _const(xp.ascontiguousarray(m.T)))
+
+
+_LINEAR_MODES = {"linear": 1, "bilinear": 2, "trilinear": 3}
+
+
+def _linear_matrix(n_in, n_out, align_corners, scale_factor, dtype):
+    """(n_out, n_in) weights of PyTorch's linear resampling along one axis."""
+    if align_corners:
+        scale = (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0
+    else:
+        scale = 1.0 / scale_factor if scale_factor else n_in / n_out
+    dst = xp.arange(n_out, dtype=dtype)
+    src = dst * scale if align_corners else xp.maximum((dst + 0.5) * scale - 0.5, 0)
+    i0 = xp.floor(src).astype(xp.int64)
+    i1 = i0 + (i0 < n_in - 1)
+    l1 = (src - i0).astype(dtype)
+    m = xp.zeros((n_out, n_in), dtype=dtype)
+    rows = xp.arange(n_out)
+    xp.add.at(m, (rows, i0), 1 - l1)
+    xp.add.at(m, (rows, i1), l1)
+    return m
+
+
+def _nearest_index(n_in, n_out, scale_factor, exact):
+    """PyTorch's nearest source index, computed in float32 as its kernels do."""
+    dst = xp.arange(n_out)
+    if not exact and n_out == n_in:
+        return dst
+    if not exact and n_out == 2 * n_in:
+        return dst >> 1
+    f32 = xp.float32
+    scale = f32(1.0 / scale_factor) if scale_factor else f32(n_in) / f32(n_out)
+    pos = (dst.astype(f32) + f32(0.5)) * scale if exact else dst.astype(f32) * scale
+    return xp.minimum(xp.floor(pos).astype(xp.int64), n_in - 1)
+
+
+def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
+                recompute_scale_factor=None, antialias=False):
+    """As ``F.interpolate``: modes nearest, nearest-exact, (bi/tri)linear and area, resampling
+    each spatial axis in turn (linear: a matmul with the axis's weight matrix)."""
+    name = "interpolate"
+    if mode in ("nearest", "area", "nearest-exact"):
+        if align_corners is not None:
+            raise ValueError(f"{name}: align_corners option can only be set with the "
+                             "interpolating modes: linear | bilinear | bicubic | trilinear")
+    elif mode in _LINEAR_MODES:
+        align_corners = bool(align_corners)
+    else:
+        raise NotImplementedError(f"{name}: mode {mode!r} is not supported by tapegrad (use "
+                                  "nearest, nearest-exact, linear, bilinear, trilinear or area)")
+    if antialias:
+        raise NotImplementedError(f"{name}: antialias=True is not supported by tapegrad")
+    dim = input.ndim - 2
+    if dim < 1 or dim > 3:
+        raise NotImplementedError(f"{name}: Input Error: Only 3D, 4D and 5D input Tensors "
+                                  f"supported (got {input.ndim}D) for the modes: nearest | "
+                                  "linear | bilinear | trilinear | area | nearest-exact")
+    if mode in _LINEAR_MODES and _LINEAR_MODES[mode] != dim:
+        raise NotImplementedError(f"{name}: Got {input.ndim}D input, but {mode} mode needs "
+                                  f"{_LINEAR_MODES[mode] + 2}D input")
+    if size is not None and scale_factor is not None:
+        raise ValueError(f"{name}: only one of size or scale_factor should be defined")
+    spatial = tuple(input.shape[2:])
+    if size is not None:
+        out = tuple(size) if isinstance(size, (tuple, list)) else (size,) * dim
+        if len(out) != dim:
+            raise ValueError(f"{name}: Input and output must have the same number of spatial "
+                             f"dimensions, but got input with spatial dimensions of "
+                             f"{list(spatial)} and output size of {size}.")
+        scales = (None,) * dim
+    elif scale_factor is not None:
+        scales = tuple(scale_factor) if isinstance(scale_factor, (tuple, list)) else \
+            (scale_factor,) * dim
+        if len(scales) != dim:
+            raise ValueError(f"{name}: Input and scale_factor must have the same number of "
+                             f"spatial dimensions, but got input with spatial dimensions of "
+                             f"{list(spatial)} and scale_factor of shape {scale_factor}.")
+        out = tuple(int(n * f) for n, f in zip(spatial, scales))
+        if recompute_scale_factor or mode == "area":
+            scales = (None,) * dim
+    else:
+        raise ValueError(f"{name}: either size or scale_factor should be defined")
+    if any(int(o) <= 0 for o in out):
+        raise RuntimeError(f"{name}: output size {list(out)} must be positive (input "
+                           f"{_shape(input)})")
+    if mode == "area":
+        if dim == 1:
+            return adaptive_avg_pool1d(input, out[0])
+        if dim == 2:
+            return adaptive_avg_pool2d(input, out)
+        raise NotImplementedError(f"{name}: area mode supports 3D and 4D input in tapegrad")
+    from tapegrad.ops.movement import index_select
+
+    x = input
+    dt = input._data.dtype
+    for i, (n_in, n_out, sf) in enumerate(zip(spatial, out, scales)):
+        axis = 2 + i
+        if mode in _LINEAR_MODES:
+            m = _const(xp.ascontiguousarray(_linear_matrix(n_in, int(n_out), align_corners, sf,
+                                                           dt).T))
+            last = x.ndim - 1
+            if axis == last:
+                x = matmul(x, m)
+            else:
+                order = list(range(x.ndim))
+                order[axis], order[last] = last, axis
+                x = permute_op(matmul(permute_op(x, dims=tuple(order)), m), dims=tuple(order))
+        else:
+            idx = _nearest_index(n_in, int(n_out), sf, mode == "nearest-exact")
+            x = index_select(x, axis, _const(idx))
+    return x
+
+
 # --- attention ---------------------------------------------------------------------------
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, scale=None, enable_gqa=False):
@@ -1202,4 +1325,4 @@ __all__ = ["linear", "relu", "leaky_relu", "gelu", "silu", "tanh", "sigmoid", "s
            "logsigmoid", "softmin", "hardtanh", "relu6", "hardsigmoid", "hardswish", "selu",
            "celu", "mish", "softsign", "glu", "huber_loss", "kl_div", "dropout1d", "dropout2d",
            "dropout3d", "unfold", "fold", "pixel_shuffle", "pixel_unshuffle",
-           "pairwise_distance"]
+           "pairwise_distance", "adaptive_avg_pool1d", "interpolate"]
