@@ -218,27 +218,35 @@ class Tensor:
         return self.to(dtypes.float32)
 
     def double(self, memory_format=None):
+        """As ``Tensor.double()``: ``to(float64)``."""
         return self.to(dtypes.float64)
 
     def half(self, memory_format=None):
+        """As ``Tensor.half()``: ``to(float16)``."""
         return self.to(dtypes.float16)
 
     def bfloat16(self, memory_format=None):
+        """As ``Tensor.bfloat16()``: ``to(bfloat16)``."""
         return self.to(dtypes.bfloat16)
 
     def long(self, memory_format=None):
+        """As ``Tensor.long()``: ``to(int64)``."""
         return self.to(dtypes.int64)
 
     def int(self, memory_format=None):
+        """As ``Tensor.int()``: ``to(int32)``."""
         return self.to(dtypes.int32)
 
     def short(self, memory_format=None):
+        """As ``Tensor.short()``: ``to(int16)``."""
         return self.to(dtypes.int16)
 
     def byte(self, memory_format=None):
+        """As ``Tensor.byte()``: ``to(uint8)``."""
         return self.to(dtypes.uint8)
 
     def bool(self, memory_format=None):
+        """As ``Tensor.bool()``: ``to(bool)``."""
         return self.to(dtypes.bool_)
 
     def clone(self, memory_format=None):
@@ -250,6 +258,7 @@ class Tensor:
         return self if self._data.flags.c_contiguous else _C.clone(self)
 
     def cpu(self, memory_format=None):
+        """As ``Tensor.cpu()``: ``self`` (tapegrad tensors live on the cpu)."""
         return self
 
     def cuda(self, device=None, non_blocking=False, memory_format=None):
@@ -263,6 +272,7 @@ class Tensor:
         return self._data.__dlpack__(*args, **kwargs)
 
     def __dlpack_device__(self):
+        """As ``Tensor.__dlpack_device__()``: the DLPack device (cpu)."""
         return self._data.__dlpack_device__()
 
     def new_tensor(self, data, dtype=None, device=None, requires_grad=False):
@@ -276,14 +286,17 @@ class Tensor:
                         requires_grad=requires_grad)
 
     def new_ones(self, *size, dtype=None, device=None, requires_grad=False):
+        """As ``Tensor.new_ones()``: ones with this tensor's dtype by default."""
         return _C.ones(*size, dtype=dtype or self.dtype, device=device,
                        requires_grad=requires_grad)
 
     def new_empty(self, *size, dtype=None, device=None, requires_grad=False):
+        """As ``Tensor.new_empty()``: uninitialised, with this tensor's dtype by default."""
         return _C.empty(*size, dtype=dtype or self.dtype, device=device,
                         requires_grad=requires_grad)
 
     def new_full(self, size, fill_value, dtype=None, device=None, requires_grad=False):
+        """As ``Tensor.new_full()``: ``fill_value`` everywhere, this tensor's dtype by default."""
         return _C.full(size, fill_value, dtype=dtype or self.dtype, device=device,
                        requires_grad=requires_grad)
 
@@ -381,9 +394,11 @@ class Tensor:
     clip_ = clamp_
 
     def clamp_min_(self, min):
+        """As ``Tensor.clamp_min_()``: ``clamp_(min=min)``."""
         return self.clamp_(min=min)
 
     def clamp_max_(self, max):
+        """As ``Tensor.clamp_max_()``: ``clamp_(max=max)``."""
         return self.clamp_(max=max)
 
     def zero_(self):
@@ -452,18 +467,23 @@ class Tensor:
         return self
 
     def exp_(self):
+        """As ``Tensor.exp_()``: ``exp`` in place."""
         return _unary_inplace(self, "exp_", xp.exp, _E.exp, True)
 
     def log_(self):
+        """As ``Tensor.log_()``: ``log`` in place."""
         return _unary_inplace(self, "log_", xp.log, _E.log, True)
 
     def sqrt_(self):
+        """As ``Tensor.sqrt_()``: ``sqrt`` in place."""
         return _unary_inplace(self, "sqrt_", xp.sqrt, _E.sqrt, True)
 
     def tanh_(self):
+        """As ``Tensor.tanh_()``: ``tanh`` in place."""
         return _unary_inplace(self, "tanh_", xp.tanh, _E.tanh, True)
 
     def neg_(self):
+        """As ``Tensor.neg_()``: ``neg`` in place."""
         return _unary_inplace(self, "neg_", xp.negative, _E.neg, False)
 
     def relu_(self):
@@ -472,9 +492,11 @@ class Tensor:
                               False)
 
     def sigmoid_(self):
+        """As ``Tensor.sigmoid_()``: ``sigmoid`` in place."""
         return _inplace(self, "sigmoid_", _E.sigmoid, (), {})
 
     def abs_(self):
+        """As ``Tensor.abs_()``: ``abs`` in place."""
         return _inplace(self, "abs_", _public("abs"), (), {})
 
     def masked_fill_(self, mask, value):
