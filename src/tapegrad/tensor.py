@@ -575,8 +575,7 @@ class Tensor:
 
 
 _refcount = sys.getrefcount
-# numpy dtypes of floating-point tensors (ml_dtypes' bfloat16 has numpy kind "V", not "f")
-_FLOAT_NP = frozenset(d.np for d in dtypes.ALL if d.category == dtypes.FLOAT)
+_FLOAT_NP = dtypes.FLOAT_NP  # ml_dtypes' bfloat16 has numpy kind "V", not "f"
 
 
 # --- conversion helpers -------------------------------------------------------------------
