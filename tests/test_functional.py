@@ -722,3 +722,17 @@ def test_interpolate_errors():
         TF.interpolate(x, size=2, align_corners=True)
     with pytest.raises(NotImplementedError, match="interpolate: .*linear mode needs 3D"):
         TF.interpolate(x, size=2, mode="linear")
+
+
+def test_instance_norm():
+    check(lambda T, x, w, b: F(T).instance_norm(x, weight=w, bias=b), [(2, 3, 4), (3,), (3,)])
+    x = make_inputs([(3, 2, 2, 3)])[0]
+    rm0, rv0 = np.array([0.2, -0.1]), np.array([1.5, 0.6])
+    out = []
+    for lib in (tapegrad, torch):
+        rm, rv = lib.tensor(rm0.copy()), lib.tensor(rv0.copy())
+        y = F(lib).instance_norm(lib.tensor(x), rm, rv, momentum=0.2)
+        z = F(lib).instance_norm(lib.tensor(x), rm, rv, use_input_stats=False)
+        out.append((y, z, rm, rv))
+    for a, b in zip(*out):
+        assert_close(a, b)

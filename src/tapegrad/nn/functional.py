@@ -691,6 +691,44 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     return out
 
 
+def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None,
+                  use_input_stats=True, momentum=0.1, eps=1e-5):
+    """As ``F.instance_norm``: standardise each (sample, channel) over its spatial dims; the
+    running stats (if given) move toward the batch average of the instance statistics."""
+    if input.ndim < 3:
+        raise ValueError(f"instance_norm: expected at least 3D input (N, C, ...), got "
+                         f"{_shape(input)}")
+    if not use_input_stats:
+        return batch_norm(input, running_mean, running_var, weight, bias, False, momentum, eps)
+    spatial = math.prod(input.shape[2:])
+    if spatial == 1:
+        raise ValueError(f"Expected more than 1 spatial element when training, got input size "
+                         f"{_shape(input)}")
+    c = input.shape[1]
+    for name, p in (("running_mean", running_mean), ("running_var", running_var),
+                    ("weight", weight), ("bias", bias)):
+        if p is not None and tuple(p.shape) != (c,):
+            raise RuntimeError(f"instance_norm: {name} should contain {c} elements not "
+                               f"{p.numel()}")
+    axes = tuple(range(2, input.ndim))
+    if running_mean is not None or running_var is not None:
+        x = input._data
+        mean = x.mean(axis=axes, keepdims=True)
+        var = ((x - mean) ** 2).sum(axis=axes) / (spatial - 1)
+        for stat, value in ((running_mean, mean.reshape(var.shape)), (running_var, var)):
+            if stat is not None:
+                d = stat._data
+                d[...] = (momentum * value.astype(d.dtype) + (1 - momentum) * d).mean(axis=0)
+                stat._version[0] += 1
+    out = N.layer_norm(input, None, None, axes=axes, eps=eps, param_shape=())
+    pshape = (1, c) + (1,) * (input.ndim - 2)
+    if weight is not None:
+        out = out * _reshape(weight, pshape)
+    if bias is not None:
+        out = out + _reshape(bias, pshape)
+    return out
+
+
 def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     """As ``F.group_norm``: standardise each group of channels per sample, then scale/shift."""
     if input.ndim < 2:
@@ -1325,4 +1363,4 @@ __all__ = ["linear", "relu", "leaky_relu", "gelu", "silu", "tanh", "sigmoid", "s
            "logsigmoid", "softmin", "hardtanh", "relu6", "hardsigmoid", "hardswish", "selu",
            "celu", "mish", "softsign", "glu", "huber_loss", "kl_div", "dropout1d", "dropout2d",
            "dropout3d", "unfold", "fold", "pixel_shuffle", "pixel_unshuffle",
-           "pairwise_distance", "adaptive_avg_pool1d", "interpolate"]
+           "pairwise_distance", "adaptive_avg_pool1d", "interpolate", "instance_norm"]
