@@ -203,13 +203,25 @@ def matmul_gflops(n, dtype, repeats=7):
     return 2 * n ** 3 / min(times) / 1e9
 
 
+def cpu_model():
+    """The processor's name (Linux: /proc/cpuinfo), or platform's guess elsewhere."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
 def header(threads, torch_module, title):
     """The lines every benchmark prints first: what ran where, with how many threads."""
     import tapegrad
 
     load = os.getloadavg() if hasattr(os, "getloadavg") else ("?",) * 3
     lines = [f"== {title} ==",
-             (f"machine: {platform.machine()} {platform.processor() or ''}, "
+             (f"machine: {platform.machine()} {cpu_model()}, "
               f"{os.cpu_count()} logical CPUs, load average {load[0]:.2f} {load[1]:.2f} "
               f"{load[2]:.2f}"),
              (f"python {platform.python_version()}, numpy {np.__version__}, "
