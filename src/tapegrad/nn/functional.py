@@ -364,10 +364,11 @@ def _class_targets(name, input, target, weight, ignore_index):
         raise RuntimeError(f"{name}: expected an integer class-index target, got dtype "
                            f"{target.dtype}")
     valid = t != ignore_index
-    bad = valid & ((t < 0) | (t >= n_classes))
-    if bad.any():
-        raise IndexError(f"{name}: Target {int(t[bad].flat[0])} is out of bounds "
-                         f"({n_classes} classes)")
+    everything = bool(valid.all())
+    picked = t if everything else t[valid]
+    if picked.size and (picked.min() < 0 or picked.max() >= n_classes):
+        bad = picked[(picked < 0) | (picked >= n_classes)]
+        raise IndexError(f"{name}: Target {int(bad[0])} is out of bounds ({n_classes} classes)")
     if weight is not None and weight.requires_grad and grad_state.enabled:
         raise RuntimeError(f"{name}: the class weight is not differentiable; this input cannot "
                            "have requires_grad=True (pass weight.detach())")
@@ -376,11 +377,15 @@ def _class_targets(name, input, target, weight, ignore_index):
                            f"{n_classes} classes or no classes but got weight tensor of shape: "
                            f"{list(weight.shape)}")
     dt = input._data.dtype
-    safe = xp.where(valid, t, 0)
+    safe = t if everything else xp.where(valid, t, 0)
     wvec = weight._data.astype(dt) if weight is not None else xp.ones(n_classes, dtype=dt)
-    wy = wvec[safe] * valid  # per-sample weight; 0 where ignored
-    onehot = xp.zeros(input.shape, dtype=dt)
-    xp.put_along_axis(onehot, xp.expand_dims(safe, cdim), xp.expand_dims(wy, cdim), axis=cdim)
+    wy = wvec[safe] if everything else wvec[safe] * valid  # per-sample weight; 0 if ignored
+    # one-hot with the class last (a flat scatter), then the class axis moved into place
+    flat = xp.zeros(t.size * n_classes, dtype=dt)
+    flat[xp.arange(t.size) * n_classes + safe.reshape(-1)] = wy.reshape(-1)
+    onehot = flat.reshape(t.shape + (n_classes,))
+    if cdim != onehot.ndim - 1:
+        onehot = xp.moveaxis(onehot, -1, cdim)
     return onehot, wy, wvec, valid, cdim
 
 
