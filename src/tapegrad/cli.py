@@ -31,8 +31,9 @@ def _bench(argv):
     p.add_argument("--list", action="store_true", help="list the benchmarks and exit")
     if argv and not argv[0].startswith("-"):  # NAME first: everything after it is its own
         args, rest = p.parse_args(argv[:1]), argv[1:]
-    else:
-        args, rest = p.parse_known_args(argv)
+    else:  # all: only --list and --help are ours, the rest goes to every benchmark
+        ours = [a for a in argv if a in ("--list", "-h", "--help")]
+        args, rest = p.parse_args(ours), [a for a in argv if a not in ours]
     if args.list:
         for name, (_, description) in bench.BENCHMARKS.items():
             note = "" if bench.available(name) else "  [not available in this install]"
