@@ -230,8 +230,9 @@ def header(threads, torch_module, title):
              f"threads: {threads.blas_description()}"]
     if torch_module is not None:
         policy = os.environ.get("OMP_WAIT_POLICY", "unset (libgomp default)")
-        lines.append(f"threads: PyTorch timed at torch.set_num_threads(1) and "
-                     f"({threads.blas}), best median reported; OMP_WAIT_POLICY={policy}")
+        counts = "(1)" if threads.blas == 1 else f"(1) and ({threads.blas}), best median reported"
+        lines.append(f"threads: PyTorch timed at torch.set_num_threads{counts}; "
+                     f"OMP_WAIT_POLICY={policy}")
     lines.append("timing: contestants interleaved round by round in one process; "
                  "figures are medians over rounds")
     return "\n".join(lines)
