@@ -736,3 +736,28 @@ def test_instance_norm():
         out.append((y, z, rm, rv))
     for a, b in zip(*out):
         assert_close(a, b)
+
+
+SIGNS = np.array([1.0, -1.0, -1.0, 1.0])
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_more_losses(reduction):
+    kw = dict(reduction=reduction)
+    y = lambda T, x: T.tensor(SIGNS, dtype=x.dtype)  # noqa: E731
+    check(lambda T, a, b: F(T).margin_ranking_loss(a, b, y(T, a), margin=0.3, **kw),
+          [(4,), (4,)])
+    check(lambda T, x: F(T).hinge_embedding_loss(x, y(T, x), margin=0.5, **kw), [(4,)])
+    check(lambda T, x: F(T).soft_margin_loss(x, y(T, x), **kw), [(4,)])
+    check(lambda T, x, t: F(T).multilabel_soft_margin_loss(x, t, **kw), [(2, 4), (2, 4)])
+    check(lambda T, a, b: F(T).cosine_embedding_loss(a, b, y(T, a), margin=-0.2, **kw),
+          [(4, 3), (4, 3)])
+    check(lambda T, a, p, n: F(T).triplet_margin_loss(a, p, n, margin=2.0, swap=True, **kw),
+          [(4, 3), (4, 3), (4, 3)])
+    counts = np.array([[0.0, 1.0, 3.0], [2.0, 5.0, 0.0]])
+    check(lambda T, x: F(T).poisson_nll_loss(x, T.tensor(counts, dtype=x.dtype), full=True,
+                                             **kw), [(2, 3)])
+    check(lambda T, x: F(T).poisson_nll_loss(x.exp(), T.tensor(counts, dtype=x.dtype),
+                                             log_input=False, **kw), [(2, 3)])
+    check(lambda T, x, t, v: F(T).gaussian_nll_loss(x, t, v.exp(), full=True, **kw),
+          [(2, 3), (2, 3), (2,)])

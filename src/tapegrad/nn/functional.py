@@ -11,7 +11,7 @@ from tapegrad.autograd.grad_mode import state as grad_state
 from tapegrad.backend import xp
 from tapegrad.ops import nn as N
 from tapegrad.ops.elementwise import relu as _relu, tanh as _tanh, sigmoid as _sigmoid
-from tapegrad.ops.elementwise import where, sqrt, to_dtype, exp, log, expm1
+from tapegrad.ops.elementwise import where, sqrt, to_dtype, exp, log, expm1, log1p
 from tapegrad.ops.linalg import matmul
 from tapegrad.ops.movement import reshape_op, permute_op, broadcast_to, pad  # noqa: F401
 from tapegrad.ops.reduce import sum_op
@@ -577,6 +577,129 @@ def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_
     if reduction == "batchmean":
         total = _reduce(loss, "sum")
         return total / input.shape[0] if input.ndim else total
+    return _reduce(loss, reduction)
+
+
+# --- further losses (beyond API.md) ------------------------------------------------------
+def _clamp_min0(x):
+    from tapegrad.ops.elementwise import clamp
+
+    return clamp(x, min=0)
+
+
+def margin_ranking_loss(input1, input2, target, margin=0.0, size_average=None, reduce=None,
+                        reduction="mean"):
+    """As ``F.margin_ranking_loss``: ``max(0, -y (x1 - x2) + margin)``."""
+    reduction = _reduction(size_average, reduce, reduction)
+    if not (input1.ndim == input2.ndim == target.ndim):
+        raise RuntimeError(f"margin_ranking_loss: All input tensors should have same dimension "
+                           f"but got sizes: input1: {_shape(input1)}, input2: {_shape(input2)}, "
+                           f"target: {_shape(target)} ")
+    return _reduce(_clamp_min0(-target * (input1 - input2) + margin), reduction)
+
+
+def hinge_embedding_loss(input, target, margin=1.0, size_average=None, reduce=None,
+                         reduction="mean"):
+    """As ``F.hinge_embedding_loss``: ``x`` where y == 1, ``max(0, margin - x)`` where y == -1."""
+    reduction = _reduction(size_average, reduce, reduction)
+    loss = where(target != 1, _clamp_min0(margin - input), 0.0) + where(target != -1, input, 0.0)
+    return _reduce(loss, reduction)
+
+
+def soft_margin_loss(input, target, size_average=None, reduce=None, reduction="mean"):
+    """As ``F.soft_margin_loss``: ``log(1 + exp(-y x))``."""
+    reduction = _reduction(size_average, reduce, reduction)
+    return _reduce(log1p(exp(-input * target)), reduction)
+
+
+def multilabel_soft_margin_loss(input, target, weight=None, size_average=None, reduce=None,
+                                reduction="mean"):
+    """As ``F.multilabel_soft_margin_loss``: per-class logistic loss averaged over classes."""
+    reduction = _reduction(size_average, reduce, reduction)
+    loss = -(target * N.log_sigmoid(input) + (1 - target) * N.log_sigmoid(-input))
+    if weight is not None:
+        loss = loss * weight
+    c = input.shape[-1] if input.ndim else 1
+    loss = sum_op(loss, dims=(input.ndim - 1,)) / c if input.ndim else loss
+    return _reduce(loss, reduction)
+
+
+def cosine_embedding_loss(input1, input2, target, margin=0.0, size_average=None, reduce=None,
+                          reduction="mean"):
+    """As ``F.cosine_embedding_loss``: ``1 - cos`` where y == 1, ``max(0, cos - margin)`` where
+    y == -1 (PyTorch's formula, 1e-12 added to each squared norm)."""
+    reduction = _reduction(size_average, reduce, reduction)
+    if input1.ndim not in (1, 2) or tuple(input1.shape) != tuple(input2.shape):
+        raise RuntimeError(f"cosine_embedding_loss: expected 1D or 2D inputs of one shape, got "
+                           f"{_shape(input1)} and {_shape(input2)}")
+    d = input1.ndim - 1
+    prod = sum_op(input1 * input2, dims=(d,))
+    mag1 = sum_op(input1 * input1, dims=(d,)) + 1e-12
+    mag2 = sum_op(input2 * input2, dims=(d,)) + 1e-12
+    cos = prod / sqrt(mag1 * mag2)
+    loss = where(target == 1, 1 - cos, 0.0) + where(target == -1, _clamp_min0(cos - margin), 0.0)
+    return _reduce(loss, reduction)
+
+
+def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2, eps=1e-6, swap=False,
+                        size_average=None, reduce=None, reduction="mean"):
+    """As ``F.triplet_margin_loss``: ``max(d(a, p) - d(a, n) + margin, 0)``."""
+    from tapegrad.ops.elementwise import minimum
+
+    reduction = _reduction(size_average, reduce, reduction)
+    dims = {anchor.ndim, positive.ndim, negative.ndim}
+    if len(dims) != 1 or anchor.ndim not in (1, 2):
+        raise RuntimeError(f"triplet_margin_loss: The anchor, positive, and negative tensors are "
+                           f"expected to have the same number of dimensions (1 or 2), but got: "
+                           f"anchor {anchor.ndim}D, positive {positive.ndim}D, and negative "
+                           f"{negative.ndim}D inputs")
+    d_pos = pairwise_distance(anchor, positive, p, eps)
+    d_neg = pairwise_distance(anchor, negative, p, eps)
+    if swap:
+        d_neg = minimum(d_neg, pairwise_distance(positive, negative, p, eps))
+    return _reduce(_clamp_min0(margin + d_pos - d_neg), reduction)
+
+
+def poisson_nll_loss(input, target, log_input=True, full=False, size_average=None, eps=1e-8,
+                     reduce=None, reduction="mean"):
+    """As ``F.poisson_nll_loss``: ``exp(x) - t x`` (or ``x - t log(x + eps)``), plus Stirling's
+    term where t > 1 when ``full``."""
+    reduction = _reduction(size_average, reduce, reduction)
+    loss = exp(input) - target * input if log_input else input - target * log(input + eps)
+    if full:
+        t = target._data
+        big = t > 1
+        safe = xp.where(big, t, 2)
+        stirling = xp.where(big, safe * xp.log(safe) - safe + 0.5 * xp.log(2 * math.pi * safe),
+                            0).astype(t.dtype)
+        loss = loss + _const(stirling)
+    return _reduce(loss, reduction)
+
+
+def gaussian_nll_loss(input, target, var, full=False, eps=1e-6, reduction="mean"):
+    """As ``F.gaussian_nll_loss``: ``0.5 (log(var) + (x - t)**2 / var)``; var clamped at eps
+    (outside the graph, as PyTorch)."""
+    if isinstance(var, (int, float)):
+        if var < 0:
+            raise ValueError("gaussian_nll_loss: var has negative entry/entries")
+        var = _const(xp.full(input.shape, var, dtype=input._data.dtype))
+    elif (var._data < 0).any():
+        raise ValueError("gaussian_nll_loss: var has negative entry/entries")
+    if tuple(var.shape) != tuple(input.shape):
+        if tuple(input.shape[:-1]) == tuple(var.shape):
+            var = _reshape(var, tuple(var.shape) + (1,))
+        elif not (input.ndim == var.ndim and sum(
+                v for i, v in zip(input.shape, var.shape) if i != v) == 1):
+            raise ValueError(f"gaussian_nll_loss: var is of incorrect size {_shape(var)} for "
+                             f"input {_shape(input)}")
+    if reduction not in ("none", "mean", "sum"):
+        raise ValueError(f"{reduction} is not valid")
+    lift = xp.maximum(var._data, eps) - var._data  # the clamp, outside the graph
+    var = var + _const(lift) if lift.any() else var
+    d = input - target
+    loss = 0.5 * (log(var) + d * d / var)
+    if full:
+        loss = loss + 0.5 * math.log(2 * math.pi)
     return _reduce(loss, reduction)
 
 
@@ -1368,4 +1491,7 @@ __all__ = ["linear", "relu", "leaky_relu", "gelu", "silu", "tanh", "sigmoid", "s
            "logsigmoid", "softmin", "hardtanh", "relu6", "hardsigmoid", "hardswish", "selu",
            "celu", "mish", "softsign", "glu", "huber_loss", "kl_div", "dropout1d", "dropout2d",
            "dropout3d", "unfold", "fold", "pixel_shuffle", "pixel_unshuffle",
-           "pairwise_distance", "adaptive_avg_pool1d", "interpolate", "instance_norm"]
+           "pairwise_distance", "adaptive_avg_pool1d", "interpolate", "instance_norm",
+           "margin_ranking_loss", "hinge_embedding_loss", "soft_margin_loss",
+           "multilabel_soft_margin_loss", "cosine_embedding_loss", "triplet_margin_loss",
+           "poisson_nll_loss", "gaussian_nll_loss"]
