@@ -546,7 +546,7 @@ def _(g, out, q, k, v, bias=None, scale=1.0, keep=None, needs=(True,) * 4):
     s = matmul(q, k.mT) * scale
     if bias is not None:
         s = s + bias
-    p = softmax(s, dim=-1)
+    p = softmax(s, dim=s.ndim - 1)
     pk = p * keep if keep is not None else p
     gq = gk = gv = gb = None
     if needs[2]:
