@@ -84,6 +84,8 @@ def test_bench_mlp_and_blas_quick(capsys):
     assert cli.main(["bench", "mlp", "--quick", "--threads", "1"]) == 0
     out = capsys.readouterr().out
     assert "tapegrad ms/step" in out and "float32" in out
+    assert cli.main(["bench", "mlp", "--breakdown", "--quick", "--threads", "1"]) == 0
+    assert "cross_entropy" in capsys.readouterr().out
     assert cli.main(["bench", "blas", "--quick", "--threads", "1"]) == 0
     assert "GFLOP/s" in capsys.readouterr().out
 

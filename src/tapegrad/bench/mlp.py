@@ -9,6 +9,7 @@ reported against the machine's copy bandwidth.
 """
 import argparse
 import functools
+import importlib
 import os
 
 import numpy as np
@@ -99,6 +100,76 @@ def bandwidth_report(rows, bandwidth):
     return "\n".join(lines)
 
 
+def _parts(T, hidden, batch, dtype):
+    """The spiral step's pieces as separate workloads: each op's forward and its backward."""
+    F = importlib.import_module(T.__name__ + ".nn.functional")
+    X, y = spiral_data(batch, dtype=dtype)
+    W1, b1, W2, b2 = (T.nn.Parameter(T.tensor(p))
+                      for p in init_params((2, hidden, 3), seed=1, dtype=dtype))
+    X, y = T.tensor(X), T.tensor(y)
+    rng = np.random.default_rng(0)
+    with T.no_grad():
+        h = F.relu(F.linear(X, W1, b1))
+        logits = F.linear(h, W2, b2)
+    h = h.detach().requires_grad_()
+    logits = logits.detach().requires_grad_()
+    gh = T.tensor(rng.standard_normal(tuple(h.shape)).astype(dtype))
+    gl = T.tensor(rng.standard_normal(tuple(logits.shape)).astype(dtype))
+    params = [W1, b1, W2, b2]
+    for p in params:
+        p.grad = T.zeros_like(p)
+
+    def linear1():
+        F.linear(X, W1, b1).backward(gh)
+        W1.grad = b1.grad = None
+
+    def relu():
+        F.relu(h).backward(gh)
+        h.grad = None
+
+    def linear2():
+        F.linear(h, W2, b2).backward(gl)
+        h.grad = W2.grad = b2.grad = None
+
+    def cross_entropy():
+        F.cross_entropy(logits, y).backward()
+        logits.grad = None
+
+    grads = [T.zeros_like(p) for p in params]
+
+    def sgd():
+        with T.no_grad():
+            for p, g in zip(params, grads):
+                p.add_(g, alpha=-0.0)
+
+    return {"linear 2->H": linear1, "relu": relu, "linear H->3": linear2,
+            "cross_entropy": cross_entropy, "SGD update (4 params)": sgd}
+
+
+def breakdown(threads, torch, hidden=32, batch=512, dtype=np.float64, rounds=15):
+    """Forward+backward of each piece of the spiral step: where tapegrad's time goes."""
+    parts = {"tapegrad": _parts(tapegrad, hidden, batch, dtype)}
+    if torch is not None:
+        parts["torch"] = _parts(torch, hidden, batch, dtype)
+    rows = []
+    for name in parts["tapegrad"]:
+        cases = {"tapegrad": [H.Case("tapegrad", parts["tapegrad"][name])]}
+        if torch is not None:
+            cases["torch"] = H.torch_cases("torch", lambda fn=parts["torch"][name]: fn,
+                                           threads, threads.blas)
+        flat = [c for group in cases.values() for c in group]
+        H.interleave(flat, threads, rounds=rounds, min_time=0.005)
+        t = {lib: H.median(H.best(group)) for lib, group in cases.items()}
+        row = [name, H.fmt_us(t["tapegrad"]).strip()]
+        if torch is not None:
+            row += [H.fmt_us(t["torch"]).strip(), f"{t['torch'] / t['tapegrad']:.2f}x"]
+        rows.append(row)
+    headers = ["piece (forward + backward)", "tapegrad us"]
+    if torch is not None:
+        headers += ["torch us", "tapegrad speed vs torch"]
+    return H.table(rows, headers)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="tapegrad bench mlp", description=__doc__.split("\n")[0])
     p.add_argument("--threads", type=int, default=os.cpu_count(),
@@ -106,9 +177,18 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--quick", action="store_true", help="small configs, few steps (smoke test)")
     p.add_argument("--no-torch", action="store_true", help="leave PyTorch out")
+    p.add_argument("--breakdown", action="store_true",
+                   help="time each piece of the H=32, batch 512 step instead (forward+backward)")
     args = p.parse_args(argv)
     torch = None if args.no_torch else H.import_torch()
     with H.Threads(args.threads, torch) as threads:
+        if args.breakdown:
+            H.out(H.header(threads, torch, "spiral MLP step, piece by piece"))
+            H.out()
+            H.out("H=32, batch 512, float64: median microseconds per call of each piece, "
+                  "forward then backward (the SGD update: in-place add_ on 4 parameters)")
+            H.out(breakdown(threads, torch, rounds=3 if args.quick else args.rounds * 2))
+            return 0
         return _run(args, torch, threads)
 
 
