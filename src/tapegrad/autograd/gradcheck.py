@@ -98,6 +98,7 @@ def gradgradcheck(func, inputs, grad_outputs=None, *, eps=1e-6, atol=1e-5, rtol=
                   raise_exception=True, **_ignored) -> bool:
     """As ``torch.autograd.gradgradcheck``: gradcheck of the vector-Jacobian product."""
     from tapegrad.autograd import grad
+    from tapegrad.autograd.grad_mode import enable_grad
     from tapegrad.tensor import Tensor
 
     inputs, diff = _tensors(inputs)
@@ -110,11 +111,16 @@ def gradgradcheck(func, inputs, grad_outputs=None, *, eps=1e-6, atol=1e-5, rtol=
     n = len(inputs)
 
     def vjp(*args):
-        xs, gos = args[:n], args[n:]
-        outs = [o for o in _flat_outputs(func(*xs)) if o.requires_grad]
-        gs = grad(outs, [xs[i] for i in diff], grad_outputs=list(gos[:len(outs)]),
-                  create_graph=True, allow_unused=True)
-        return tuple(g for g in gs if g is not None)
+        # grad mode on even while central differences run it: the vjp needs the graph
+        with enable_grad():
+            xs, gos = args[:n], args[n:]
+            pairs = [(o, g) for o, g in zip(_flat_outputs(func(*xs)), gos) if o.requires_grad]
+            if not pairs:
+                raise GradcheckError("gradgradcheck: no output of the function requires grad")
+            gs = grad([o for o, _ in pairs], [xs[i] for i in diff],
+                      grad_outputs=[g for _, g in pairs], create_graph=True,
+                      materialize_grads=True)
+        return tuple(gs)
 
     return gradcheck(vjp, tuple(inputs) + tuple(grad_outputs), eps=eps, atol=atol, rtol=rtol,
                      raise_exception=raise_exception)
