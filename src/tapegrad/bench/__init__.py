@@ -13,6 +13,7 @@ BENCHMARKS = {
     "dispatch": ("tapegrad.bench.dispatch", "per-op dispatch cost vs size, with a PNG plot"),
     "mlp": ("tapegrad.bench.mlp", "spiral MLP training, H in {32, 256, 2048}, batch 512/4096"),
     "blas": ("tapegrad.bench.blas", "BLAS-bound 1024-wide Linear, batch 1024, vs numpy peak"),
+    "models": ("tapegrad.bench.models", "digits-CNN and char-GPT training steps (--profile)"),
     "checkpoint": ("benchmarks/checkpoint.py", "activation checkpointing: memory vs time"),
 }
 
