@@ -58,24 +58,39 @@ def linear(input, weight, bias=None):
 
     >>> F.linear(x, w, b)  # x (N, in), w (out, in), b (out,)
     """
+    bias = _linear_check(input, weight, bias)
+    return N.linear(input, weight, bias) if bias is not None else N.linear(input, weight)
+
+
+def linear_relu(input, weight, bias=None):
+    """``relu(linear(input, weight, bias))`` as one fused node (a tapegrad extension; in
+    PyTorch ``F.relu(F.linear(input, weight, bias))``): one recorded op, one backward."""
+    bias = _linear_check(input, weight, bias, "linear_relu")
+    if bias is None:
+        return N.linear_relu(input, weight)
+    return N.linear_relu(input, weight, bias)
+
+
+def _linear_check(input, weight, bias, name="linear"):
+    """linear's argument checks; returns the bias (a 0-d bias broadcast to out_features)."""
     if weight.ndim != 2:
-        raise RuntimeError(f"linear: weight must be 2-D (out_features, in_features), got "
+        raise RuntimeError(f"{name}: weight must be 2-D (out_features, in_features), got "
                            f"shape {tuple(weight.shape)}")
     if input.ndim == 0 or input.shape[-1] != weight.shape[1]:
         raise RuntimeError(
-            f"linear: mat1 and mat2 shapes cannot be multiplied (input {tuple(input.shape)} "
+            f"{name}: mat1 and mat2 shapes cannot be multiplied (input {tuple(input.shape)} "
             f"and weight.T {tuple(weight.shape[::-1])}: {input.shape[-1] if input.ndim else 0}"
             f" != {weight.shape[1]})")
     for what, t in (("weight", weight), ("bias", bias)):
         if t is not None and t._data.dtype != input._data.dtype:
-            raise RuntimeError(f"linear: expected input and {what} to have the same dtype, but "
+            raise RuntimeError(f"{name}: expected input and {what} to have the same dtype, but "
                                f"got {input.dtype} and {t.dtype}")
     if bias is not None and tuple(bias.shape) not in ((weight.shape[0],), ()):
-        raise RuntimeError(f"linear: bias of shape {tuple(bias.shape)} does not match "
+        raise RuntimeError(f"{name}: bias of shape {tuple(bias.shape)} does not match "
                            f"out_features {weight.shape[0]}")
     if bias is not None and bias.ndim == 0:
         bias = broadcast_to(bias, shape=(weight.shape[0],))
-    return N.linear(input, weight, bias) if bias is not None else N.linear(input, weight)
+    return bias
 
 
 def _in_place(input, name, fn):
@@ -1494,4 +1509,6 @@ __all__ = ["linear", "relu", "leaky_relu", "gelu", "silu", "tanh", "sigmoid", "s
            "pairwise_distance", "adaptive_avg_pool1d", "interpolate", "instance_norm",
            "margin_ranking_loss", "hinge_embedding_loss", "soft_margin_loss",
            "multilabel_soft_margin_loss", "cosine_embedding_loss", "triplet_margin_loss",
-           "poisson_nll_loss", "gaussian_nll_loss"]
+           "poisson_nll_loss", "gaussian_nll_loss",
+           # tapegrad extensions (no PyTorch counterpart)
+           "linear_relu"]
