@@ -5,6 +5,9 @@ a leaf Tensor that requires grad, or None) and keeps only what the op's gradient
 declared it needs (``saved``). It never points at its own output Tensor, so a graph is a
 DAG of plain references, freed by reference counting the moment its output goes.
 """
+import itertools
+from heapq import heappop, heappush
+
 from tapegrad.autograd.grad_mode import state as grad_state
 from tapegrad.backend import xp
 
@@ -13,6 +16,9 @@ Tensor = None  # set by tapegrad.tensor
 # after_op(op, args, out), before_backward(node), after_backward(node, grads).
 # Empty (the default): one check per op.
 WATCH = []
+
+
+_next_seq = itertools.count().__next__
 
 
 class Meta:
@@ -29,9 +35,11 @@ class Node:
     """One op call on the tape (PyTorch's ``grad_fn``)."""
 
     __slots__ = ("op", "parents", "saved", "versions", "out", "out_version", "params",
-                 "shape", "dtype", "hooks", "retained", "stack", "recompute", "__weakref__")
+                 "shape", "dtype", "hooks", "retained", "stack", "recompute", "seq",
+                 "__weakref__")
 
     def __init__(self, op, inputs, out, params):
+        self.seq = _next_seq()  # creation order: every Node is newer than its inputs' Nodes
         self.op = op
         self.params = params
         data = out._data
@@ -107,10 +115,6 @@ class Node:
             return out, saved
         return out, [a._data if isinstance(a, Tensor) else a for a in saved]
 
-    def _free(self):
-        if self.op.save_inputs or self.op.save_out:
-            self.saved = self.out = None
-
 
 class _Handle:
     __slots__ = ("hooks", "fn")
@@ -172,23 +176,34 @@ def run_backward(roots, root_grads, retain_graph=False, create_graph=False, inpu
         capture = {}
         for t in inputs:
             capture[id(t.grad_fn) if t.grad_fn is not None else id(t)] = None
+    # Nodes are replayed newest first: creation order is a topological order (a Node is
+    # made after its inputs' Nodes), so a heap on -seq needs no separate sort and visits
+    # only the Nodes a gradient actually reaches
     pending = {}
-    start = []
+    heap = []
+    # Nodes whose pending gradient is an array this pass allocated (a diamond's sum), so
+    # further contributions are added in place. A rule's output or a caller's gradient may
+    # be held elsewhere (returned twice by add's rule, passed to backward()): never owned.
+    owned = set()
     for r, g in zip(roots, root_grads):
         if r.grad_fn is None:
             _accumulate_leaf(r, g, create_graph, capture)
             continue
         node = r.grad_fn
-        pending[node] = pending[node] + g if node in pending else g
-        start.append(node)
+        if node in pending:
+            pending[node] = pending[node] + g
+        else:
+            pending[node] = g
+            heappush(heap, (-node.seq, node))
     watch = WATCH[:] if WATCH else None
     prev_enabled = grad_state.enabled
     grad_state.enabled = create_graph
     try:
-        for node in toposort(start):
-            g = pending.pop(node, None)
-            if g is None:
-                continue
+        while heap:
+            node = heappop(heap)[1]
+            g = pending.pop(node)
+            if owned:
+                owned.discard(node)  # g leaves the engine's hands (hooks, capture, rule)
             if node.hooks:
                 g = _run_hooks(node.hooks, g, create_graph)
             if node.retained is not None:
@@ -212,8 +227,8 @@ def run_backward(roots, root_grads, retain_graph=False, create_graph=False, inpu
             if watch is not None:
                 for w in watch:
                     w.after_backward(node, grads)
-            if not retain_graph:
-                node._free()
+            if not retain_graph and (op.save_inputs or op.save_out):
+                node.saved = node.out = None  # freed as consumed; a second backward raises
             i = -1
             for parent, gi in zip(node.parents, grads):
                 i += 1
@@ -223,10 +238,15 @@ def run_backward(roots, root_grads, retain_graph=False, create_graph=False, inpu
                     gd = gi._data if create_graph else gi
                     if gd.shape != parent.shape or gd.dtype != parent.dtype:
                         raise _shape_error(node, i, parent, gi)
-                    if parent in pending:
+                    if parent in owned:  # a sum this pass allocated: nobody else holds it
+                        pending[parent] += gi
+                    elif parent in pending:
                         pending[parent] = pending[parent] + gi
+                        if not create_graph:
+                            owned.add(parent)
                     else:
                         pending[parent] = gi
+                        heappush(heap, (-parent.seq, parent))
                 else:
                     pd = parent._data
                     gd = gi._data if create_graph else gi
