@@ -89,3 +89,73 @@ def test_linear_relu_errors():
         TF.linear_relu(tapegrad.randn(2, 3), tapegrad.randn(3))
     with pytest.raises(RuntimeError, match=r"linear_relu: bias of shape \(3,\)"):
         TF.linear_relu(tapegrad.randn(2, 3), tapegrad.randn(5, 3), tapegrad.randn(3))
+
+
+# --- the engine adds a diamond's further contributions in place, into its own sums only ----
+def _torch_grad(fn, x, g):
+    xt = torch.tensor(x, requires_grad=True)
+    fn(torch, xt).backward(torch.tensor(g))
+    return xt.grad.numpy()
+
+
+def _fan_out(T, x):
+    """``t = exp(x)`` read by five ops: five contributions reach exp's node."""
+    t = x.exp()
+    return t * 2 + t * 3 + t.sin() + t * t
+
+
+def test_diamond_sums_in_place_agree_with_torch():
+    rng = np.random.default_rng(0)
+    x, g = rng.standard_normal((3, 4)), rng.standard_normal((3, 4))
+    xt = tapegrad.tensor(x, requires_grad=True)
+    _fan_out(tapegrad, xt).backward(tapegrad.tensor(g))
+    np.testing.assert_allclose(xt.grad.numpy(), _torch_grad(_fan_out, x, g), rtol=1e-12)
+
+
+def test_in_place_accumulation_never_touches_a_callers_gradient():
+    # add's rule hands the caller's gradient to both parents; exp's node then receives it
+    # three times (two as the very same array): the engine must copy before adding in place
+    rng = np.random.default_rng(1)
+    x, g = rng.standard_normal((2, 3)), rng.standard_normal((2, 3))
+    g_before = g.copy()
+    gt = tapegrad.tensor(g)
+    xt = tapegrad.tensor(x, requires_grad=True)
+    t = xt.exp()
+    ((t + t) + t).backward(gt)
+    np.testing.assert_array_equal(gt.numpy(), g_before)
+    np.testing.assert_array_equal(g, g_before)
+    np.testing.assert_allclose(xt.grad.numpy(), 3 * g * np.exp(x), rtol=1e-12)
+
+
+def test_in_place_accumulation_never_touches_hooked_or_returned_gradients():
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 3))
+    xt = tapegrad.tensor(x, requires_grad=True)
+    t = xt.exp()
+    u = t * 1.5
+    seen = []
+    u.register_hook(lambda grad: seen.append((grad, grad.numpy().copy())))
+    t.retain_grad()
+    y = u * 2 + u * 3 + u * 4 + t.sin()
+    gu, gt_, gx = tapegrad.autograd.grad(y.sum(), [u, t, xt], retain_graph=True)
+    snapshot = [a.numpy().copy() for a in (gu, gt_, gx)]
+    y.sum().backward()
+    # the hook saw u's gradient (9 everywhere); neither it nor autograd.grad's results
+    # changed while the engine went on accumulating into its own buffers
+    for grad, copy in seen:
+        np.testing.assert_array_equal(grad.numpy(), copy)
+    np.testing.assert_array_equal(seen[0][1], np.full((2, 3), 9.0))
+    for a, copy in zip((gu, gt_, gx), snapshot):
+        np.testing.assert_array_equal(a.numpy(), copy)
+    np.testing.assert_allclose(t.grad.numpy(), 13.5 + np.cos(np.exp(x)), rtol=1e-12)
+    np.testing.assert_allclose(gx.numpy(), (13.5 + np.cos(np.exp(x))) * np.exp(x), rtol=1e-12)
+
+
+def test_in_place_accumulation_is_off_with_create_graph():
+    x = tapegrad.tensor([0.3, -0.7], dtype=tapegrad.float64, requires_grad=True)
+    t = x * x
+    y = (t + t + t).sum()
+    (gx,) = tapegrad.autograd.grad(y, [x], create_graph=True)
+    (ggx,) = tapegrad.autograd.grad(gx.sum(), [x])
+    np.testing.assert_allclose(gx.detach().numpy(), 6 * x.detach().numpy(), rtol=1e-12)
+    np.testing.assert_allclose(ggx.numpy(), [6.0, 6.0], rtol=1e-12)
