@@ -159,3 +159,38 @@ def test_in_place_accumulation_is_off_with_create_graph():
     (ggx,) = tapegrad.autograd.grad(gx.sum(), [x])
     np.testing.assert_allclose(gx.detach().numpy(), 6 * x.detach().numpy(), rtol=1e-12)
     np.testing.assert_allclose(ggx.numpy(), [6.0, 6.0], rtol=1e-12)
+
+
+# --- the benchmarks' quick modes (smoke tests: nothing here is timed) ----------------------
+def test_bench_fusion_quick(capsys):
+    from tapegrad import cli
+
+    assert cli.main(["bench", "fusion", "--quick"]) == 0
+    text = capsys.readouterr().out
+    assert "linear_relu vs relu(linear)" in text and "Adam, 50 params" in text
+    # every pair's fused and composite versions agree (the printed sanity check)
+    errs = [float(line.rsplit("agree to ", 1)[1].split()[0])
+            for line in text.splitlines() if "agree to" in line]
+    assert len(errs) == 5 and max(errs) < 1e-12
+
+
+def test_bench_scale_quick(capsys):
+    from tapegrad.bench import scale
+
+    results = scale.main(["--quick", "--threads", "1"])
+    assert set(results) == {"float64", "float32"}
+    assert {"tapegrad relu(linear)", "tapegrad linear_relu", "numpy by hand"} <= set(
+        results["float64"])
+    text = capsys.readouterr().out
+    assert "peak MiB allocated" in text and "bandwidth" in text
+
+
+def test_fused_mlp_trainer_matches_the_unfused_one():
+    from tapegrad.bench.scale import FusedMLPTrainer
+    from tapegrad.bench.spiral import MLPTrainer, init_params, spiral_data
+
+    X, y = spiral_data(64)
+    params = init_params((2, 16, 3), seed=1)
+    fused = FusedMLPTrainer(tapegrad, params, X, y).train(5)
+    plain = MLPTrainer(tapegrad, params, X, y).train(5)
+    assert fused == plain  # bitwise: the fused node does exactly the two nodes' arithmetic

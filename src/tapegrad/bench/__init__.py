@@ -14,6 +14,8 @@ BENCHMARKS = {
     "mlp": ("tapegrad.bench.mlp", "spiral MLP training, H in {32, 256, 2048}, batch 512/4096"),
     "blas": ("tapegrad.bench.blas", "BLAS-bound 1024-wide Linear, batch 1024, vs numpy peak"),
     "models": ("tapegrad.bench.models", "digits-CNN and char-GPT training steps (--profile)"),
+    "fusion": ("tapegrad.bench.fusion", "fused ops vs their compositions; Adam flat vs per-param"),
+    "scale": ("tapegrad.bench.scale", "H=2048 batch 4096 MLP step: user/sys, bandwidth, changes"),
     "checkpoint": ("benchmarks/checkpoint.py", "activation checkpointing: memory vs time"),
 }
 
