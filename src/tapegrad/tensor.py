@@ -25,7 +25,7 @@ class Tensor:
     """As ``torch.Tensor``: an n-dimensional array that records the ops applied to it."""
 
     __slots__ = ("_data", "_requires_grad", "grad", "grad_fn", "_version", "_hooks",
-                 "__weakref__")
+                 "_view", "_views", "__weakref__")  # set on views / bases only: see view_of
     __array_ufunc__ = None  # numpy defers to our reflected operators (array + tensor)
     __array_priority__ = 1000
 
@@ -183,6 +183,15 @@ class Tensor:
             raise RuntimeError(
                 f"item: a Tensor with {self._data.size} elements cannot be converted to Scalar")
         return self._data.item()
+
+    def __getstate__(self):
+        # pickled and deep-copied tensors own their storage: drop the view bookkeeping
+        state = object.__getstate__(self)
+        slots = state[1] if type(state) is tuple else state
+        if slots:
+            slots.pop("_view", None)
+            slots.pop("_views", None)
+        return state
 
     def detach(self):
         """As ``Tensor.detach()``: same storage and version counter, no graph."""
@@ -774,6 +783,176 @@ def _shares_base(array):
     return base is not None and _refcount(base) > 3  # array.base, ``base``, the argument
 
 
+def view_of(a, data, o, params):
+    """The Tensor for ``data``, the output of view op ``o`` on ``a`` (called by dispatch).
+
+    A view shares its base's storage and version counter. ``_view`` is ``(base, chain,
+    nograd)``: the base (the non-view tensor whose storage it shares), the ``(view op,
+    params)`` steps that make it from the base (``movement.replay_view``), and whether it was
+    made under ``no_grad``. The base keeps weak references to its views (``_views``), to
+    mark them stale when an in-place op changes its history. Non-view ops never come here."""
+    ad = a._data
+    b = data.base
+    ab = ad.base
+    if b is not ad and (b is None or b is not ab) and not xp.may_share_memory(data, ad):
+        return make(data)  # numpy had to copy (a reshape of a non-contiguous input): no view
+    t = _new(Tensor)
+    t._data = data
+    t.grad = t.grad_fn = t._hooks = None
+    t._requires_grad = False
+    t._version = a._version
+    info = None if ab is None else getattr(a, "_view", None)  # owners of memory are no views
+    if info is None:
+        base, chain = a, ((o, params),)
+    else:
+        base, chain = info[0], info[1] + ((o, params),)
+    t._view = (base, chain, not grad_state.enabled)
+    refs = getattr(base, "_views", None)
+    if refs is None:
+        refs = base._views = []
+    refs.append(_weakref(t))
+    n = len(refs)
+    if n > 16 and n & (n - 1) == 0:  # at powers of 2: drop dead references
+        refs[:] = [r for r in refs if r() is not None]
+    return t
+
+
+registry.view_of = view_of
+_weakref = weakref.ref
+
+
+class _StaleView(Tensor):
+    """A view whose base's history changed (an in-place op in grad mode) after the view's
+    ``grad_fn`` was made. ``_mark_views`` switches a view to this class; the first read of its
+    ``grad_fn`` or ``requires_grad`` (as an op input, a backward root, an in-place target)
+    regenerates its ``grad_fn`` by replaying its chain on the base, as PyTorch does lazily,
+    and switches it back to Tensor. Only such views pay for the check."""
+
+    __slots__ = ()
+
+    @property
+    def grad_fn(self):
+        return _refresh_view(self)
+
+    @grad_fn.setter
+    def grad_fn(self, fn):
+        self.__class__ = Tensor
+        self.grad_fn = fn
+
+    @property
+    def _requires_grad(self):
+        _refresh_view(self)
+        return self._requires_grad
+
+    @_requires_grad.setter
+    def _requires_grad(self, value):
+        _REQ_GRAD.__set__(self, value)
+
+    def __reduce_ex__(self, protocol):
+        _refresh_view(self)
+        return self.__reduce_ex__(protocol)
+
+
+_GRAD_FN = Tensor.__dict__["grad_fn"]  # Tensor's slot descriptors, under the properties
+_REQ_GRAD = Tensor.__dict__["_requires_grad"]
+
+
+def _mark_views(base, keep=None):
+    """After ``base``'s history changed: its live views (but ``keep``) regenerate their
+    ``grad_fn`` when next used. Dead references are dropped."""
+    refs = getattr(base, "_views", None)
+    if not refs:
+        return
+    live = []
+    for r in refs:
+        v = r()
+        if v is not None:
+            live.append(r)
+            if v is not keep and type(v) is Tensor:
+                v.__class__ = _StaleView
+    refs[:] = live
+
+
+def _refresh_view(t):
+    """Regenerate view ``t``'s ``grad_fn`` by replaying its chain on its base (grad mode)."""
+    base, chain, _ = t._view
+    prev = grad_state.enabled
+    grad_state.enabled = True
+    try:
+        r = _M.replay_view(base, chain)
+    finally:
+        grad_state.enabled = prev
+    t.__class__ = Tensor
+    old, fn = t.grad_fn, r.grad_fn
+    t.grad_fn = fn
+    t._requires_grad = r._requires_grad
+    if old is not None and old.retained is not None and fn is not None:
+        fn.retained = old.retained
+    return fn
+
+
+def _inplace_result(t, name, result):
+    """Check the out-of-place result of an in-place op on ``t``; cast it to ``t``'s dtype."""
+    if not isinstance(result, Tensor):
+        raise TypeError(f"{name}: the out-of-place op returned {type(result).__name__}")
+    if result.shape != t.shape:
+        raise _shape_error(name, t, result.shape)
+    res = result.dtype
+    if res.np != t._data.dtype:
+        if not _can_cast(res, t.dtype):
+            raise _cast_error(name, res, t.dtype)
+        result = _E.to_dtype(result, dtype=t.dtype)
+    return result
+
+
+def _inplace_view(t, name, fn, args, kwargs):
+    """In-place on a view in grad mode (PyTorch's semantics): the view's new value is computed
+    out of place, then its base takes a ``copy_slices`` history (the old base with the view's
+    region replaced by the new value) and the view a ``grad_fn`` replayed from the new base."""
+    base, chain, nograd = t._view
+    if nograd:
+        raise RuntimeError(
+            f"{name}: A view was created in no_grad mode and is being modified inplace with grad "
+            "mode enabled. Given that this use case is ambiguous and error-prone, it is "
+            "forbidden. You can clarify your code by moving both the view and the inplace "
+            "either both inside the no_grad block (if you don't want the inplace to be tracked) "
+            "or both outside (if you want the inplace to be tracked).")
+    node = t.grad_fn  # refreshed if stale
+    if t._requires_grad and base.grad_fn is None:
+        raise RuntimeError(f"{name}: a view of a leaf Variable that requires grad is being used "
+                           "in an in-place operation.")
+    data = t._data
+    for n, st in zip(data.shape, data.strides):
+        if st == 0 and n > 1:
+            raise RuntimeError(
+                f"{name}: unsupported operation: more than one element of the written-to tensor "
+                "refers to a single memory location. Please clone() the tensor before "
+                f"performing the operation (an expanded view of shape {tuple(data.shape)}).")
+    old = Tensor._make(data.copy(), grad_fn=node)
+    old._requires_grad = t._requires_grad
+    result = _inplace_result(t, name, fn(old, *args, **kwargs))
+    bdata = base._data
+    index = _M.replay_view(xp.arange(bdata.size).reshape(bdata.shape), chain)
+    bnode = base.grad_fn
+    old_base = Tensor._make(bdata, grad_fn=bnode)  # copy_slices saves nothing: no copy
+    old_base._requires_grad = base._requires_grad
+    new_base = _M.copy_slices(old_base, result, index=index, chain=chain)
+    xp.copyto(bdata, new_base._data)
+    base._version[0] += 1  # shared with every view of the base
+    new = new_base.grad_fn
+    base.grad_fn = new
+    base._requires_grad = new_base._requires_grad
+    if bnode is not None and bnode.retained is not None and new is not None:
+        new.retained, bnode.retained = bnode.retained, None
+    _mark_views(base, keep=t)
+    vnode = result.grad_fn
+    fn = _refresh_view(t)  # view_fn(new base); moves a retained grad over
+    if vnode is not None and fn is not None and vnode.out is result._data:
+        vnode.out = t._data  # the rebased op saved its output: make that the view itself
+        vnode.out_version = (t._version, t._version[0])
+    return t
+
+
 def _inplace(t, name, fn, args, kwargs):
     """The general in-place op: ``fn(t, *args, **kwargs)`` out of place, written back into
     ``t``'s buffer. In grad mode with something requiring grad, ``t`` takes over the result's
@@ -784,29 +963,23 @@ def _inplace(t, name, fn, args, kwargs):
         with no_grad():
             result = fn(t, *args, **kwargs)
         return _write(t, result._data, name)
+    if t._data.base is not None and getattr(t, "_view", None) is not None:
+        return _inplace_view(t, name, fn, args, kwargs)
     node = t.grad_fn
     if node is None and t._requires_grad:
         raise RuntimeError(f"{name}: a leaf Variable that requires grad is being used in an "
                            "in-place operation.")
-    if node is not None and node.op.view or node is None and _shares_base(t._data):
+    if node is None and _shares_base(t._data):
         raise RuntimeError(
-            f"{name}: in-place operation on a view (shape {tuple(t.shape)}) while recording "
-            "gradients is not supported by tapegrad (PyTorch would rewrite the base tensor's "
-            "history). Apply the op to the base tensor with an index assignment (base[idx] = "
-            "value), use the out-of-place op, or run it under no_grad() if no gradient must "
+            f"{name}: in-place operation on a tensor (shape {tuple(t.shape)}) whose memory is a "
+            "view of another tensor's that tapegrad did not make with a view op (from_numpy, "
+            "as_tensor of a numpy view, .data), while recording gradients: the other tensor's "
+            "history cannot be rewritten. Take the view with a tapegrad view op (indexing, "
+            "view, transpose...), clone() first, or run it under no_grad() if no gradient must "
             "flow through it. See docs/differences.md.")
     old = Tensor._make(t._data.copy(), grad_fn=node)
     old._requires_grad = t._requires_grad
-    result = fn(old, *args, **kwargs)
-    if not isinstance(result, Tensor):
-        raise TypeError(f"{name}: the out-of-place op returned {type(result).__name__}")
-    if result.shape != t.shape:
-        raise _shape_error(name, t, result.shape)
-    res = result.dtype
-    if res.np != t._data.dtype:
-        if not _can_cast(res, t.dtype):
-            raise _cast_error(name, res, t.dtype)
-        result = _E.to_dtype(result, dtype=t.dtype)
+    result = _inplace_result(t, name, fn(old, *args, **kwargs))
     xp.copyto(t._data, result._data, casting="unsafe")
     t._version[0] += 1
     new = result.grad_fn
@@ -818,6 +991,7 @@ def _inplace(t, name, fn, args, kwargs):
             new.out_version = (t._version, t._version[0])
         if node is not None and node.retained is not None:
             new.retained, node.retained = node.retained, None
+    _mark_views(t)  # views of t regenerate their grad_fn from t's new history when next used
     return t
 
 

@@ -181,6 +181,31 @@ def _(g, out, a, v, index, accumulate=False, basic=False, needs=(True, True)):
     return ga, gv
 
 
+def replay_view(a, chain):
+    """Apply a view's recorded ``(view op, params)`` chain to ``a`` (a Tensor or an array)."""
+    for o, params in chain:
+        a = o(a, **params)
+    return a
+
+
+@op(saves="none", needs=True, name="copy_slices")
+def copy_slices(a, v, index, chain):
+    """A copy of ``a`` with the region a view of it covers replaced by ``v`` (PyTorch's
+    ``CopySlices``: the history of a base after an in-place op on one of its views).
+    ``index``: the flat positions in ``a`` of the view's elements (the view's shape);
+    ``chain``: the view ops that make the view from ``a``."""
+    out = a.copy()  # C-contiguous, so reshape(-1) is a view of it
+    out.reshape(-1)[index] = v
+    return out
+
+
+@copy_slices.grad
+def _(g, out, a, v, index, chain, needs=(True, True)):
+    ga = copy_slices(g, 0, index=index, chain=chain) if needs[0] else None
+    gv = replay_view(g, chain) if needs[1] else None
+    return ga, gv
+
+
 # --- joining, repeating and rearranging ops ----------------------------------------------
 @op(saves="none", needs=True, name="cat")
 def cat_op(arrays, dim):

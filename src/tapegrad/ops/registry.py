@@ -28,6 +28,7 @@ ndarray = xp.ndarray
 REGISTRY = {}  # name -> Op: read by the profiler and the compiler
 Tensor = None  # set by tapegrad.tensor (breaks the import cycle)
 make = None  # tapegrad.tensor.make: wrap an array as a Tensor without copying
+view_of = None  # tapegrad.tensor.view_of: wrap a view op's output (base, chain)
 
 _SAVES = ("inputs", "out", "both", "none")
 
@@ -172,9 +173,10 @@ def dispatch(o, args, params):
         raise RuntimeError(f"{o.name}: {e} (inputs: {shapes})") from None
     if type(data) is not ndarray:  # numpy reductions to 0-d give scalars: keep an array
         data = xp.asarray(data)
-    out = make(data)
-    if o.view:
-        out._version = args[0]._version
+    if o.view:  # shares args[0]'s storage and version; knows its base and how to replay
+        out = view_of(args[0], data, o, params)
+    else:
+        out = make(data)
     if grad_state.enabled and o.differentiable:
         for a in args:
             if isinstance(a, Tensor) and a._requires_grad:
