@@ -379,3 +379,21 @@ def test_integer_views_share_storage_without_history():
     expected[:, 1] += 5
     expected[2][::2] *= 2
     np.testing.assert_array_equal(i.numpy(), expected)
+
+
+def test_inplace_on_a_detached_alias_rebases_only_the_alias():
+    # detach(), .data and from_numpy give non-differentiable aliases: in PyTorch an in-place op
+    # on one records the alias's own history and leaves the other tensor's history alone
+    def f(T, x, r):
+        y = x * 1
+        d = y[0].detach()
+        d.copy_(r * 2)  # writes y's memory
+        return y * 1 + d.sum(), d
+
+    check_torch(f, [X, R])
+    arr = np.zeros((2, 4))
+    for T in (tapegrad, torch):
+        r = T.tensor(R, requires_grad=True)
+        a = T.from_numpy(arr[1])  # a numpy view
+        a.mul_(r)
+        assert a.grad_fn is not None and a.requires_grad

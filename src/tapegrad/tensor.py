@@ -1,6 +1,5 @@
 """Tensor: a backend array, its grad and the Node that made it. Operators delegate to ops."""
 import math
-import sys
 import weakref
 
 from tapegrad import dtypes
@@ -583,7 +582,6 @@ class Tensor:
         return engine._Handle(self._hooks, hook)
 
 
-_refcount = sys.getrefcount
 _FLOAT_NP = dtypes.FLOAT_NP  # ml_dtypes' bfloat16 has numpy kind "V", not "f"
 
 
@@ -776,13 +774,6 @@ def _lerp(a, end, weight):
     return _E.where(abs(weight) < 0.5, a + weight * (end - a), end - (end - a) * (1 - weight))
 
 
-def _shares_base(array):
-    """Whether ``array`` views memory that something else (another tensor) still holds: a
-    view of a temporary (``zeros(6).reshape(2, 3)``) is its own storage in practice."""
-    base = array.base
-    return base is not None and _refcount(base) > 3  # array.base, ``base``, the argument
-
-
 def view_of(a, data, o, params):
     """The Tensor for ``data``, the output of view op ``o`` on ``a`` (called by dispatch).
 
@@ -969,14 +960,6 @@ def _inplace(t, name, fn, args, kwargs):
     if node is None and t._requires_grad:
         raise RuntimeError(f"{name}: a leaf Variable that requires grad is being used in an "
                            "in-place operation.")
-    if node is None and _shares_base(t._data):
-        raise RuntimeError(
-            f"{name}: in-place operation on a tensor (shape {tuple(t.shape)}) whose memory is a "
-            "view of another tensor's that tapegrad did not make with a view op (from_numpy, "
-            "as_tensor of a numpy view, .data), while recording gradients: the other tensor's "
-            "history cannot be rewritten. Take the view with a tapegrad view op (indexing, "
-            "view, transpose...), clone() first, or run it under no_grad() if no gradient must "
-            "flow through it. See docs/differences.md.")
     old = Tensor._make(t._data.copy(), grad_fn=node)
     old._requires_grad = t._requires_grad
     result = _inplace_result(t, name, fn(old, *args, **kwargs))
