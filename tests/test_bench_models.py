@@ -48,6 +48,8 @@ def test_phases_and_op_profile_cover_the_step():
     assert not tapegrad.autograd.engine.WATCH  # the watcher is removed afterwards
     text = models.op_report(timer, watched, steps)
     assert "top" in text and "linear" in text
+    text = models.function_profile("cnn", np.float64, steps=1, top=40)
+    assert "max_pool2d_indices (tapegrad/ops/nn.py:" in text  # numpy work no op records
 
 
 def test_main_quick_prints_the_table(capsys):

@@ -13,7 +13,8 @@ tapegrad's (> 1: tapegrad is faster).
 
 ``--profile`` adds where each library's step goes: every phase of the step timed on its own
 (median per step), and tapegrad's recorded ops ranked by time, forward and backward apart
-(measured through the op watchers of ``tapegrad.autograd.engine.WATCH``).
+(measured through the op watchers of ``tapegrad.autograd.engine.WATCH``), and a cProfile of
+tapegrad's step for what no op records (numpy work on raw arrays, modules' Python).
 """
 import argparse
 import os
@@ -348,6 +349,42 @@ def op_report(timer, watched, steps, top=12):
     return "\n".join(lines)
 
 
+def function_profile(model, dtype, steps=30, top=12, seed=0):
+    """cProfile of tapegrad's step: the ``top`` functions by own time, in ms per step.
+
+    This sees what the op watchers cannot: numpy calls made outside any recorded op (index
+    computations on raw arrays, im2col copies) and the Python of modules and the tape."""
+    import cProfile
+    import pstats
+
+    state, batches = initial_state(model, seed), make_data(model, 16, seed)
+    step = Step(tapegrad, model, state, batches, dtype)
+    step()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        step()
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # (file, line, name) -> (calls, ncalls, tottime, cum, ...)
+    total = sum(v[2] for v in stats.values())
+    ranked = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    rows = []
+    for (path, line, name), (_, ncalls, tottime, cumtime, _) in ranked:
+        where = name if path == "~" else f"{name} ({_short(path)}:{line})"
+        rows.append([where, f"{ncalls / steps:g}", f"{tottime / steps * 1e3:.3f}",
+                     f"{cumtime / steps * 1e3:.3f}"])
+    return (f"cProfile, {steps} steps (profiled step {total / steps * 1e3:.2f} ms; profiling "
+            f"inflates Python-heavy code): top {len(rows)} functions by own time, per step\n"
+            + H.table(rows, ["function", "calls", "own ms", "cumulative ms"]))
+
+
+def _short(path):
+    parts = path.replace(os.sep, "/").split("/")
+    if "tapegrad" in parts:
+        return "/".join(parts[len(parts) - 1 - parts[::-1].index("tapegrad"):])
+    return parts[-1]
+
+
 # --- command line --------------------------------------------------------------------------
 def main(argv=None):
     p = argparse.ArgumentParser(prog="tapegrad bench models", description=__doc__.split("\n")[0])
@@ -359,7 +396,8 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="2 rounds of a few steps (smoke test)")
     p.add_argument("--no-torch", action="store_true", help="leave PyTorch out")
     p.add_argument("--profile", action="store_true",
-                   help="also time each phase of the step and rank tapegrad's ops by time")
+                   help="also time each phase of the step, rank tapegrad's ops by time (op "
+                        "watchers) and its functions by own time (cProfile)")
     args = p.parse_args(argv)
     torch = None if args.no_torch else H.import_torch()
     models = MODELS if args.model == "all" else (args.model,)
@@ -384,6 +422,8 @@ def main(argv=None):
                     H.out(phase_report(phases(threads, torch, model, dtype, steps), model))
                     H.out()
                     H.out(op_report(*op_profile(model, dtype, steps)))
+                    H.out()
+                    H.out(function_profile(model, dtype, steps))
     return rows
 
 
