@@ -397,3 +397,25 @@ def test_inplace_on_a_detached_alias_rebases_only_the_alias():
         a = T.from_numpy(arr[1])  # a numpy view
         a.mul_(r)
         assert a.grad_fn is not None and a.requires_grad
+
+
+def test_retain_grad_on_view_follows_inplace_on_it():
+    for T in (tapegrad, torch):
+        x = T.tensor(X, requires_grad=True)
+        y = x * 2
+        v = y[1:, 2]
+        v.retain_grad()
+        v.mul_(T.tensor(R[:2]))
+        (y * y).sum().backward()  # v's new grad_fn is not on this path: no v.grad
+        assert v.retains_grad and v.grad is None
+    grads = []
+    for T in (tapegrad, torch):
+        x = T.tensor(X, requires_grad=True)
+        y = x * 2
+        v = y[1:, 2]
+        v.retain_grad()
+        y.mul_(3)  # the stale view keeps retaining, on its regenerated grad_fn
+        (v * v).sum().backward()
+        grads.append((v.grad, x.grad))
+    assert_close(grads[0][0], grads[1][0])
+    assert_close(grads[0][1], grads[1][1])

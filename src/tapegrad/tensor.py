@@ -878,7 +878,7 @@ def _refresh_view(t):
     t.grad_fn = fn
     t._requires_grad = r._requires_grad
     if old is not None and old.retained is not None and fn is not None:
-        fn.retained = old.retained
+        fn.retained, old.retained = old.retained, None  # retain_grad() follows the tensor
     return fn
 
 
