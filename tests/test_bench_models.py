@@ -60,6 +60,16 @@ def test_main_quick_prints_the_table(capsys):
     assert rows[0]["loss_diff"] < 1e-5
 
 
+def test_cli_runs_bench_models(capsys):
+    from tapegrad import bench, cli
+
+    assert "models" in bench.BENCHMARKS
+    assert cli.main(["bench", "models", "--quick", "--model", "gpt", "--dtype", "float64",
+                     "--threads", "1", "--no-torch"]) == 0
+    out = capsys.readouterr().out
+    assert "char GPT" in out and "torch ms/step" not in out
+
+
 # linear's batched path (input of 3 or more dims: one 2-D GEMM), found by this benchmark
 def test_linear_batched_input_matches_torch():
     check_op(lambda T, x, w, b: T.nn.functional.linear(x, w, b), [(2, 2, 3), (4, 3), (4,)])
