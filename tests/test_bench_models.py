@@ -49,7 +49,7 @@ def test_phases_and_op_profile_cover_the_step():
     text = models.op_report(timer, watched, steps)
     assert "top" in text and "linear" in text
     text = models.function_profile("cnn", np.float64, steps=1, top=40)
-    assert "max_pool2d_indices (tapegrad/ops/nn.py:" in text  # numpy work no op records
+    assert "conv2d (tapegrad/ops/nn.py:" in text and "<method 'reshape'" in text
 
 
 def test_main_quick_prints_the_table(capsys):
@@ -85,3 +85,53 @@ def test_linear_batched_input_empty_and_noncontiguous():
     got = tapegrad.nn.functional.linear(tapegrad.tensor(xt), tapegrad.tensor(w))
     ref = torch.nn.functional.linear(torch.tensor(xt), torch.tensor(w))
     np.testing.assert_allclose(got.numpy(), ref.numpy(), rtol=1e-12)
+
+
+# max_pool2d's window arg-max when stride = kernel (the CNN's pools), found by this benchmark
+@pytest.mark.parametrize("shape,kernel", [((3, 4, 8, 8), 2), ((2, 3, 5, 7), 2),
+                                          ((1, 2, 6, 9), 3), ((2, 1, 4, 6), (2, 3))])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_max_pool2d_tiled_windows_match_torch(shape, kernel, dtype):
+    rng = np.random.default_rng(0)
+    x = (np.round(rng.standard_normal(shape) * 2) / 2).astype(dtype)  # many ties
+    x.flat[::5] = -np.inf
+    for arr in (x, np.asfortranarray(x)):
+        a, ia = tapegrad.nn.functional.max_pool2d(tapegrad.tensor(arr), kernel,
+                                                   return_indices=True)
+        b, ib = torch.nn.functional.max_pool2d(torch.tensor(arr), kernel, return_indices=True)
+        np.testing.assert_array_equal(ia.numpy(), ib.numpy())
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_max_pool2d_tiled_gradients_match_torch():
+    check_op(lambda T, x: T.nn.functional.max_pool2d(x, 2), [(2, 3, 4, 6)])
+    check_op(lambda T, x: T.nn.functional.max_pool2d(x, (2, 3)), [(1, 2, 5, 7)])
+
+
+def _first_argmax_indices(x, k):
+    """Reference: per window, numpy's argmax (the first maximum; the first NaN wins) as a
+    flat h * W + w index, by explicit loops."""
+    n, c, h, w = x.shape
+    out = np.zeros((n, c, h // k, w // k), dtype=np.int64)
+    for idx in np.ndindex(out.shape):
+        b, ch, r, q = idx
+        j = int(np.argmax(x[b, ch, r * k:(r + 1) * k, q * k:(q + 1) * k].reshape(-1)))
+        out[idx] = (r * k + j // k) * w + q * k + j % k
+    return out
+
+
+def test_max_pool2d_tiled_nan_int_and_empty():
+    """As the general path (numpy's argmax): the first NaN of a window wins; integer inputs
+    and an empty batch work."""
+    from tapegrad.ops import nn as N
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 3, 4, 5))
+    x.flat[::3] = np.nan
+    x.flat[1::7] = np.nan
+    for arr, k in ((x, 2), (rng.integers(0, 3, (2, 2, 6, 7)), 3), (np.ones((0, 2, 4, 4)), 2)):
+        o = (arr.shape[2] // k, arr.shape[3] // k)
+        got = N.max_pool2d_indices(arr, kernel=(k, k), stride=(k, k), padding=(0, 0),
+                                   dilation=(1, 1), out_size=o)
+        assert got.dtype == np.int64
+        np.testing.assert_array_equal(got, _first_argmax_indices(arr, k))

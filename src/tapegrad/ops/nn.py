@@ -453,6 +453,8 @@ def max_pool2d_indices(x, kernel, stride, padding, dilation, out_size):
     """Flat (h * W + w) index of each window's maximum (the first one; NaN wins)."""
     n, c, h, w = x.shape
     (kh, kw), (sh, sw), (ph, pw), (dh, dw), (oh, ow) = kernel, stride, padding, dilation, out_size
+    if (kh, kw) == (sh, sw) and dh == dw == 1 and ph == pw == 0 and oh * kh <= h and ow * kw <= w:
+        return _tiled_max_indices(x, kh, kw, oh, ow)
     pads = ((ph, (oh - 1) * sh + (kh - 1) * dh + 1 - h - ph),
             (pw, (ow - 1) * sw + (kw - 1) * dw + 1 - w - pw))
     fill = -xp.inf if x.dtype.kind == "f" else xp.iinfo(x.dtype).min
@@ -463,6 +465,31 @@ def max_pool2d_indices(x, kernel, stride, padding, dilation, out_size):
     cols = xp.arange(ow)[None, :] * sw - pw + (k % kw) * dw
     # a window of only -inf keeps its first in-bounds element, as PyTorch's kernel does
     return xp.clip(rows, 0, h - 1) * w + xp.clip(cols, 0, w - 1)
+
+
+def _tiled_max_indices(x, kh, kw, oh, ow):
+    """max_pool2d_indices when the windows tile the input (stride = kernel, no padding or
+    dilation): one copy puts each window offset in a contiguous row, then the window max and
+    the first offset that reaches it are elementwise passes over those rows, instead of an
+    argmax over a last axis of kh * kw (about 3x faster for the digits CNN's 2x2 pools)."""
+    n, c, h, w = x.shape
+    if (oh * kh, ow * kw) != (h, w):  # floor mode: the last rows/columns belong to no window
+        x = x[:, :, :oh * kh, :ow * kw]
+    rows = xp.ascontiguousarray(x.reshape(n * c * oh, kh, ow, kw).transpose(1, 3, 0, 2))
+    rows = rows.reshape(kh * kw, n * c * oh * ow)
+    top = xp.max(rows, axis=0)  # NaN if the window holds one
+    has_nan = bool((top != top).any())
+    off = xp.zeros(top.shape, dtype=xp.int64)
+    hit = xp.empty(top.shape, dtype=bool)
+    for k in range(kh * kw - 1, -1, -1):  # backwards, so the first offset that hits wins
+        row = rows[k]
+        xp.equal(row, top, out=hit)
+        if has_nan:
+            hit |= row != row
+        off = xp.where(hit, (k // kw) * w + k % kw, off)
+    off = off.reshape(n, c, oh, ow)
+    off += (xp.arange(oh) * (kh * w))[:, None] + xp.arange(ow) * kw
+    return off
 
 
 @op(fused=True)
