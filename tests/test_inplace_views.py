@@ -367,8 +367,8 @@ def test_base_drops_references_to_dead_views():
     keep = [y[0], y.T]
     for _ in range(300):
         y[1].sum()
-    assert len(y._views) < 64
-    assert all(r() is not None for r in y._views[:2]) and keep
+    assert len(y._view) < 64
+    assert all(r() is not None for r in y._view[:2]) and keep
 
 
 def test_integer_views_share_storage_without_history():

@@ -24,7 +24,7 @@ class Tensor:
     """As ``torch.Tensor``: an n-dimensional array that records the ops applied to it."""
 
     __slots__ = ("_data", "_requires_grad", "grad", "grad_fn", "_version", "_hooks",
-                 "_view", "_views", "__weakref__")  # set on views / bases only: see view_of
+                 "_view", "__weakref__")  # _view: set on views and bases only (view_of)
     __array_ufunc__ = None  # numpy defers to our reflected operators (array + tensor)
     __array_priority__ = 1000
 
@@ -189,7 +189,6 @@ class Tensor:
         slots = state[1] if type(state) is tuple else state
         if slots:
             slots.pop("_view", None)
-            slots.pop("_views", None)
         return state
 
     def detach(self):
@@ -780,8 +779,8 @@ def view_of(a, data, o, params):
     A view shares its base's storage and version counter. ``_view`` is ``(base, chain,
     nograd)``: the base (the non-view tensor whose storage it shares), the ``(view op,
     params)`` steps that make it from the base (``movement.replay_view``), and whether it was
-    made under ``no_grad``. The base keeps weak references to its views (``_views``), to
-    mark them stale when an in-place op changes its history. Non-view ops never come here."""
+    made under ``no_grad``. On a base, ``_view`` is a list of weak references to its views,
+    to mark them stale when an in-place op changes its history. Non-view ops never come here."""
     ad = a._data
     b = data.base
     ab = ad.base
@@ -793,14 +792,14 @@ def view_of(a, data, o, params):
     t._requires_grad = False
     t._version = a._version
     info = None if ab is None else getattr(a, "_view", None)  # owners of memory are no views
-    if info is None:
+    if type(info) is not tuple:
         base, chain = a, ((o, params),)
     else:
         base, chain = info[0], info[1] + ((o, params),)
     t._view = (base, chain, not grad_state.enabled)
-    refs = getattr(base, "_views", None)
+    refs = getattr(base, "_view", None)
     if refs is None:
-        refs = base._views = []
+        refs = base._view = []
     refs.append(_weakref(t))
     n = len(refs)
     if n > 16 and n & (n - 1) == 0:  # at powers of 2: drop dead references
@@ -851,8 +850,8 @@ _REQ_GRAD = Tensor.__dict__["_requires_grad"]
 def _mark_views(base, keep=None):
     """After ``base``'s history changed: its live views (but ``keep``) regenerate their
     ``grad_fn`` when next used. Dead references are dropped."""
-    refs = getattr(base, "_views", None)
-    if not refs:
+    refs = getattr(base, "_view", None)
+    if not refs or type(refs) is not list:
         return
     live = []
     for r in refs:
@@ -954,7 +953,7 @@ def _inplace(t, name, fn, args, kwargs):
         with no_grad():
             result = fn(t, *args, **kwargs)
         return _write(t, result._data, name)
-    if t._data.base is not None and getattr(t, "_view", None) is not None:
+    if t._data.base is not None and type(getattr(t, "_view", None)) is tuple:
         return _inplace_view(t, name, fn, args, kwargs)
     node = t.grad_fn
     if node is None and t._requires_grad:
