@@ -419,3 +419,20 @@ def test_retain_grad_on_view_follows_inplace_on_it():
         grads.append((v.grad, x.grad))
     assert_close(grads[0][0], grads[1][0])
     assert_close(grads[0][1], grads[1][1])
+
+
+def test_no_grad_view_of_a_base_modified_in_grad_mode_raises_when_used():
+    for T in (tapegrad, torch):
+        x = T.tensor(X, requires_grad=True)
+        y = x * 2
+        with T.no_grad():
+            v = y[0]
+        y.add_(1)
+        with pytest.raises(RuntimeError, match="its base or another view of its base has been "
+                                               "modified inplace with grad mode enabled"):
+            v.grad_fn
+        w = T.zeros(3, 4, dtype=T.float64)
+        with T.no_grad():
+            u = w[0]
+        w.add_(1)  # nothing requires grad: the view stays usable
+        assert not u.requires_grad and u.grad_fn is None

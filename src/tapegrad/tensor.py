@@ -865,7 +865,15 @@ def _mark_views(base, keep=None):
 
 def _refresh_view(t):
     """Regenerate view ``t``'s ``grad_fn`` by replaying its chain on its base (grad mode)."""
-    base, chain, _ = t._view
+    base, chain, nograd = t._view
+    if nograd:
+        raise RuntimeError(
+            "A view was created in no_grad mode and its base or another view of its base has "
+            "been modified inplace with grad mode enabled. Given that this use case is "
+            "ambiguous and error-prone, it is forbidden. You can clarify your code by moving "
+            "both the view and the inplace either both inside the no_grad block (if you don't "
+            "want the inplace to be tracked) or both outside (if you want the inplace to be "
+            "tracked).")
     prev = grad_state.enabled
     grad_state.enabled = True
     try:
