@@ -129,16 +129,17 @@ def measure_pairs(threads, sizes=SIZES, rounds=11):
             H.interleave(cases, threads, rounds=rounds, min_time=0.005)
             tf, tc = H.median(cases[0]), H.median(cases[1])
             rows.append({"pair": name, "n": n, "fused": tf, "composite": tc,
-                         "saved": tc - tf, "speedup": tc / tf})
+                         "saved": tc - tf, "speedup": tc / tf,
+                         "spread": max(H.spread(cases[0]), H.spread(cases[1]))})
     return rows
 
 
 def pairs_table(rows):
     table = [[r["pair"], str(r["n"]), H.fmt_us(r["fused"]).strip(),
               H.fmt_us(r["composite"]).strip(), H.fmt_us(r["saved"]).strip(),
-              f"{r['speedup']:.2f}x"] for r in rows]
+              f"{r['speedup']:.2f}x", f"{r['spread']:.1%}"] for r in rows]
     return H.table(table, ["fused op vs composite (forward+backward)", "n", "fused us",
-                           "composite us", "saved us", "fused speedup"])
+                           "composite us", "saved us", "fused speedup", "noise (IQR/median)"])
 
 
 # --- the optimizer step ------------------------------------------------------------------
@@ -184,10 +185,16 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="sizes 8 and 32, 3 rounds (smoke test)")
     p.add_argument("--no-torch", action="store_true", help="accepted for 'bench all'; "
                    "this benchmark times tapegrad against itself")
+    p.add_argument("--tune-malloc", action="store_true",
+                   help="first keep freed memory in the process (glibc mallopt, process-wide)")
     args = p.parse_args(argv)
+    from tapegrad.bench.scale import tune_malloc
+
+    malloc = tune_malloc() if args.tune_malloc else "malloc: glibc defaults (see --tune-malloc)"
     rounds = 3 if args.quick else args.rounds
     with H.Threads(args.threads) as threads:
         H.out(H.header(threads, None, "fused ops vs their unfused compositions"))
+        H.out(malloc)
         H.out(f"float64; median microseconds per forward+backward over {rounds} interleaved "
               "rounds (fused and composite alternate); n = batch = features")
         for name, (fused, composite) in PAIRS.items():

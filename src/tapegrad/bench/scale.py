@@ -31,6 +31,30 @@ from tapegrad.bench.spiral import MLPTrainer, NumpyTrainer, init_params, spiral_
 HIDDEN, BATCH = 2048, 4096
 
 
+def tune_malloc(trim=1 << 30, mmap=32 << 20):
+    """Keep freed memory in the process (glibc ``mallopt``): no heap trimming below ``trim``
+    bytes and no ``mmap`` for blocks under ``mmap`` bytes (glibc's largest allowed value).
+
+    Process-wide and for glibc only; the same as starting Python with
+    ``MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_MMAP_THRESHOLD_=33554432``. Returns a line
+    saying what was set, or why nothing was.
+    """
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):
+        return f"malloc: not tuned (no glibc mallopt in {name!r})"
+    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
+    if not (mallopt(m_trim_threshold, trim) and mallopt(m_mmap_threshold, mmap)):
+        return "malloc: not tuned (mallopt refused the values)"
+    return (f"malloc: tuned (mallopt M_TRIM_THRESHOLD={trim}, M_MMAP_THRESHOLD={mmap}: freed "
+            "blocks under 32 MiB stay in the heap)")
+
+
 class FusedMLPTrainer(MLPTrainer):
     """``MLPTrainer`` with each hidden layer as one fused ``F.linear_relu`` node."""
 
@@ -134,20 +158,71 @@ def diamond(T, x, g):
     x.grad = None
 
 
+def _allocating_run_backward():
+    """The engine's ``run_backward`` with in-place accumulation switched off (every diamond
+    contribution allocates a fresh sum, as before the change): the baseline it is timed
+    against. Built from the current source, so it differs from it in that one point only."""
+    import inspect
+    import textwrap
+
+    from tapegrad.autograd import engine
+
+    src = textwrap.dedent(inspect.getsource(engine.run_backward))
+    patched = src.replace("if parent in owned:", "if False:").replace(
+        "owned.add(parent)", "pass")
+    if patched.count("if False:") != 1 or "owned.add(parent)" in patched:
+        return None  # the engine changed shape: no baseline to build
+    namespace = dict(vars(engine))
+    exec(compile(patched, engine.__file__, "exec"), namespace)
+    return namespace["run_backward"]
+
+
+def _with_engine(run_backward, fn):
+    """``fn`` with ``run_backward`` swapped in where tensor.backward and autograd find it."""
+    import tapegrad.autograd as autograd
+    from tapegrad.autograd import engine
+
+    def call():
+        current = engine.run_backward, autograd.run_backward
+        engine.run_backward = autograd.run_backward = run_backward
+        try:
+            fn()
+        finally:
+            engine.run_backward, autograd.run_backward = current
+    return call
+
+
 def measure_diamond(threads, torch, rounds=7, shape=(BATCH, HIDDEN)):
+    """Forward+backward of ``diamond``: in-place sums, allocating sums (before), PyTorch."""
     rng = np.random.default_rng(0)
     x, g = rng.standard_normal(shape), rng.standard_normal(shape)
-    cases = [H.Case("tapegrad", functools.partial(
-        diamond, tapegrad, tapegrad.tensor(x, requires_grad=True), tapegrad.tensor(g)))]
+
+    def case(T):
+        return functools.partial(diamond, T, T.tensor(x, requires_grad=True), T.tensor(g))
+
+    cases = [H.Case("tapegrad, in-place sums", case(tapegrad))]
+    baseline = _allocating_run_backward()
+    if baseline is not None:
+        cases.append(H.Case("tapegrad, allocating sums (before)",
+                            _with_engine(baseline, case(tapegrad))))
+    torch_cases = []
     if torch is not None:
-        cases += H.torch_cases("torch", lambda: functools.partial(
-            diamond, torch, torch.tensor(x, requires_grad=True), torch.tensor(g)),
-            threads, threads.blas)
-    H.interleave(cases, threads, rounds=rounds, min_time=0)
-    out = {"tapegrad": H.median(cases[0])}
-    if torch is not None:
-        out["torch"] = H.median(H.best(cases[1:]))
+        torch_cases = H.torch_cases("torch", lambda: case(torch), threads, threads.blas)
+    H.interleave(cases + torch_cases, threads, rounds=rounds, min_time=0)
+    out = {c.label: (H.median(c), _peak(c.fn)) for c in cases}
+    if torch_cases:
+        out["torch"] = (H.median(H.best(torch_cases)), None)
     return out
+
+
+def _peak(fn):
+    """Peak bytes numpy allocated during one call of ``fn`` (tracemalloc sees array buffers)."""
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
 
 
 # --- transposed matmul operands: views, never copies ------------------------------------
@@ -239,12 +314,16 @@ def main(argv=None):
     p.add_argument("--no-torch", action="store_true", help="leave PyTorch out")
     p.add_argument("--profile", action="store_true",
                    help="also print a cProfile of the fused float64 step")
+    p.add_argument("--tune-malloc", action="store_true",
+                   help="first keep freed memory in the process (glibc mallopt; see tune_malloc)")
     args = p.parse_args(argv)
+    malloc = tune_malloc() if args.tune_malloc else "malloc: glibc defaults (see --tune-malloc)"
     torch = None if args.no_torch else H.import_torch()
     hidden, batch = (256, 512) if args.quick else (HIDDEN, BATCH)
     rounds = 2 if args.quick else args.rounds
     with H.Threads(args.threads, torch) as threads:
         H.out(H.header(threads, torch, f"scale: spiral MLP step at H={hidden}, batch {batch}"))
+        H.out(malloc)
         bandwidth = H.copy_bandwidth(32 if args.quick else 256)
         H.out(f"memory bandwidth (numpy copy, read + write, best of 7): {bandwidth:.1f} GB/s; "
               f"traffic model: {PASSES} passes over a (batch, H) array per step")
@@ -259,8 +338,11 @@ def main(argv=None):
         H.out()
         shape = (batch, hidden)
         d = measure_diamond(threads, torch, rounds=rounds, shape=shape)
-        H.out(f"diamond (exp read by four products, {shape} float64, forward+backward): "
-              + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in d.items()))
+        H.out(f"diamond (exp read by four products, {shape} float64, forward+backward), "
+              f"medians of {rounds} interleaved rounds:")
+        for k, (t, peak) in d.items():
+            H.out(f"  {k:36s} {t * 1e3:8.2f} ms" + (
+                f"   peak {peak / 2**20:7.1f} MiB allocated" if peak is not None else ""))
         H.out()
         H.out(transposed_matmul(shape, rounds=rounds))
         H.out()
