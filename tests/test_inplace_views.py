@@ -30,6 +30,7 @@ CASES = [
     ("two_views_then_base", lambda T, x, r: _two_views(x, r), [X, R]),
     ("buffer_copy_", lambda T, x, r: _buffer_copy(T, x, r), [X, R]),
     ("vector_element_", lambda T, r: _vector_element(r), [R]),
+    ("fortran_ordered_base", lambda T, z, r: _fortran_base(z, r), [Z, R]),
 ]
 
 
@@ -132,13 +133,20 @@ def _vector_element(r):
     return y * r
 
 
+def _fortran_base(z, r):
+    y = z.T * 2  # numpy keeps the transposed layout: y's memory is in column order
+    y.T.reshape(-1)[::2].mul_(r.repeat(3)[:6])  # a view only through y.T
+    y.T.reshape(-1)[1::4].add_(1)
+    return y * y
+
+
 @pytest.mark.parametrize("name,fn,inputs", CASES, ids=[c[0] for c in CASES])
 def test_inplace_on_view_matches_torch(name, fn, inputs):
     check_torch(fn, inputs)
 
 
-@pytest.mark.parametrize("name,fn,inputs", [CASES[1], CASES[3], CASES[10], CASES[13]],
-                         ids=[CASES[i][0] for i in (1, 3, 10, 13)])
+@pytest.mark.parametrize("name,fn,inputs", [CASES[i] for i in (1, 3, 10, 13, 15)],
+                         ids=[CASES[i][0] for i in (1, 3, 10, 13, 15)])
 def test_inplace_on_view_gradcheck(name, fn, inputs):
     # float32 at rounding, gradcheck and gradgradcheck (the copy_slices rule is differentiable)
     check_op(fn, inputs)
@@ -436,3 +444,26 @@ def test_no_grad_view_of_a_base_modified_in_grad_mode_raises_when_used():
             u = w[0]
         w.add_(1)  # nothing requires grad: the view stays usable
         assert not u.requires_grad and u.grad_fn is None
+
+
+def test_setitem_with_basic_index_is_a_copy_into_the_view():
+    def f(T, x, v):
+        y = x * 1
+        y[0] = v.reshape(1, 1, 4)  # leading 1s dropped, as PyTorch
+        y[1:, 1] = v[:2] * 3
+        y[2, 2:] = 7
+        y[..., 3] = y[:, 0] + 2  # the value is made from a view of the same base
+        return y * y
+
+    check_torch(f, [X, R])
+    x = tapegrad.tensor(X, requires_grad=True)
+    y = x * 1
+    y[0] = 1.5
+    assert y.grad_fn.name() == "CopySlicesBackward"
+    y[tapegrad.tensor([0, 2])] = 2.5  # integer-array index: index_put, as PyTorch
+    assert y.grad_fn.name() == "IndexPutBackward"
+    with pytest.raises(RuntimeError, match=r"__setitem__: cannot assign a value of shape \(3,\) "
+                                           r"to the indexed shape \(4,\)"):
+        y[1] = tapegrad.ones(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="a view of a leaf Variable"):
+        x[0] = 1.0  # as PyTorch: setitem is an in-place op on the view x[0]

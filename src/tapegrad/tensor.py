@@ -525,11 +525,29 @@ class Tensor:
 
     def __setitem__(self, index, value):
         """As ``x[index] = value`` (basic, integer-array and boolean-mask indices); ``value``
-        broadcasts to the indexed shape and is cast to this dtype. Differentiable (through
-        the ``index_put`` op) when this tensor or ``value`` requires grad."""
+        broadcasts to the indexed shape and is cast to this dtype. Differentiable when this
+        tensor or ``value`` requires grad: basic indices copy into the view, integer-array and
+        mask indices go through the ``index_put`` op (as PyTorch)."""
         if _tracked(self, (value,)):
             if not isinstance(value, Tensor):
                 value = Tensor._make(xp.asarray(value, dtype=self._data.dtype))
+            key, basic, _ = _M.index_key(self, index)
+            if basic:  # as PyTorch: copy_ into the view (the base's history is CopySlices)
+                view = _M.getitem(self, index=key)
+                extra = value.ndim - view.ndim  # leading 1s of value are dropped, as PyTorch
+                if extra > 0 and all(n == 1 for n in value.shape[:extra]):
+                    value = _M.reshape(value, value.shape[extra:])
+                try:
+                    fits = xp.broadcast_shapes(value.shape, view.shape) == view.shape
+                except ValueError:
+                    fits = False
+                if not fits:
+                    raise RuntimeError(
+                        f"__setitem__: cannot assign a value of shape {tuple(value.shape)} to the "
+                        f"indexed shape {tuple(view.shape)} of a tensor of shape "
+                        f"{tuple(self.shape)}")
+                view.copy_(value)
+                return
             _inplace(self, "__setitem__", lambda a, v: _M.index_put(a, v, index=index),
                      (value,), {})
             return
@@ -929,13 +947,11 @@ def _inplace_view(t, name, fn, args, kwargs):
     old = Tensor._make(data.copy(), grad_fn=node)
     old._requires_grad = t._requires_grad
     result = _inplace_result(t, name, fn(old, *args, **kwargs))
-    bdata = base._data
-    index = _M.replay_view(xp.arange(bdata.size).reshape(bdata.shape), chain)
     bnode = base.grad_fn
-    old_base = Tensor._make(bdata, grad_fn=bnode)  # copy_slices saves nothing: no copy
+    old_base = Tensor._make(base._data, grad_fn=bnode)  # copy_slices saves nothing
     old_base._requires_grad = base._requires_grad
-    new_base = _M.copy_slices(old_base, result, index=index, chain=chain)
-    xp.copyto(bdata, new_base._data)
+    # writes the view's region of the base's own memory: no copy of the base
+    new_base = _M.copy_slices(old_base, result, chain=chain, inplace=True)
     base._version[0] += 1  # shared with every view of the base
     new = new_base.grad_fn
     base.grad_fn = new

@@ -189,19 +189,26 @@ def replay_view(a, chain):
 
 
 @op(saves="none", needs=True, name="copy_slices")
-def copy_slices(a, v, index, chain):
-    """A copy of ``a`` with the region a view of it covers replaced by ``v`` (PyTorch's
-    ``CopySlices``: the history of a base after an in-place op on one of its views).
-    ``index``: the flat positions in ``a`` of the view's elements (the view's shape);
-    ``chain``: the view ops that make the view from ``a``."""
-    out = a.copy()  # C-contiguous, so reshape(-1) is a view of it
-    out.reshape(-1)[index] = v
+def copy_slices(a, v, chain, inplace=False):
+    """A copy of ``a`` with the region that its view ``replay_view(a, chain)`` covers replaced
+    by ``v`` (PyTorch's ``CopySlices``: a base's history after an in-place op on one of its
+    views). ``inplace``: write into ``a`` itself and return it (the in-place op's forward;
+    the gradient rule always copies)."""
+    out = a if inplace else a.copy()
+    w = replay_view(out, chain)
+    if w.flags.writeable and xp.may_share_memory(w, out):
+        w[...] = v
+    else:  # the chain copies on this layout, or ends in a read-only broadcast: by position
+        index = replay_view(xp.arange(out.size).reshape(out.shape), chain)
+        tmp = out.copy()  # C-contiguous: reshape(-1) is a view of it
+        tmp.reshape(-1)[index] = v
+        out[...] = tmp
     return out
 
 
 @copy_slices.grad
-def _(g, out, a, v, index, chain, needs=(True, True)):
-    ga = copy_slices(g, 0, index=index, chain=chain) if needs[0] else None
+def _(g, out, a, v, chain, inplace=False, needs=(True, True)):
+    ga = copy_slices(g, 0, chain=chain) if needs[0] else None
     gv = replay_view(g, chain) if needs[1] else None
     return ga, gv
 
