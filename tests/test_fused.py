@@ -183,6 +183,8 @@ def test_bench_scale_quick(capsys):
         results["float64"])
     text = capsys.readouterr().out
     assert "peak MiB allocated" in text and "bandwidth" in text
+    # the diamond's baseline (the engine with in-place sums off) could be built and timed
+    assert "allocating sums (before)" in text
 
 
 def test_fused_mlp_trainer_matches_the_unfused_one():

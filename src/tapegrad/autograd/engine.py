@@ -238,15 +238,15 @@ def run_backward(roots, root_grads, retain_graph=False, create_graph=False, inpu
                     gd = gi._data if create_graph else gi
                     if gd.shape != parent.shape or gd.dtype != parent.dtype:
                         raise _shape_error(node, i, parent, gi)
-                    if parent in owned:  # a sum this pass allocated: nobody else holds it
+                    if parent not in pending:
+                        pending[parent] = gi
+                        heappush(heap, (-parent.seq, parent))
+                    elif parent in owned:  # a sum this pass allocated: nobody else holds it
                         pending[parent] += gi
-                    elif parent in pending:
+                    else:
                         pending[parent] = pending[parent] + gi
                         if not create_graph:
                             owned.add(parent)
-                    else:
-                        pending[parent] = gi
-                        heappush(heap, (-parent.seq, parent))
                 else:
                     pd = parent._data
                     gd = gi._data if create_graph else gi
