@@ -30,6 +30,10 @@ class Meta:
         self.shape = array.shape
         self.dtype = array.dtype
 
+    @property
+    def ndim(self):
+        return len(self.shape)
+
 
 class Node:
     """One op call on the tape (PyTorch's ``grad_fn``)."""
@@ -54,8 +58,30 @@ class Node:
                 parents.append(None)
         self.parents = parents
         if op.save_inputs:
-            self.saved = inputs
-            self.versions = [a._version[0] if isinstance(a, Tensor) else None for a in inputs]
+            keep = op.keep
+            if keep is None:
+                self.saved = inputs
+                self.versions = [a._version[0] if isinstance(a, Tensor) else None
+                                 for a in inputs]
+            else:
+                # only what the wanted gradients read (op.uses). An input left out always
+                # wants a gradient itself, so its producer (a Node or the leaf) stands in
+                # for it: it has the input's shape, dtype and ndim, and keeps no data alive
+                mask, bit = 0, 1
+                for p in parents:
+                    if p is not None:
+                        mask |= bit
+                    bit <<= 1
+                saved, versions = [], []
+                for a, p, k in zip(inputs, parents, keep[mask]):
+                    if k and isinstance(a, Tensor):
+                        saved.append(a)
+                        versions.append(a._version[0])
+                    else:
+                        saved.append(a if p is None else p)
+                        versions.append(None)
+                self.saved = saved
+                self.versions = versions
         else:
             self.saved = [Meta(a._data) if isinstance(a, Tensor) else a for a in inputs]
             self.versions = None
@@ -64,6 +90,10 @@ class Node:
             self.out_version = (out._version, out._version[0])
         else:
             self.out = None
+
+    @property
+    def ndim(self):
+        return len(self.shape)
 
     def name(self) -> str:
         """As ``grad_fn.name()``: e.g. ``MulBackward``."""

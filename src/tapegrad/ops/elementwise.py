@@ -74,26 +74,26 @@ def _(g, out, a, b):
     return g, -g
 
 
-@op(flops=1, elementwise=True)
+@op(flops=1, elementwise=True, needs=True, uses=((1,), (0,)))
 def mul(a, b):
     """As ``torch.mul``: ``a * b`` elementwise, with broadcasting and type promotion."""
     return a * b
 
 
 @mul.grad
-def _(g, out, a, b):
-    return g * b, g * a
+def _(g, out, a, b, needs=(True, True)):
+    return g * b if needs[0] else None, g * a if needs[1] else None
 
 
-@op(flops=1, elementwise=True, float_only=True, name="div")
+@op(flops=1, elementwise=True, float_only=True, name="div", needs=True, uses=((1,), (0, 1)))
 def div_op(a, b):
     return a / b
 
 
 @div_op.grad
-def _(g, out, a, b):
+def _(g, out, a, b, needs=(True, True)):
     gb = g / b
-    return gb, -gb * a / b
+    return gb if needs[0] else None, -gb * a / b if needs[1] else None
 
 
 def _check_int_divisor(name, a, b):

@@ -17,7 +17,7 @@ def _matmul_shapes_error(a, b):
         f"({a.shape[-1]} != {b.shape[-2] if b.ndim > 1 else b.shape[0]})")
 
 
-@op(flops=2, needs=True)
+@op(flops=2, needs=True, uses=((1,), (0,)))
 def matmul(a, b):
     """As ``torch.matmul``: 1-D, 2-D and batched (broadcast) matrix products."""
     if a.ndim == 0 or b.ndim == 0:
@@ -36,18 +36,21 @@ def matmul(a, b):
 def _(g, out, a, b, needs=(True, True)):
     if a.ndim == 1 and b.ndim == 1:
         return (g * b if needs[0] else None), (g * a if needs[1] else None)
-    # lift 1-D operands to matrices, take the batched 2-D rule, then drop the lifted dims
-    a2 = reshape(a, shape=(1, a.shape[0])) if a.ndim == 1 else a
-    b2 = reshape(b, shape=(b.shape[0], 1)) if b.ndim == 1 else b
+    # lift 1-D operands to matrices, take the batched 2-D rule, then drop the lifted dims.
+    # An operand whose partner wants no gradient was not saved (uses=): only its shape is
+    a_shape = (1, a.shape[0]) if a.ndim == 1 else tuple(a.shape)
+    b_shape = (b.shape[0], 1) if b.ndim == 1 else tuple(b.shape)
     if a.ndim == 1:
         g = reshape(g, shape=g.shape[:-1] + (1,) + g.shape[-1:])
     elif b.ndim == 1:
         g = reshape(g, shape=g.shape + (1,))
     ga = gb = None
     if needs[0]:
-        ga = _unlift(matmul(g, b2.mT), a2.shape, a.shape)
+        b2 = reshape(b, shape=b_shape) if b.ndim == 1 else b
+        ga = _unlift(matmul(g, b2.mT), a_shape, tuple(a.shape))
     if needs[1]:
-        gb = _unlift(matmul(a2.mT, g), b2.shape, b.shape)
+        a2 = reshape(a, shape=a_shape) if a.ndim == 1 else a
+        gb = _unlift(matmul(a2.mT, g), b_shape, tuple(b.shape))
     return ga, gb
 
 

@@ -27,7 +27,7 @@ def _mean_keep(a, dims, n):
 
 
 # --- linear ------------------------------------------------------------------------------
-@op(flops=2, needs=True, fused=True)
+@op(flops=2, needs=True, fused=True, uses=((1,), (0,), ()))
 def linear(x, w, b=None):
     """``x @ w.T + b``; fused so the rule needs no transposed copy and sums the bias once."""
     if x.ndim > 2:  # one 2-D GEMM: numpy's stacked matmul against w.T is 2-5x slower
@@ -53,7 +53,7 @@ def _(g, out, x, w, b=None, needs=(True, True, True)):
     return gx, gw, gb
 
 
-@op(flops=3, saves="both", needs=True, fused=True)
+@op(flops=3, saves="both", needs=True, fused=True, uses=((1,), (0,), ()))
 def linear_relu(x, w, b=None):
     """``relu(x @ w.T + b)`` as one node: the bias add and the ReLU run in place on the
     matmul's fresh output, and the rule masks ``g`` by ``out > 0`` then applies linear's."""

@@ -38,10 +38,10 @@ class Op:
 
     __slots__ = ("name", "forward", "rule", "flops", "saves", "save_inputs", "save_out",
                  "elementwise", "float_only", "differentiable", "view", "fused", "needs",
-                 "__wrapped__")
+                 "keep", "__wrapped__")
 
     def __init__(self, forward, name, flops, saves, elementwise, float_only, differentiable,
-                 view, fused, needs):
+                 view, fused, needs, uses=None):
         if saves not in _SAVES:
             raise ValueError(f"op {forward.__name__}: saves must be one of {_SAVES}")
         self.name = name or forward.__name__
@@ -57,6 +57,16 @@ class Op:
         self.view = view
         self.fused = fused
         self.needs = needs  # the rule takes needs=(bool, ...) to skip unneeded inputs
+        # uses[i]: the inputs input i's gradient reads. From it, keep[mask] says which inputs
+        # a Node saves when the inputs in bitmask ``mask`` want a gradient (None: all)
+        self.keep = None
+        if uses is not None:
+            if not needs:
+                raise ValueError(f"op {self.name}: uses= needs needs=True (the rule must skip "
+                                 "the gradients whose inputs were not saved)")
+            n = len(uses)
+            self.keep = [tuple(any(m >> j & 1 and i in uses[j] for j in range(n))
+                               for i in range(n)) for m in range(1 << n)]
         self.__wrapped__ = forward
 
     @property
@@ -87,7 +97,7 @@ class Op:
 
 
 def op(flops=0, saves="inputs", elementwise=False, float_only=False, differentiable=True,
-       view=False, fused=False, needs=False, name=None):
+       view=False, fused=False, needs=False, name=None, uses=None):
     """Register a forward function as an op (see the module docstring).
 
     flops: per output element (profiler, roofline). saves: what the rule reads besides g —
@@ -96,11 +106,14 @@ def op(flops=0, saves="inputs", elementwise=False, float_only=False, differentia
     default float dtype. view: the output shares the input's storage (and version counter).
     fused: a composite with its own rule. needs: the rule takes ``needs`` (which inputs
     want a gradient). name: the registered name, when the Python name must differ.
+    uses: per input, the inputs its gradient reads (e.g. mul: ``((1,), (0,))``): a Node
+    then saves only what the wanted gradients read, as PyTorch does (less memory, and an
+    in-place change to an unsaved input is no error).
     """
 
     def register(forward):
         o = Op(forward, name, flops, saves, elementwise, float_only, differentiable, view, fused,
-               needs)
+               needs, uses)
         if o.name in REGISTRY:
             raise ValueError(f"op {o.name} is registered twice")
         REGISTRY[o.name] = o
