@@ -185,12 +185,10 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="sizes 8 and 32, 3 rounds (smoke test)")
     p.add_argument("--no-torch", action="store_true", help="accepted for 'bench all'; "
                    "this benchmark times tapegrad against itself")
-    p.add_argument("--tune-malloc", action="store_true",
-                   help="first keep freed memory in the process (glibc mallopt, process-wide)")
     args = p.parse_args(argv)
-    from tapegrad.bench.scale import tune_malloc
+    from tapegrad.bench.scale import allocator_line
 
-    malloc = tune_malloc() if args.tune_malloc else "malloc: glibc defaults (see --tune-malloc)"
+    malloc = allocator_line()
     rounds = 3 if args.quick else args.rounds
     with H.Threads(args.threads) as threads:
         H.out(H.header(threads, None, "fused ops vs their unfused compositions"))

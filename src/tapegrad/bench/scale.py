@@ -31,28 +31,14 @@ from tapegrad.bench.spiral import MLPTrainer, NumpyTrainer, init_params, spiral_
 HIDDEN, BATCH = 2048, 4096
 
 
-def tune_malloc(trim=1 << 30, mmap=32 << 20):
-    """Keep freed memory in the process (glibc ``mallopt``): no heap trimming below ``trim``
-    bytes and no ``mmap`` for blocks under ``mmap`` bytes (glibc's largest allowed value).
+def allocator_line():
+    """What the backend did to glibc's allocator at import (see backend.keep_freed_memory)."""
+    from tapegrad.backend import numpy_backend
 
-    Process-wide and for glibc only; the same as starting Python with
-    ``MALLOC_TRIM_THRESHOLD_=1073741824 MALLOC_MMAP_THRESHOLD_=33554432``. Returns a line
-    saying what was set, or why nothing was.
-    """
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError, TypeError):
-        return f"malloc: not tuned (no glibc mallopt in {name!r})"
-    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
-    if not (mallopt(m_trim_threshold, trim) and mallopt(m_mmap_threshold, mmap)):
-        return "malloc: not tuned (mallopt refused the values)"
-    return (f"malloc: tuned (mallopt M_TRIM_THRESHOLD={trim}, M_MMAP_THRESHOLD={mmap}: freed "
-            "blocks under 32 MiB stay in the heap)")
+    if numpy_backend.ALLOCATOR_TUNED:
+        return ("malloc: freed blocks kept for reuse (tapegrad's default; run with "
+                "TAPEGRAD_KEEP_FREED_MEMORY=0 for glibc's defaults)")
+    return "malloc: glibc defaults (TAPEGRAD_KEEP_FREED_MEMORY=0, or not glibc)"
 
 
 class FusedMLPTrainer(MLPTrainer):
@@ -314,10 +300,8 @@ def main(argv=None):
     p.add_argument("--no-torch", action="store_true", help="leave PyTorch out")
     p.add_argument("--profile", action="store_true",
                    help="also print a cProfile of the fused float64 step")
-    p.add_argument("--tune-malloc", action="store_true",
-                   help="first keep freed memory in the process (glibc mallopt; see tune_malloc)")
     args = p.parse_args(argv)
-    malloc = tune_malloc() if args.tune_malloc else "malloc: glibc defaults (see --tune-malloc)"
+    malloc = allocator_line()
     torch = None if args.no_torch else H.import_torch()
     hidden, batch = (256, 512) if args.quick else (HIDDEN, BATCH)
     rounds = 2 if args.quick else args.rounds
