@@ -761,3 +761,27 @@ def test_more_losses(reduction):
                                              log_input=False, **kw), [(2, 3)])
     check(lambda T, x, t, v: F(T).gaussian_nll_loss(x, t, v.exp(), full=True, **kw),
           [(2, 3), (2, 3), (2,)])
+
+
+# --- the class-index fast path of cross_entropy (one node, no one-hot target) -------------
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("target", [[0, 3, 1, 2, 1], [0, 3, -100, 2, -100]])
+def test_cross_entropy_index_path_matches_torch_and_the_general_path(reduction, target):
+    t = np.array(target)
+    check_op(lambda T, x: T.nn.functional.cross_entropy(x, T.tensor(t), reduction=reduction),
+             [(5, 4)])
+    x = tapegrad.tensor(np.random.default_rng(3).standard_normal((5, 4)), requires_grad=True)
+    fast = tapegrad.nn.functional.cross_entropy(x, tapegrad.tensor(t), reduction=reduction)
+    assert fast.grad_fn.name() == "CrossEntropyIndexBackward"
+    rows = tapegrad.nn.functional.cross_entropy(x, tapegrad.tensor(t), reduction="none")
+    general = rows.sum() / (t != -100).sum() if reduction == "mean" else rows.sum()
+    np.testing.assert_allclose(fast.item(), general.item(), rtol=1e-15)
+
+
+def test_cross_entropy_index_path_errors():
+    x = tapegrad.tensor(np.zeros((2, 3)))
+    for bad in ([3, 0], [-2, 0]):
+        with pytest.raises(IndexError, match="out of bounds"):
+            tapegrad.nn.functional.cross_entropy(x, tapegrad.tensor(bad))
+    every_row_ignored = tapegrad.nn.functional.cross_entropy(x, tapegrad.tensor([-100, -100]))
+    assert np.isnan(every_row_ignored.item())

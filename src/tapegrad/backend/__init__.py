@@ -2,6 +2,6 @@
 
 Ops take ``xp`` from here, so a GPU backend is a new file, not a second copy of every op.
 """
-from tapegrad.backend.numpy_backend import xp, DEVICE
+from tapegrad.backend.numpy_backend import xp, DEVICE, reduce_axis
 
-__all__ = ["xp", "DEVICE"]
+__all__ = ["xp", "DEVICE", "reduce_axis"]

@@ -63,3 +63,25 @@ def keep_freed_memory(max_block=1 << 30) -> bool:
 
 
 ALLOCATOR_TUNED = keep_freed_memory()
+
+
+def reduce_axis(ufunc, a, axis, keepdims=False):
+    """``ufunc.reduce(a, axis, keepdims)``, fast when ``axis`` is a short last axis.
+
+    numpy's reduction over a contiguous last axis of 2-7 elements costs ~10x an elementwise
+    pass (measured on (512, 3) float64: max 19 us, sum 9 us); folded column by column it is
+    a few elementwise passes (2.7 us), in the same sequential order numpy's loop uses for
+    such short rows, so sums round identically. Softmax over classes is the common case.
+    """
+    if type(axis) is tuple:
+        if len(axis) != 1:
+            return ufunc.reduce(a, axis=axis, keepdims=keepdims)
+        axis = axis[0]
+    n = a.ndim
+    if n >= 2 and (axis == -1 or axis == n - 1) and 1 < a.shape[-1] < 8 \
+            and a.dtype.kind == "f" and a.size >= 64:
+        out = ufunc(a[..., 0], a[..., 1])
+        for j in range(2, a.shape[-1]):
+            ufunc(out, a[..., j], out=out)
+        return out[..., None] if keepdims else out
+    return ufunc.reduce(a, axis=axis, keepdims=keepdims)

@@ -422,6 +422,19 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     >>> F.cross_entropy(logits, labels, label_smoothing=0.1)
     """
     reduction = _reduction(size_average, reduce, reduction)
+    if (weight is None and not label_smoothing and reduction != "none" and input.ndim == 2
+            and target.ndim == 1 and target._data.dtype.kind in "iu"
+            and target.shape[0] == input.shape[0]):
+        t = target._data  # the common case: one node, no one-hot target
+        c = input.shape[1]
+        if t.size and not (t.min() >= 0 and t.max() < c):  # else check what is not ignored
+            safe = t[t != ignore_index]
+            bad = safe[(safe < 0) | (safe >= c)]
+            if bad.size:
+                raise IndexError(f"cross_entropy: Target {int(bad[0])} is out of bounds "
+                                 f"({c} classes)")
+        return N.cross_entropy_index(input, target, ignore_index=ignore_index,
+                                     mean=reduction == "mean")
     if not 0.0 <= label_smoothing <= 1.0:
         raise RuntimeError(f"cross_entropy: label_smoothing must be between 0.0 and 1.0. Got: "
                            f"{label_smoothing}")

@@ -8,8 +8,10 @@ three partial derivatives of one trilinear form, so each one's rule is the other
 """
 import math
 
+from tapegrad.backend import reduce_axis
 from tapegrad.ops.registry import op, xp
 from tapegrad.ops.elementwise import exp, log, sqrt, tanh, sigmoid, erf, where_op as where
+from tapegrad.ops.elementwise import np_dtype
 from tapegrad.ops.movement import reshape_op as reshape, sum_to
 from tapegrad.ops.reduce import sum_op
 from tapegrad.ops.linalg import matmul
@@ -168,8 +170,8 @@ def _(g, out, x, dim):
 @op(flops=5, saves="out", float_only=True, fused=True)
 def softmax(x, dim):
     """Softmax over ``dim`` with the max subtracted first."""
-    e = xp.exp(x - x.max(axis=dim, keepdims=True))
-    return e / e.sum(axis=dim, keepdims=True)
+    e = xp.exp(x - reduce_axis(xp.maximum, x, dim, keepdims=True))
+    return e / reduce_axis(xp.add, e, dim, keepdims=True)
 
 
 @softmax.grad
@@ -180,8 +182,8 @@ def _(g, out, x, dim):
 @op(flops=5, saves="out", float_only=True, fused=True)
 def log_softmax(x, dim):
     """``x - max - log(sum(exp(x - max)))``: fused, since the log of a softmax underflows."""
-    s = x - x.max(axis=dim, keepdims=True)
-    return s - xp.log(xp.exp(s).sum(axis=dim, keepdims=True))
+    s = x - reduce_axis(xp.maximum, x, dim, keepdims=True)
+    return s - xp.log(reduce_axis(xp.add, xp.exp(s), dim, keepdims=True))
 
 
 @log_softmax.grad
@@ -192,7 +194,7 @@ def _(g, out, x, dim):
 def _weighted_sum(q, a, dim):
     """``sum(q * a, dim)`` where ``q == 0`` contributes 0 even when ``a`` is -inf."""
     with xp.errstate(invalid="ignore"):
-        return xp.where(q == 0, 0, q * a).sum(axis=dim)
+        return reduce_axis(xp.add, xp.where(q == 0, 0, q * a), dim)
 
 
 @op(flops=8, needs=True, fused=True)
@@ -211,6 +213,44 @@ def _(g, out, x, q, dim, needs=(True, True)):
     gx = ge * (exp(logp) * sum_op(q, dims=(dim,), keepdim=True) - q) if needs[0] else None
     gq = -ge * logp if needs[1] else None
     return gx, gq
+
+
+@op(flops=8, fused=True)
+def cross_entropy_index(x, t, ignore_index=-100, mean=True):
+    """Mean (or sum) cross-entropy of logits (N, C) against class indices (N,): one node.
+
+    The common case of ``F.cross_entropy``, without building a one-hot target: per row
+    ``logsumexp(x) - x[target]``, ignored rows counted out. Fused: the gradient is
+    ``(softmax(x) - onehot) * valid / count``, never through the log of a softmax.
+    """
+    n = x.shape[0]
+    s = x - reduce_axis(xp.maximum, x, 1, keepdims=True)
+    lse = xp.log(reduce_axis(xp.add, xp.exp(s), 1))
+    valid = t != ignore_index
+    if valid.all():
+        losses = lse - s[xp.arange(n), t]
+        count = n
+    else:
+        losses = xp.where(valid, lse - s[xp.arange(n), xp.where(valid, t, 0)], 0)
+        count = int(valid.sum())
+    total = losses.sum()
+    if not mean:
+        return total
+    return total / count if count else xp.full((), xp.nan, x.dtype)  # all ignored: nan
+
+
+@cross_entropy_index.grad
+def _(g, out, x, t, ignore_index=-100, mean=True):
+    t = getattr(t, "_data", t)  # class indices: a constant of the graph
+    n, c = x.shape
+    dt = np_dtype(x.dtype)  # x is an array, or a Tensor under create_graph
+    valid = t != ignore_index
+    target = xp.zeros((n, c), dtype=dt)
+    target[xp.arange(n), xp.where(valid, t, 0)] = valid
+    keep = valid[:, None].astype(dt)
+    count = int(valid.sum()) if mean else 1
+    scale = (1.0 / count) if count else xp.nan
+    return (softmax(x, dim=1) * keep - target) * (g * scale), None
 
 
 @op(flops=2, needs=True, fused=True)

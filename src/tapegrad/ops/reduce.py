@@ -13,6 +13,7 @@ from tapegrad.ops import registry
 from tapegrad.ops.elementwise import (abs, eq, exp, isnan, np_dtype, sign, to_dtype, where_op,
                                       zeros_like_grad)
 from tapegrad.ops.movement import broadcast_to, reshape_op as reshape
+from tapegrad.backend import reduce_axis
 from tapegrad.ops.registry import op, xp
 
 
@@ -63,6 +64,8 @@ def _cast_back(g, a):
 
 @op(flops=1, saves="none", name="sum")
 def sum_op(a, dims, keepdim=False, dtype=None):
+    if dtype is None:
+        return reduce_axis(xp.add, a, dims, keepdim)
     return a.sum(axis=dims, keepdims=keepdim, dtype=dtype)
 
 
