@@ -18,6 +18,27 @@ def _renumber(module):
         (str(i), m) for i, m in enumerate(module._modules.values()))
 
 
+def _abs_string_index(idx, size):
+    """The key ("0", "1", ...) of list position ``idx`` (negative counts from the end)."""
+    idx = operator.index(idx)
+    if not -size <= idx < size:
+        raise IndexError(f"index {idx} is out of range")
+    return str(idx % size)
+
+
+def _update_pairs(kind, pairs):
+    """The (key, value) pairs of a ``<kind>.update`` sequence argument, each checked as
+    PyTorch checks them (an iterable of length 2)."""
+    for j, p in enumerate(pairs):
+        if not isinstance(p, container_abcs.Iterable):
+            raise TypeError(f"{kind} update sequence element #{j} should be Iterable; "
+                            f"is{type(p).__name__}")
+        if len(p) != 2:
+            raise ValueError(f"{kind} update sequence element #{j} has length "
+                             f"{len(p)}; 2 is required")
+        yield p[0], p[1]
+
+
 class Sequential(Module):
     """As ``torch.nn.Sequential(*modules)`` or ``Sequential(OrderedDict(name=module))``: calls
     each module on the previous one's output.
@@ -145,10 +166,7 @@ class ModuleList(Module):
             self += modules
 
     def _get_abs_string_index(self, idx):
-        idx = operator.index(idx)
-        if not -len(self) <= idx < len(self):
-            raise IndexError(f"index {idx} is out of range")
-        return str(idx % len(self))
+        return _abs_string_index(idx, len(self))
 
     def __getitem__(self, idx):
         if isinstance(idx, slice):
@@ -286,14 +304,8 @@ class ModuleDict(Module):
             for key, module in modules.items():
                 self[key] = module
             return
-        for j, m in enumerate(modules):
-            if not isinstance(m, container_abcs.Iterable):
-                raise TypeError(f"ModuleDict update sequence element #{j} should be Iterable; "
-                                f"is{type(m).__name__}")
-            if len(m) != 2:
-                raise ValueError(f"ModuleDict update sequence element #{j} has length "
-                                 f"{len(m)}; 2 is required")
-            self[m[0]] = m[1]
+        for key, module in _update_pairs("ModuleDict", modules):
+            self[key] = module
 
 
 def _describe(value):
@@ -316,10 +328,7 @@ class ParameterList(Module):
             self += values
 
     def _get_abs_string_index(self, idx):
-        idx = operator.index(idx)
-        if not -len(self) <= idx < len(self):
-            raise IndexError(f"index {idx} is out of range")
-        return str(idx % len(self))
+        return _abs_string_index(idx, len(self))
 
     def __getitem__(self, idx):
         if isinstance(idx, slice):
@@ -460,14 +469,8 @@ class ParameterDict(Module):
             for key, parameter in sorted(parameters.items()):
                 self[key] = parameter
         else:
-            for j, p in enumerate(parameters):
-                if not isinstance(p, container_abcs.Iterable):
-                    raise TypeError(f"ParameterDict update sequence element #{j} should be "
-                                    f"Iterable; is{type(p).__name__}")
-                if len(p) != 2:
-                    raise ValueError(f"ParameterDict update sequence element #{j} has length "
-                                     f"{len(p)}; 2 is required")
-                self[p[0]] = p[1]
+            for key, parameter in _update_pairs("ParameterDict", parameters):
+                self[key] = parameter
 
     def extra_repr(self) -> str:
         return "\n".join(f"  ({k}): {_describe(p)}" for k, p in self.items())
