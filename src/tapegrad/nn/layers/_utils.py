@@ -1,9 +1,11 @@
 """What layers share: uninitialised parameter storage (``factory_kwargs``), ``_pair`` & co."""
 import collections.abc
+import math
 from itertools import repeat
 
 from tapegrad import dtypes
 from tapegrad.backend import DEVICE, xp
+from tapegrad.nn import init
 from tapegrad.nn.parameter import Parameter
 from tapegrad.tensor import Tensor
 
@@ -19,6 +21,26 @@ def empty(shape, device=None, dtype=None):
 def empty_parameter(shape, device=None, dtype=None):
     """``Parameter(torch.empty(shape, device=, dtype=))``."""
     return Parameter(empty(shape, device, dtype))
+
+
+def weight_and_bias(module, weight_shape, bias_shape, bias, device=None, dtype=None):
+    """Register an uninitialised ``module.weight`` and, if ``bias``, ``module.bias`` (else a
+    ``None`` bias entry), in that order, as the torch layers do."""
+    module.weight = empty_parameter(weight_shape, device, dtype)
+    if bias:
+        module.bias = empty_parameter(bias_shape, device, dtype)
+    else:
+        module.register_parameter("bias", None)
+
+
+def kaiming_reset_(weight, bias):
+    """The default init of ``torch.nn.Linear`` and the convolutions: weight
+    ``kaiming_uniform_(a=sqrt(5))``, bias U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
+    init.kaiming_uniform_(weight, a=math.sqrt(5))
+    if bias is not None:
+        fan_in, _ = init._calculate_fan_in_and_fan_out(weight)
+        bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
+        init.uniform_(bias, -bound, bound)
 
 
 def filled(shape, value, device=None, dtype=None):

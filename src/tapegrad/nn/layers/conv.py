@@ -1,10 +1,7 @@
 """Convolutions: ``Conv1d``, ``Conv2d``, ``ConvTranspose2d`` (as in ``torch.nn``)."""
-import math
-
 from tapegrad.nn import functional as F
-from tapegrad.nn import init
 from tapegrad.nn.module import Module
-from tapegrad.nn.layers._utils import _pair, _single, empty_parameter
+from tapegrad.nn.layers._utils import _pair, _single, kaiming_reset_, weight_and_bias
 
 __all__ = ["Conv1d", "Conv2d", "ConvTranspose2d"]
 
@@ -60,19 +57,11 @@ class _ConvNd(Module):
             shape = (in_channels, out_channels // groups, *kernel_size)
         else:
             shape = (out_channels, in_channels // groups, *kernel_size)
-        self.weight = empty_parameter(shape, device, dtype)
-        if bias:
-            self.bias = empty_parameter((out_channels,), device, dtype)
-        else:
-            self.register_parameter("bias", None)
+        weight_and_bias(self, shape, (out_channels,), bias, device, dtype)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            fan_in, _ = init._calculate_fan_in_and_fan_out(self.weight)
-            bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
-            init.uniform_(self.bias, -bound, bound)
+        kaiming_reset_(self.weight, self.bias)
 
     def extra_repr(self):
         s = "{in_channels}, {out_channels}, kernel_size={kernel_size}, stride={stride}"

@@ -4,7 +4,7 @@ import math
 from tapegrad.nn import functional as F
 from tapegrad.nn import init
 from tapegrad.nn.module import Module
-from tapegrad.nn.layers._utils import empty_parameter
+from tapegrad.nn.layers._utils import kaiming_reset_, weight_and_bias
 
 __all__ = ["Identity", "Linear", "Bilinear"]
 
@@ -30,19 +30,11 @@ class Linear(Module):
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
-        self.weight = empty_parameter((out_features, in_features), device, dtype)
-        if bias:
-            self.bias = empty_parameter((out_features,), device, dtype)
-        else:
-            self.register_parameter("bias", None)
+        weight_and_bias(self, (out_features, in_features), (out_features,), bias, device, dtype)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            fan_in, _ = init._calculate_fan_in_and_fan_out(self.weight)
-            bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
-            init.uniform_(self.bias, -bound, bound)
+        kaiming_reset_(self.weight, self.bias)
 
     def forward(self, input):
         return F.linear(input, self.weight, self.bias)
@@ -68,11 +60,8 @@ class Bilinear(Module):
         self.in1_features = in1_features
         self.in2_features = in2_features
         self.out_features = out_features
-        self.weight = empty_parameter((out_features, in1_features, in2_features), device, dtype)
-        if bias:
-            self.bias = empty_parameter((out_features,), device, dtype)
-        else:
-            self.register_parameter("bias", None)
+        weight_and_bias(self, (out_features, in1_features, in2_features), (out_features,), bias,
+                        device, dtype)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

@@ -6,7 +6,7 @@ from tapegrad import dtypes
 from tapegrad.nn import functional as F
 from tapegrad.nn import init
 from tapegrad.nn.module import Module
-from tapegrad.nn.layers._utils import empty_parameter, filled
+from tapegrad.nn.layers._utils import empty_parameter, filled, weight_and_bias
 
 __all__ = ["LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm1d", "BatchNorm2d"]
 
@@ -14,11 +14,7 @@ __all__ = ["LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm1d", "BatchNorm2d"]
 def _affine_parameters(module, shape, affine, bias, device, dtype):
     """Register ``weight`` and (if ``bias``) ``bias`` of ``shape`` when ``affine``, else ``None``."""
     if affine:
-        module.weight = empty_parameter(shape, device, dtype)
-        if bias:
-            module.bias = empty_parameter(shape, device, dtype)
-        else:
-            module.register_parameter("bias", None)
+        weight_and_bias(module, shape, shape, bias, device, dtype)
     else:
         module.register_parameter("weight", None)
         module.register_parameter("bias", None)
