@@ -1,8 +1,8 @@
 """NAdam: Adam with Nesterov momentum and a momentum schedule (``torch.optim.NAdam``)."""
 from tapegrad.backend import xp
-from tapegrad.optim.optimizer import (Optimizer, addcdiv_, addcmul_, check_betas,
-                                      check_nonnegative, check_unsupported, lerp_,
-                                      scalar_dtype)
+from tapegrad.optim.adam import adam_moments_
+from tapegrad.optim.optimizer import (Optimizer, addcdiv_, check_betas, check_nonnegative,
+                                      check_unsupported, scalar_dtype)
 
 
 def nadam(param, grad, state, group):
@@ -12,25 +12,17 @@ def nadam(param, grad, state, group):
     PyTorch, so its rounding matches.
     """
     beta1, beta2 = group["betas"]
-    lr, weight_decay, momentum_decay = group["lr"], group["weight_decay"], group["momentum_decay"]
+    lr, momentum_decay = group["lr"], group["momentum_decay"]
     if group["maximize"]:
         grad = -grad
     step_t, mu_product = state["step"], state["mu_product"]
     step_t += 1
     step = float(step_t)
     bias_correction2 = 1 - beta2**step
-    if weight_decay != 0:
-        if group["decoupled_weight_decay"]:
-            param *= 1 - lr * weight_decay
-        else:
-            grad = grad + weight_decay * param
+    exp_avg, exp_avg_sq, grad = adam_moments_(param, grad, state, group)
     mu = beta1 * (1.0 - 0.5 * (0.96 ** (step * momentum_decay)))
     mu_next = beta1 * (1.0 - 0.5 * (0.96 ** ((step + 1) * momentum_decay)))
     mu_product *= mu
-    exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-    lerp_(exp_avg, grad, 1 - beta1)
-    exp_avg_sq *= beta2
-    addcmul_(exp_avg_sq, grad, grad, 1 - beta2)
     denom = xp.sqrt(exp_avg_sq / bias_correction2)
     mu_product = float(mu_product)
     mu_product_next = mu_product * mu_next

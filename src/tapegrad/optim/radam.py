@@ -1,27 +1,20 @@
 """RAdam: Adam with the variance rectification term (``torch.optim.RAdam``)."""
 from tapegrad.backend import xp
-from tapegrad.optim.optimizer import (Optimizer, addcmul_, check_betas, check_nonnegative,
-                                      check_unsupported, lerp_, scalar_dtype)
+from tapegrad.optim.adam import adam_moments_
+from tapegrad.optim.optimizer import (Optimizer, check_betas, check_nonnegative,
+                                      check_unsupported, scalar_dtype)
 
 
 def radam(param, grad, state, group):
     """One RAdam step on one parameter's arrays, as PyTorch's single-tensor ``radam``."""
     beta1, beta2 = group["betas"]
-    lr, weight_decay = group["lr"], group["weight_decay"]
+    lr = group["lr"]
     if group["maximize"]:
         grad = -grad
     step_t = state["step"]
     step_t += 1
     step = float(step_t)
-    if weight_decay != 0:
-        if group["decoupled_weight_decay"]:
-            param *= 1 - lr * weight_decay
-        else:
-            grad = grad + weight_decay * param
-    exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-    lerp_(exp_avg, grad, 1 - beta1)
-    exp_avg_sq *= beta2
-    addcmul_(exp_avg_sq, grad, grad, 1 - beta2)
+    exp_avg, exp_avg_sq, _ = adam_moments_(param, grad, state, group)
     bias_correction1 = 1 - beta1**step
     bias_correction2 = 1 - beta2**step
     update = exp_avg / bias_correction1
