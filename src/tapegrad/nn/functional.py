@@ -804,6 +804,35 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     return out * weight if weight is not None else out
 
 
+def _check_per_channel(name, c, running_mean, running_var, weight, bias):
+    """The batch/instance norm check that every given per-channel tensor has shape (c,)."""
+    for pname, p in (("running_mean", running_mean), ("running_var", running_var),
+                     ("weight", weight), ("bias", bias)):
+        if p is not None and tuple(p.shape) != (c,):
+            raise RuntimeError(f"{name}: {pname} should contain {c} elements not "
+                               f"{p.numel()}")
+
+
+def _update_running_stats(running_mean, running_var, mean, var, momentum, batch_axis=None):
+    """``stat = momentum * value + (1 - momentum) * stat`` in place for each given running
+    stat (then averaged over ``batch_axis`` when given, as instance norm does)."""
+    for stat, value in ((running_mean, mean), (running_var, var)):
+        if stat is not None:
+            d = stat._data
+            new = momentum * value.astype(d.dtype) + (1 - momentum) * d
+            d[...] = new if batch_axis is None else new.mean(axis=batch_axis)
+            stat._version[0] += 1
+
+
+def _per_channel_affine(out, weight, bias, pshape):
+    """``out * weight + bias`` with the (C,) weight and bias viewed as ``pshape``."""
+    if weight is not None:
+        out = out * _reshape(weight, pshape)
+    if bias is not None:
+        out = out + _reshape(bias, pshape)
+    return out
+
+
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False,
                momentum=0.1, eps=1e-5):
     """As ``F.batch_norm``: batch statistics when training (running stats updated in place
@@ -812,11 +841,7 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
         raise ValueError(f"batch_norm: expected 2D or more input (N, C, ...), got "
                          f"{_shape(input)}")
     c = input.shape[1]
-    for name, p in (("running_mean", running_mean), ("running_var", running_var),
-                    ("weight", weight), ("bias", bias)):
-        if p is not None and tuple(p.shape) != (c,):
-            raise RuntimeError(f"batch_norm: {name} should contain {c} elements not "
-                               f"{p.numel()}")
+    _check_per_channel("batch_norm", c, running_mean, running_var, weight, bias)
     pshape = (1, c) + (1,) * (input.ndim - 2)
     axes = (0,) + tuple(range(2, input.ndim))
     if training:
@@ -828,23 +853,14 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
             x = input._data
             mean = x.mean(axis=axes)
             var = ((x - mean.reshape(pshape)) ** 2).sum(axis=axes) / (n - 1)
-            for stat, value in ((running_mean, mean), (running_var, var)):
-                if stat is not None:
-                    d = stat._data
-                    d[...] = momentum * value.astype(d.dtype) + (1 - momentum) * d
-                    stat._version[0] += 1
+            _update_running_stats(running_mean, running_var, mean, var, momentum)
         return N.batch_norm(input, weight, bias, axes=axes, eps=eps, param_shape=pshape)
     if running_mean is None or running_var is None:
         raise RuntimeError("batch_norm: running_mean and running_var must be defined in "
                            "evaluation mode")
     rm = _const(running_mean._data.reshape(pshape))
     invstd = _const((1 / xp.sqrt(running_var._data + eps)).reshape(pshape))
-    out = (input - rm) * invstd
-    if weight is not None:
-        out = out * _reshape(weight, pshape)
-    if bias is not None:
-        out = out + _reshape(bias, pshape)
-    return out
+    return _per_channel_affine((input - rm) * invstd, weight, bias, pshape)
 
 
 def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None,
@@ -861,28 +877,16 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=
         raise ValueError(f"Expected more than 1 spatial element when training, got input size "
                          f"{_shape(input)}")
     c = input.shape[1]
-    for name, p in (("running_mean", running_mean), ("running_var", running_var),
-                    ("weight", weight), ("bias", bias)):
-        if p is not None and tuple(p.shape) != (c,):
-            raise RuntimeError(f"instance_norm: {name} should contain {c} elements not "
-                               f"{p.numel()}")
+    _check_per_channel("instance_norm", c, running_mean, running_var, weight, bias)
     axes = tuple(range(2, input.ndim))
     if running_mean is not None or running_var is not None:
         x = input._data
         mean = x.mean(axis=axes, keepdims=True)
         var = ((x - mean) ** 2).sum(axis=axes) / (spatial - 1)
-        for stat, value in ((running_mean, mean.reshape(var.shape)), (running_var, var)):
-            if stat is not None:
-                d = stat._data
-                d[...] = (momentum * value.astype(d.dtype) + (1 - momentum) * d).mean(axis=0)
-                stat._version[0] += 1
+        _update_running_stats(running_mean, running_var, mean.reshape(var.shape), var,
+                              momentum, batch_axis=0)
     out = N.layer_norm(input, None, None, axes=axes, eps=eps, param_shape=())
-    pshape = (1, c) + (1,) * (input.ndim - 2)
-    if weight is not None:
-        out = out * _reshape(weight, pshape)
-    if bias is not None:
-        out = out + _reshape(bias, pshape)
-    return out
+    return _per_channel_affine(out, weight, bias, (1, c) + (1,) * (input.ndim - 2))
 
 
 def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
@@ -903,12 +907,7 @@ def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     grouped = _reshape(input, (n, num_groups, -1) if input.numel() else (n, num_groups, 0))
     out = _reshape(N.layer_norm(grouped, None, None, axes=(2,), eps=eps, param_shape=()),
                    input.shape)
-    pshape = (1, c) + (1,) * (input.ndim - 2)
-    if weight is not None:
-        out = out * _reshape(weight, pshape)
-    if bias is not None:
-        out = out + _reshape(bias, pshape)
-    return out
+    return _per_channel_affine(out, weight, bias, (1, c) + (1,) * (input.ndim - 2))
 
 
 # --- convolution -------------------------------------------------------------------------
