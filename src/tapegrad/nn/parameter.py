@@ -2,25 +2,32 @@
 from tapegrad.tensor import Tensor
 
 
+def _leaf_sharing(cls, data):
+    """A new ``cls`` leaf (no grad, no hooks, not requiring grad yet) on ``data``'s storage
+    and version counter; an empty float32 tensor when ``data`` is None."""
+    from tapegrad.backend import xp
+
+    t = object.__new__(cls)
+    if data is None:
+        t._data = xp.empty((0,), dtype=xp.float32)
+        t._version = [0]
+    else:
+        t._data = data._data if isinstance(data, Tensor) else xp.asarray(data)
+        t._version = data._version if isinstance(data, Tensor) else [0]
+    t.grad = None
+    t.grad_fn = None
+    t._hooks = None
+    t._requires_grad = False
+    return t
+
+
 class Parameter(Tensor):
     """As ``torch.nn.Parameter(data, requires_grad=True)``; shares ``data``'s storage."""
 
     __slots__ = ()
 
     def __new__(cls, data=None, requires_grad=True):
-        from tapegrad.backend import xp
-
-        p = object.__new__(cls)
-        if data is None:
-            p._data = xp.empty((0,), dtype=xp.float32)
-            p._version = [0]
-        else:
-            p._data = data._data if isinstance(data, Tensor) else xp.asarray(data)
-            p._version = data._version if isinstance(data, Tensor) else [0]
-        p.grad = None
-        p.grad_fn = None
-        p._hooks = None
-        p._requires_grad = False
+        p = _leaf_sharing(cls, data)
         p.requires_grad = requires_grad
         return p
 
@@ -41,19 +48,7 @@ class Buffer(Tensor):
     __slots__ = ("persistent",)
 
     def __new__(cls, data=None, *, persistent=True):
-        from tapegrad.backend import xp
-
-        b = object.__new__(cls)
-        if data is None:
-            b._data = xp.empty((0,), dtype=xp.float32)
-            b._version = [0]
-        else:
-            b._data = data._data if isinstance(data, Tensor) else xp.asarray(data)
-            b._version = data._version if isinstance(data, Tensor) else [0]
-        b.grad = None
-        b.grad_fn = None
-        b._hooks = None
-        b._requires_grad = False
+        b = _leaf_sharing(cls, data)
         b.requires_grad = isinstance(data, Tensor) and data.requires_grad
         b.persistent = persistent
         return b
