@@ -6,10 +6,15 @@ from tapegrad.optim.optimizer import (Optimizer, addcdiv_, addcmul_, check_betas
 
 
 def adam_moments_(param, grad, state, group):
-    """The part of a step Adam, RAdam and NAdam share: weight decay (decoupled: ``param``
-    shrinks by ``lr * weight_decay``; coupled: added to the gradient), then the moments
-    ``exp_avg``/``exp_avg_sq`` updated in place. Returns them and the decayed gradient."""
+    """The start of a step Adam, RAdam and NAdam share: negate ``grad`` if maximizing,
+    count the step, apply weight decay (decoupled: ``param`` shrinks by ``lr * weight_decay``;
+    coupled: added to the gradient), update the moments ``exp_avg``/``exp_avg_sq`` in place.
+    Returns the step number (a float), the two moments and the gradient used."""
     beta1, beta2 = group["betas"]
+    if group["maximize"]:
+        grad = -grad
+    step_t = state["step"]
+    step_t += 1
     weight_decay = group["weight_decay"]
     if weight_decay != 0:
         if group["decoupled_weight_decay"]:
@@ -20,19 +25,14 @@ def adam_moments_(param, grad, state, group):
     lerp_(exp_avg, grad, 1 - beta1)
     exp_avg_sq *= beta2
     addcmul_(exp_avg_sq, grad, grad, 1 - beta2)
-    return exp_avg, exp_avg_sq, grad
+    return float(step_t), exp_avg, exp_avg_sq, grad
 
 
 def adam(param, grad, state, group):
     """One Adam step on one parameter's arrays, as PyTorch's single-tensor ``adam``."""
     beta1, beta2 = group["betas"]
     lr = group["lr"]
-    if group["maximize"]:
-        grad = -grad
-    step_t = state["step"]
-    step_t += 1
-    exp_avg, exp_avg_sq, _ = adam_moments_(param, grad, state, group)
-    step = float(step_t)
+    step, exp_avg, exp_avg_sq, _ = adam_moments_(param, grad, state, group)
     bias_correction1 = 1 - beta1**step
     bias_correction2 = 1 - beta2**step
     step_size = lr / bias_correction1

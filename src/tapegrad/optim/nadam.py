@@ -13,13 +13,9 @@ def nadam(param, grad, state, group):
     """
     beta1, beta2 = group["betas"]
     lr, momentum_decay = group["lr"], group["momentum_decay"]
-    if group["maximize"]:
-        grad = -grad
-    step_t, mu_product = state["step"], state["mu_product"]
-    step_t += 1
-    step = float(step_t)
+    step, exp_avg, exp_avg_sq, grad = adam_moments_(param, grad, state, group)
     bias_correction2 = 1 - beta2**step
-    exp_avg, exp_avg_sq, grad = adam_moments_(param, grad, state, group)
+    mu_product = state["mu_product"]
     mu = beta1 * (1.0 - 0.5 * (0.96 ** (step * momentum_decay)))
     mu_next = beta1 * (1.0 - 0.5 * (0.96 ** ((step + 1) * momentum_decay)))
     mu_product *= mu

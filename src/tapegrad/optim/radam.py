@@ -9,12 +9,7 @@ def radam(param, grad, state, group):
     """One RAdam step on one parameter's arrays, as PyTorch's single-tensor ``radam``."""
     beta1, beta2 = group["betas"]
     lr = group["lr"]
-    if group["maximize"]:
-        grad = -grad
-    step_t = state["step"]
-    step_t += 1
-    step = float(step_t)
-    exp_avg, exp_avg_sq, _ = adam_moments_(param, grad, state, group)
+    step, exp_avg, exp_avg_sq, _ = adam_moments_(param, grad, state, group)
     bias_correction1 = 1 - beta1**step
     bias_correction2 = 1 - beta2**step
     update = exp_avg / bias_correction1
