@@ -1,17 +1,10 @@
 """``Flatten`` and ``Unflatten`` (as in ``torch.nn``)."""
 import math
 
+from tapegrad.nn.functional import _dim
 from tapegrad.nn.module import Module
 
 __all__ = ["Flatten", "Unflatten"]
-
-
-def _dim(d, ndim, name):
-    n = max(ndim, 1)
-    if not -n <= d < n:
-        raise IndexError(f"{name}: dimension out of range (expected to be in range of "
-                         f"[{-n}, {n - 1}], but got {d})")
-    return d % n
 
 
 class Flatten(Module):
