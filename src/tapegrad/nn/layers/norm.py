@@ -12,7 +12,8 @@ __all__ = ["LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm1d", "BatchNorm2d"]
 
 
 def _affine_parameters(module, shape, affine, bias, device, dtype):
-    """Register ``weight`` and (if ``bias``) ``bias`` of ``shape`` when ``affine``, else ``None``."""
+    """Register ``weight`` and (if ``bias``) ``bias`` of ``shape`` when ``affine``, else
+    ``None`` entries for both."""
     if affine:
         weight_and_bias(module, shape, shape, bias, device, dtype)
     else:
