@@ -73,9 +73,9 @@ def report(rows, torch):
     for r in rows:
         m = r["per_step"]
         row = [str(r["hidden"]), str(r["batch"]), r["dtype"], str(r["steps"]),
-               H.fmt_ms(m["tapegrad"]).strip(), H.fmt_ms(m["numpy"]).strip()]
+               f"{m['tapegrad'] * 1e3:.3f}", f"{m['numpy'] * 1e3:.3f}"]
         if torch is not None:
-            row += [H.fmt_ms(m["torch"]).strip(), str(r["torch_threads"]),
+            row += [f"{m['torch'] * 1e3:.3f}", str(r["torch_threads"]),
                     f"{m['torch'] / m['tapegrad']:.2f}x"]
         table.append(row)
     return H.table(table, headers)
