@@ -13,7 +13,7 @@ import numpy as np
 
 import tapegrad
 import tapegrad.nn.functional as F
-from tapegrad.bench import dispatch
+from tapegrad.bench import checkpoint, dispatch
 from tapegrad.bench import harness as H
 from tapegrad.bench.spiral import MLPTrainer, init_params, spiral_data
 
@@ -241,6 +241,48 @@ def dispatch_table(torch, threads, sizes=dispatch.SIZES, rounds=9, min_time=0.00
     return True
 
 
+# --- (g) ---------------------------------------------------------------------------------
+def checkpointing(depths=checkpoint.DEPTHS, repeats=3):
+    """Memory traded for compute: a deep ReLU MLP with and without checkpoint_sequential."""
+    _title("(g) checkpointing: activation memory traded for recomputation, measured")
+    H.out("deep ReLU MLP, width 192, batch 256, float32; checkpoint_sequential with "
+          "round(sqrt(depth)) segments; peak = bytes tapegrad.profiler.memory() measured over "
+          "one training step above the model state (listed last); time = median step")
+    rows = checkpoint.run(depths, repeats=repeats)
+    H.out(checkpoint.table(rows))
+    deepest = rows[-1]
+    saving = deepest["plain_mem"] / deepest["ckpt_mem"]
+    ratio = deepest["ckpt_s"] / deepest["plain_s"]
+    H.out(f"depth {deepest['depth']}: {saving:.2f}x less peak memory for {ratio:.2f}x the time "
+          "(target at depth 144: >= 5x for <= 1.4x)")
+    exact = _checkpoint_is_exact()
+    H.out("gradients with and without checkpointing: "
+          + ("bitwise identical (float64)" if exact else "DIFFER"))
+    return exact
+
+
+def _checkpoint_is_exact():
+    from tapegrad.utils.checkpoint import checkpoint_sequential
+
+    rng = np.random.default_rng(0)
+    layers = [tapegrad.nn.Sequential(tapegrad.nn.Linear(8, 8), tapegrad.nn.ReLU()).double()
+              for _ in range(9)]
+    x = tapegrad.tensor(rng.standard_normal((4, 8)))
+    grads = []
+    for segments in (None, 3):
+        for layer in layers:
+            layer.zero_grad()
+        h = x
+        if segments is None:
+            for layer in layers:
+                h = layer(h)
+        else:
+            h = checkpoint_sequential(layers, segments, x)
+        (h * h).sum().backward()
+        grads.append([p.grad.numpy().copy() for layer in layers for p in layer.parameters()])
+    return all(np.array_equal(a, b) for a, b in zip(*grads))
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="tapegrad demo", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true",
@@ -272,6 +314,8 @@ def _run(args, torch, threads):
         "f": dispatch_table(torch, threads, sizes=(8, 32) if args.quick else dispatch.SIZES,
                             rounds=2 if args.quick else 7,
                             min_time=0.0005 if args.quick else 0.002),
+        "g": checkpointing(depths=(16, 64) if args.quick else checkpoint.DEPTHS,
+                           repeats=1 if args.quick else 3),
     }
     bad = [k for k, ok in results.items() if not ok]
     H.out()
