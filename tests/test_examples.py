@@ -42,3 +42,8 @@ def test_example_matches_pytorch(tmp_path, monkeypatch, capsys, module, steps):
 def test_spiral_learns(tmp_path):
     losses = spiral.main(["--steps", "150", "--no-progress", "--out", str(tmp_path)])
     assert losses[-1] < 0.6 * losses[0]
+
+
+def test_digits_cnn_reaches_97_percent_test_accuracy(tmp_path):
+    test_acc = digits_cnn.main(["--no-progress", "--out", str(tmp_path)])  # default run, ~5 s
+    assert test_acc >= 0.97

@@ -1,6 +1,6 @@
 """A small CNN on scikit-learn's bundled digits (8x8 images, 10 classes).
 
-    python -m tapegrad.examples.digits_cnn [--steps 600] [--reference torch]
+    python -m tapegrad.examples.digits_cnn [--steps 1000] [--reference torch]
 
 Written against PyTorch's API; ``T`` is tapegrad (or torch for the reference run).
 """
@@ -88,7 +88,7 @@ def run(T, args, init_state=None):
 
 
 def main(argv=None):
-    args = common.parse_args("digits_cnn", __doc__.splitlines()[0], steps=600, argv=argv)
+    args = common.parse_args("digits_cnn", __doc__.splitlines()[0], steps=1000, argv=argv)
     model, losses, seconds, train_acc, test_acc = run(tapegrad, args)
     print(f"digits CNN: {args.steps} Adam steps, batch 64, float64 — final loss "
           f"{losses[-1]:.4f}, train accuracy {train_acc:.2%}, test accuracy {test_acc:.2%}, "
