@@ -1181,9 +1181,14 @@ for _module in (_E, _R, _M, _L):
 
 
 def _binary(fn, reflected=False):
+    if isinstance(fn, registry.Op):  # self is a Tensor: straight to dispatch
+        dispatch = registry.dispatch
+        if reflected:
+            return lambda self, other: dispatch(fn, (other, self), {})
+        return lambda self, other: dispatch(fn, (self, other), {})
     if reflected:
         return lambda self, other: fn(other, self)
-    return fn  # an op binds as a method (Op.__get__)
+    return fn
 
 
 Tensor.__add__ = _binary(_E.add)

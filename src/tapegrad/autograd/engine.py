@@ -82,8 +82,10 @@ class Node:
                         versions.append(None)
                 self.saved = saved
                 self.versions = versions
-        else:
-            self.saved = [Meta(a._data) if isinstance(a, Tensor) else a for a in inputs]
+        else:  # shapes only: an input that wants a gradient has its producer stand in
+            self.saved = [a if p is None and not isinstance(a, Tensor) else
+                          p if p is not None else Meta(a._data)
+                          for a, p in zip(inputs, parents)]
             self.versions = None
         if op.save_out:
             self.out = data

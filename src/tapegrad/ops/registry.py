@@ -174,13 +174,16 @@ def dispatch(o, args, params):
                 args = _prepare_elementwise(o, args)
         else:
             args = _prepare_elementwise(o, args)
-    if type(args[0]) is list:  # variadic: one list of tensors
-        args = args[0]
+    first = args[0]
+    if type(first) is list:  # variadic: one list of tensors
+        args = first
         arrays = ([t._data for t in args],)
+    elif len(args) == 1:  # dispatch is only reached with a Tensor among the args
+        arrays = (first._data,)
     else:
         arrays = [a._data if isinstance(a, Tensor) else a for a in args]
     try:
-        data = o.forward(*arrays, **params)
+        data = o.forward(*arrays, **params) if params else o.forward(*arrays)
     except (ValueError, IndexError, TypeError) as e:
         shapes = ", ".join(f"{tuple(a.shape)} {a.dtype}" for a in args if isinstance(a, Tensor))
         raise RuntimeError(f"{o.name}: {e} (inputs: {shapes})") from None
