@@ -29,18 +29,10 @@ import weakref
 
 from tapegrad.autograd.engine import WATCH
 from tapegrad.autograd.grad_mode import state as grad_state
+from tapegrad.random import get_rng_state, set_rng_state
 from tapegrad.tensor import Tensor
 
 _frames = []  # the segments being run, innermost last: only the innermost watches ops
-
-
-def _rng():
-    """tapegrad's (get_rng_state, set_rng_state), or None while the package has no RNG."""
-    import tapegrad.random as random
-
-    get = getattr(random, "get_rng_state", None)
-    put = getattr(random, "set_rng_state", None)
-    return (get, put) if get is not None and put is not None else None
 
 
 class _Frame:
@@ -85,10 +77,10 @@ class _Frame:
         """Rerun the segment and give every stripped Node what its twin saved."""
         create_graph = grad_state.enabled  # run_backward sets grad mode to create_graph
         fresh = self.fresh = []
-        rng = _rng() if self.rng_state is not None else None
-        current = rng[0]() if rng is not None else None
-        if rng is not None:
-            rng[1](self.rng_state)
+        current = None
+        if self.rng_state is not None:  # replay the forward's random draws (dropout masks)
+            current = get_rng_state()
+            set_rng_state(self.rng_state)
         prev = grad_state.enabled
         grad_state.enabled = True
         _frames.append(self)
@@ -101,8 +93,8 @@ class _Frame:
             _frames.pop()
             grad_state.enabled = prev
             self.fresh = None
-            if rng is not None:
-                rng[1](current)
+            if current is not None:
+                set_rng_state(current)  # the caller's stream continues where it was
         if len(fresh) != len(self.nodes) or any(
                 r() is not None and r().op is not f.op for r, f in zip(self.nodes, fresh)):
             recorded = [r().op.name if r() is not None else "?" for r in self.nodes]
@@ -158,10 +150,7 @@ def checkpoint(function, *args, use_reentrant=None, context_fn=_noop_context_fn,
     """
     if not grad_state.enabled:
         return function(*args, **kwargs)
-    rng_state = None
-    if preserve_rng_state:
-        rng = _rng()
-        rng_state = rng[0]() if rng is not None else None
+    rng_state = get_rng_state() if preserve_rng_state else None
     forward_context, recompute_context = context_fn()
     frame = _Frame(function, args, kwargs, rng_state, recompute_context)
     _frames.append(frame)
