@@ -145,9 +145,7 @@ def _prepare_elementwise(o, args):
             except ValueError:
                 raise _broadcast_error(o.name, args) from None
             break
-    from tapegrad.ops.elementwise import to_dtype
-    from tapegrad.ops.movement import broadcast_to
-
+    to_dtype, broadcast_to = REGISTRY["to_dtype"], REGISTRY["broadcast_to"]
     if dt is dtypes.bfloat16:  # numpy promotes a bare Python float with bfloat16 to float32
         args = [xp.asarray(a, dt.np) if isinstance(a, float) else a for a in args]
     prepared = []
