@@ -14,6 +14,7 @@ from tapegrad.ops.elementwise import relu as _relu, tanh as _tanh, sigmoid as _s
 from tapegrad.ops.elementwise import where, sqrt, to_dtype, exp, log, expm1, log1p
 from tapegrad.ops.linalg import matmul
 from tapegrad.ops.movement import reshape_op, permute_op, broadcast_to, pad  # noqa: F401
+from tapegrad.ops.movement import _dim  # the one dim normaliser (negative dims, range error)
 from tapegrad.ops.reduce import sum_op
 from tapegrad.tensor import Tensor
 
@@ -26,14 +27,6 @@ def _const(array):
 def _reshape(x, shape):
     shape = tuple(shape)
     return x if tuple(x.shape) == shape else reshape_op(x, shape=shape)
-
-
-def _dim(dim, ndim, name):
-    n = max(ndim, 1)
-    if not -n <= dim < n:
-        raise IndexError(f"{name}: dimension out of range (expected to be in range of "
-                         f"[{-n}, {n - 1}], but got {dim})")
-    return dim % n
 
 
 def _shape(t):
