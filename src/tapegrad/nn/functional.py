@@ -368,9 +368,9 @@ def _class_targets(name, input, target, weight, ignore_index):
             f"{name}: expected target of shape {expected} (class indices) for input of shape "
             f"{tuple(input.shape)}, got target of shape {tuple(target.shape)}")
     t = target._data
-    if t.dtype.kind not in "iu":
-        raise RuntimeError(f"{name}: expected an integer class-index target, got dtype "
-                           f"{target.dtype}")
+    if t.dtype != xp.int64 and t.dtype != xp.uint8:
+        raise RuntimeError(f"{name}: expected target dtype to be Long (int64) or Byte (uint8) "
+                           f"for class indices, but got {target.dtype}")
     valid = t != ignore_index
     everything = bool(valid.all())
     picked = t if everything else t[valid]
@@ -416,7 +416,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     """
     reduction = _reduction(size_average, reduce, reduction)
     if (weight is None and not label_smoothing and reduction != "none" and input.ndim == 2
-            and target.ndim == 1 and target._data.dtype.kind in "iu"
+            and target.ndim == 1 and target._data.dtype == xp.int64
             and target.shape[0] == input.shape[0]):
         t = target._data  # the common case: one node, no one-hot target
         c = input.shape[1]
@@ -731,20 +731,25 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
     if sparse:
         raise NotImplementedError("embedding: sparse gradients are not supported by tapegrad")
     idx = input._data if isinstance(input, Tensor) else xp.asarray(input)
-    if idx.dtype.kind not in "iu":
-        raise RuntimeError(f"embedding: expected indices of an integer dtype, got {idx.dtype}")
+    if idx.dtype != xp.int64 and idx.dtype != xp.int32:
+        raise RuntimeError(f"embedding: expected indices of dtype int64 (Long) or int32 (Int), "
+                           f"got {idx.dtype}")
     if weight.ndim != 2:
         raise RuntimeError(f"embedding: weight must be 2-D, got shape {tuple(weight.shape)}")
     num = weight.shape[0]
-    if idx.size and (idx.min() < -num or idx.max() >= num):
-        raise IndexError(f"embedding: index out of range in self (indices span "
-                         f"[{idx.min()}, {idx.max()}], weight has {num} rows)")
-    idx = idx % num if idx.size and idx.min() < 0 else idx
-    if padding_idx is not None:
+    if padding_idx is not None:  # negative padding_idx counts from the end; indices do not
         if not -num <= padding_idx < num:
-            raise ValueError(f"embedding: Padding_idx must be within num_embeddings (got "
-                             f"{padding_idx} for {num} rows)")
+            raise AssertionError(f"embedding: Padding_idx must be within num_embeddings (got "
+                                 f"{padding_idx} for {num} rows)")
         padding_idx %= num
+    if idx.size:
+        if num == 0:
+            raise RuntimeError(f"embedding: index_select(): self indexing axis dim should be "
+                               f"positive (weight {tuple(weight.shape)} has no rows)")
+        lo, hi = idx.min(), idx.max()
+        if lo < 0 or hi >= num:
+            raise IndexError(f"embedding: index out of range in self (index "
+                             f"{int(lo) if lo < 0 else int(hi)}, weight has {num} rows)")
     if max_norm is not None:
         _embedding_renorm(weight, idx, max_norm, norm_type)
     scale = None
@@ -1424,19 +1429,22 @@ def _repeat_heads(t, r):
 def one_hot(tensor, num_classes=-1):
     """As ``F.one_hot``: int64 (..., num_classes); ``num_classes=-1`` infers max + 1."""
     t = tensor._data
-    if t.dtype.kind not in "iu":
-        raise RuntimeError(f"one_hot: one_hot is only applicable to index tensor of integer "
-                           f"type, got {tensor.dtype}")
-    if t.size and t.min() < 0:
-        raise RuntimeError("one_hot: Class values must be non-negative.")
-    if num_classes == -1:
-        if t.size == 0:
+    if t.dtype != xp.int64:
+        raise RuntimeError(f"one_hot: one_hot is only applicable to index tensor of type "
+                           f"LongTensor (int64), got {tensor.dtype}")
+    if t.size == 0:
+        if num_classes <= 0:
             raise RuntimeError("one_hot: Can not infer total number of classes from empty "
                                "tensor.")
-        num_classes = int(t.max()) + 1
-    elif t.size and t.max() >= num_classes:
-        raise RuntimeError(f"one_hot: Class values must be smaller than num_classes "
-                           f"(got {int(t.max())} with num_classes={num_classes}).")
+    else:
+        lo, hi = t.min(), t.max()
+        if lo < 0:
+            raise RuntimeError(f"one_hot: Class values must be non-negative. (got {int(lo)})")
+        if num_classes == -1:
+            num_classes = int(hi) + 1
+        elif hi >= num_classes:
+            raise RuntimeError(f"one_hot: Class values must be smaller than num_classes. "
+                               f"(got {int(hi)} with num_classes={num_classes})")
     return _const((t[..., None] == xp.arange(num_classes)).astype(xp.int64))
 
 

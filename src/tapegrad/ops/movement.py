@@ -357,7 +357,7 @@ def _check_tensor(x, name, what="input"):
 def _index_array(index, name):
     """An integer index argument (Tensor, ndarray or list) as a backend integer array."""
     data = index._data if isinstance(index, _registry.Tensor) else xp.asarray(index)
-    if data.dtype.kind not in "iu":
+    if data.dtype != xp.int64 and data.dtype != xp.int32:  # as PyTorch: no int8/int16/uint8
         if data.size == 0 and data.dtype.kind == "f" and not isinstance(index, _registry.Tensor):
             return data.astype(xp.int64)
         raise RuntimeError(f"{name}(): Expected dtype int32/int64 for index, got {data.dtype}")
@@ -743,8 +743,11 @@ def _check_index_shape(input, d, idx, name):
 
 
 def _check_gather_bounds(idx, n, d, name):
-    if idx.size and (idx.min() < 0 or idx.max() >= n):
-        bad = int(idx.min()) if idx.min() < 0 else int(idx.max())
+    if not idx.size:
+        return
+    lo, hi = idx.min(), idx.max()
+    if lo < 0 or hi >= n:
+        bad = int(lo) if lo < 0 else int(hi)
         raise RuntimeError(f"{name}(): index {bad} is out of bounds for dimension {d} with "
                            f"size {n}")
 
@@ -794,6 +797,10 @@ def index_select(input, dim, index):
                          f"{tuple(idx.shape)})")
     d = _dim(dim, input.ndim, "index_select")
     n = input.shape[d] if input.ndim else 1
+    if n == 0 and idx.size:
+        raise RuntimeError(f"index_select(): self indexing axis dim should be positive (dimension "
+                           f"{d} of input {tuple(input.shape)} has size 0, index has "
+                           f"{idx.size} entries)")
     if idx.size and (idx.min() < 0 or idx.max() >= n):
         bad = int(idx.min()) if idx.min() < 0 else int(idx.max())
         raise IndexError(f"index_select(): index {bad} is out of range for dimension {d} with "
@@ -805,14 +812,18 @@ def index_select(input, dim, index):
 
 
 def take_along_dim(input, indices, dim=None):
-    """As ``torch.take_along_dim``: gather along ``dim`` after broadcasting input and indices
-    (negative indices count from the end); without ``dim``, on the flattened tensor."""
+    """As ``torch.take_along_dim``: gather along ``dim`` after broadcasting input and indices;
+    with ``dim``, indices are taken modulo the size of ``dim`` (PyTorch 2.13 wraps every
+    index, not only negative ones); without ``dim``, a gather from the flattened tensor, where
+    any index outside [0, numel) raises."""
     idx = _index_array(indices, "take_along_dim")
     if dim is None:
-        flat = reshape_op(input, shape=(-1,))
         idx = idx.reshape(-1)
-        idx = xp.where(idx < 0, idx + flat.shape[0], idx)
-        return gather(flat, 0, idx)
+        _check_gather_bounds(idx, input.numel(), 0, "take_along_dim")
+        return gather(reshape_op(input, shape=(-1,)), 0, idx)
+    if idx.dtype != xp.int64:
+        raise RuntimeError(f"take_along_dim(): dtype of indices should be int64 (Long) but got "
+                           f"{idx.dtype}")
     d = _dim(dim, input.ndim, "take_along_dim")
     if idx.ndim != input.ndim:
         raise RuntimeError(f"take_along_dim(): input and indices should have the same number of "
@@ -830,7 +841,13 @@ def take_along_dim(input, indices, dim=None):
                            f"of shape {tuple(idx.shape)} cannot be broadcast apart from dimension "
                            f"{d}") from None
     idx = xp.broadcast_to(idx, idx_shape)
-    idx = xp.where(idx < 0, idx + input.shape[d], idx)
+    n = input.shape[d]
+    if idx.size and (idx.min() < 0 or idx.max() >= n):
+        if n == 0:
+            raise RuntimeError(f"take_along_dim(): ZeroDivisionError: indices {tuple(idx.shape)} "
+                               f"taken modulo the size 0 of dimension {d} of input "
+                               f"{tuple(input.shape)}")
+        idx = idx % n
     return gather(expand(input, in_shape), d, idx)
 
 
