@@ -7,11 +7,11 @@ raw arrays and, with ``create_graph``, on Tensors.
 import builtins
 import collections
 import math
+import warnings
 
 from tapegrad import dtypes
 from tapegrad.ops import registry
-from tapegrad.ops.elementwise import (abs, eq, exp, isnan, np_dtype, sign, to_dtype, where_op,
-                                      zeros_like_grad)
+from tapegrad.ops.elementwise import abs, eq, exp, isnan, np_dtype, sign, to_dtype, where_op
 from tapegrad.ops.movement import broadcast_to, reshape_op as reshape
 from tapegrad.backend import reduce_axis
 from tapegrad.ops.registry import op, xp
@@ -76,43 +76,69 @@ def _(g, out, a, dims, keepdim=False, dtype=None):
 
 @op(flops=1, saves="none", name="mean")
 def mean_op(a, dims, keepdim=False, dtype=None):
+    if a.size == 0 and _count(a.shape, dims) == 0:  # numpy warns; PyTorch gives nan quietly
+        return xp.full_like(a.sum(axis=dims, keepdims=keepdim, dtype=dtype), xp.nan)
     return a.mean(axis=dims, keepdims=keepdim, dtype=dtype)
 
 
 @mean_op.grad
 def _(g, out, a, dims, keepdim=False, dtype=None):
     g = _cast_back(_kept(g, a.shape, dims, keepdim), a)
-    return broadcast_to(g / _count(a.shape, dims), shape=a.shape)
+    n = _count(a.shape, dims)
+    return broadcast_to(g / n if n else g, shape=a.shape)  # n == 0: a is empty, so is this
 
 
 @op(flops=4, name="var")
-def var_op(a, dims, correction=1, keepdim=False):
-    return a.var(axis=dims, ddof=correction, keepdims=keepdim)
+def var_op(a, dims, correction=1, keepdim=False, full=False):
+    if _count(a.shape, dims) - correction > 0:
+        return a.var(axis=dims, ddof=correction, keepdims=keepdim)
+    return _var_no_dof(a, dims, correction, keepdim)
 
 
-def _var_grad(g, a, dims, correction, keepdim):
-    # PyTorch's var_backward: 2 / (N - correction) * g * (a - mean(a))
+def _var_no_dof(a, dims, correction, keepdim):
+    """The variance with no degrees of freedom left: inf, or nan where every term is 0 or the
+    input is empty, as PyTorch (numpy gets the same numbers, with warnings)."""
+    n = _count(a.shape, dims)
+    with xp.errstate(divide="ignore", invalid="ignore"):
+        d = a - a.sum(axis=dims, keepdims=True) / n
+        return (d * d).sum(axis=dims, keepdims=keepdim) / builtins.max(n - correction, 0)
+
+
+def _var_grad(g, a, dims, correction, keepdim, full):
+    # PyTorch's var_backward: 2 / (N - correction) * g * (a - mean(a)); ``full`` (no dim
+    # given) with N <= correction: g * (nan where a equals its mean, else inf)
     dof = _count(a.shape, dims) - correction
-    scale = 2.0 / dof if dof else math.inf  # as PyTorch's double arithmetic: no exception
     g = _kept(g, a.shape, dims, keepdim)
-    return (scale * g) * (a - mean_op(a, dims=dims, keepdim=True))
+    if dof > 0:
+        return (2.0 / dof * g) * (a - mean_op(a, dims=dims, keepdim=True))
+    with xp.errstate(divide="ignore", invalid="ignore"):  # inf * 0 is nan here, as in PyTorch
+        if full:
+            at_mean = eq(a, mean_op(a, dims=dims, keepdim=True))
+            return g * where_op(at_mean, math.nan, xp.full_like(_data(a), math.inf))
+        return (2.0 / dof if dof else math.inf) * g * (a - mean_op(a, dims=dims, keepdim=True))
+
+
+def _data(a):
+    return a._data if isinstance(a, registry.Tensor) else a
 
 
 @var_op.grad
-def _(g, out, a, dims, correction=1, keepdim=False):
-    return _var_grad(g, a, dims, correction, keepdim)
+def _(g, out, a, dims, correction=1, keepdim=False, full=False):
+    return _var_grad(g, a, dims, correction, keepdim, full)
 
 
 @op(flops=5, saves="both", name="std")
-def std_op(a, dims, correction=1, keepdim=False):
-    return a.std(axis=dims, ddof=correction, keepdims=keepdim)
+def std_op(a, dims, correction=1, keepdim=False, full=False):
+    if _count(a.shape, dims) - correction > 0:
+        return a.std(axis=dims, ddof=correction, keepdims=keepdim)
+    return xp.sqrt(_var_no_dof(a, dims, correction, keepdim))
 
 
 @std_op.grad
-def _(g, out, a, dims, correction=1, keepdim=False):
+def _(g, out, a, dims, correction=1, keepdim=False, full=False):
     zero = out == 0  # PyTorch masks the gradient of a zero std to 0 rather than nan
     g_var = where_op(zero, 0.0, g / (2 * where_op(zero, 1.0, out)))
-    return _var_grad(g_var, a, dims, correction, keepdim)
+    return _var_grad(g_var, a, dims, correction, keepdim, full)
 
 
 def _spread(g, out, a, dims, keepdim, nan_aware):
@@ -128,7 +154,7 @@ def _spread(g, out, a, dims, keepdim, nan_aware):
 
 def _extreme(name, fn, nan_aware):
     def forward(a, dims, keepdim=False):
-        if a.size == 0 and dims:
+        if a.size == 0 and len(dims) == a.ndim:  # a dim that is not empty may be reduced
             raise RuntimeError(
                 f"{name}(): Expected reduction dim to be specified for input.numel() == 0. "
                 "Specify the reduction dim with the 'dim' argument.")
@@ -263,8 +289,8 @@ def _(g, out, a, dim=None, keepdim=False, dtype=None):
 
 @op(flops=12, saves="both", name="logsumexp")
 def logsumexp_op(a, dims, keepdim=False):
-    if a.size == 0:
-        return xp.log(xp.exp(a).sum(axis=dims, keepdims=keepdim))
+    if a.size == 0:  # log(0) = -inf over an empty extent, without numpy's divide warning
+        return xp.full_like(a.sum(axis=dims, keepdims=keepdim), -xp.inf)
     m = xp.max(a, axis=dims, keepdims=True)
     m = xp.where(xp.isinf(m), 0, m).astype(a.dtype, copy=False)  # PyTorch masks infinite maxes
     s = xp.exp(a - m).sum(axis=dims, keepdims=keepdim)
@@ -298,7 +324,7 @@ def _(g, out, a, p, dims, keepdim=False):
     g = _kept(g, a.shape, dims, keepdim)
     norm = _kept(out, a.shape, dims, keepdim)
     if p == 0:
-        return zeros_like_grad(a)
+        return None  # as PyTorch: no gradient flows (the input's .grad stays None)
     if p == 1:
         return sign(a) * g
     zero = norm == 0
@@ -393,7 +419,15 @@ def _var_args(name, input, dim, unbiased, keepdim, correction):
     if input._data.dtype.kind in "iub":
         raise RuntimeError(f"{name}: std and var only support floating point and complex "
                            f"dtypes (got {input.dtype})")
-    return dict(dims=axes(dim, input.ndim, name), correction=correction, keepdim=keepdim)
+    dims = axes(dim, input.ndim, name)
+    if (_count(input.shape, dims) if input._data.size else 0) - correction <= 0:
+        warnings.warn(f"{name}(): degrees of freedom is <= 0. Correction should be strictly less "
+                      "than the reduction factor (input numel divided by output numel).",
+                      UserWarning, stacklevel=3)
+    args = dict(dims=dims, correction=correction, keepdim=keepdim)
+    if dim is None or input.ndim == 0:  # PyTorch's rule differs there when N <= correction
+        args["full"] = True
+    return args
 
 
 def var(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
@@ -441,14 +475,26 @@ max = _extreme_public("max", max_op, max_dim, argmax_op, _pairwise("maximum"))
 min = _extreme_public("min", min_op, min_dim, argmin_op, _pairwise("minimum"))
 
 
+def _nonempty_extents(name, input, dim):
+    """Ops without an identity (max, argmax, the inf norm) refuse to reduce an empty dim."""
+    if input._data.size == 0 and dim is not None:
+        for d in (dim,) if isinstance(dim, int) else dim:
+            if input.shape[d] == 0:
+                raise IndexError(f"{name}(): Expected reduction dim {d} to have non-zero size.")
+
+
 def amax(input, dim=(), keepdim=False):
     """As ``torch.amax``: max over ``dim`` (all by default); ties share the gradient evenly."""
-    return amax_op(input, dims=axes(dim, input.ndim, "amax"), keepdim=keepdim)
+    dims = axes(dim, input.ndim, "amax")
+    _nonempty_extents("amax", input, dim)
+    return amax_op(input, dims=dims, keepdim=keepdim)
 
 
 def amin(input, dim=(), keepdim=False):
     """As ``torch.amin``: min over ``dim`` (all by default); ties share the gradient evenly."""
-    return amin_op(input, dims=axes(dim, input.ndim, "amin"), keepdim=keepdim)
+    dims = axes(dim, input.ndim, "amin")
+    _nonempty_extents("amin", input, dim)
+    return amin_op(input, dims=dims, keepdim=keepdim)
 
 
 def _arg_public(name, arg_op):
@@ -456,9 +502,10 @@ def _arg_public(name, arg_op):
         if dim is not None:
             dim = axes(dim, input.ndim, name)
             dim = dim[0] if dim else 0
-        if input._data.size == 0:
-            raise RuntimeError(f"{name}(): Expected reduction dim to be specified for "
-                               "input.numel() == 0.")
+        if input._data.size == 0 and dim is None:
+            raise IndexError(f"{name}(): Expected reduction dim to be specified for "
+                             "input.numel() == 0.")
+        _nonempty_extents(name, input, dim)
         if input._data.dtype.kind == "b":
             raise RuntimeError(f"{name}(): does not support bool input")
         return arg_op(input, dim=dim, keepdim=keepdim)
@@ -512,6 +559,16 @@ def norm(input, p="fro", dim=None, keepdim=False, dtype=None):
                                "tapegrad does not implement (vector norms and 'fro' only)")
         p = 2
     p = 2.0 if p is None else builtins.float(p)
+    if input._data.size == 0 and (p < 0 or p == math.inf):  # max/min/1/x: no identity
+        where = "an empty tensor because" if dim is None else None
+        for d in () if dim is None else (dim,) if isinstance(dim, int) else dim:
+            if input.shape[d] == 0:
+                where = f"the dimension {d} because this dimension is empty and"
+                break
+        if where is not None:
+            raise RuntimeError(f"norm: linalg.vector_norm cannot compute the {p:g} norm on "
+                               f"{where} the operation does not have an identity (input "
+                               f"shape {tuple(input.shape)})")
     return norm_op(input, p=p, dims=axes(dim, input.ndim, "norm"), keepdim=keepdim)
 
 
