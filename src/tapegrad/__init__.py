@@ -19,6 +19,6 @@ from tapegrad.creation import *  # noqa: F401,F403
 from tapegrad.random import *  # noqa: F401,F403
 from tapegrad import autograd, nn, optim, utils, profiler  # noqa: F401
 from tapegrad.io import save, load  # noqa: F401,E402
-from tapegrad import io, safetensors  # noqa: F401,E402
+from tapegrad import io, safetensors, serialization  # noqa: F401,E402
 
 __version__ = "0.1.0"

@@ -1,6 +1,10 @@
-"""``save``/``load`` of state dicts and checkpoints, and safetensors files.
+"""``save``/``load`` of state dicts, checkpoints and whole objects, and safetensors files.
 
-**The tapegrad checkpoint format** (``tapegrad.save``): an uncompressed ZIP archive with
+``tapegrad.save`` writes PyTorch's own ``torch.save`` format (a zip of ``data.pkl`` plus one
+record per storage; see ``tapegrad.serialization``), which ``torch.load`` reads, and
+``tapegrad.load`` reads it (from PyTorch or tapegrad) with ``weights_only=True`` by default.
+``tapegrad.load`` also reads the older **tapegrad checkpoint format** described here, which
+``tapegrad.save`` wrote before: an uncompressed ZIP archive with
 
 - ``tapegrad/format``: the text ``tapegrad-checkpoint 1``;
 - ``tapegrad/object.json``: the saved object as JSON, every value tagged with its type
@@ -10,22 +14,34 @@
 - ``tapegrad/arrays/<n>.npy``: each tensor's data in numpy's ``.npy`` format (dtypes numpy
   cannot describe, such as bfloat16, are stored as same-width unsigned ints and viewed back).
 
-Loading reads JSON and ``.npy`` with ``allow_pickle=False``: it builds only the types
-listed above and never runs code from the file. ZIP's CRC-32 of every member is checked,
-so a corrupt or truncated file raises ``RuntimeError`` naming the path. A tensor saved twice
-in one object (shared) is stored once and loaded as one tensor.
+Loading reads JSON and ``.npy`` without pickle: it builds only the types listed above and
+never runs code from the file. A tensor saved twice in one object (shared) is stored once and
+loaded as one tensor.
+
+Loading distrusts the file (both formats): ZIP's CRC-32 of every member is checked; a
+member's declared size must match what the file holds (stored members), a compressed member
+may inflate at most ``_MAX_INFLATE_RATIO`` times and never past its declared size, and the
+members together at most that many times the file's size; an ``.npy`` header must describe
+exactly the bytes that follow it; nesting too deep for the decoder is refused. Every such
+failure raises ``CheckpointError`` (a ``RuntimeError``) naming the file and what is wrong.
 
 Writes to a path are atomic: the data goes to a temporary file in the same directory,
 is flushed and fsync'ed, then ``os.replace``-d over the target (and the directory fsync'ed),
-so a crash mid-write leaves the previous file intact.
+so a crash mid-write leaves the previous file intact. The temporary file is removed when the
+write fails (any exception, KeyboardInterrupt included); one left by a process that was
+killed carries its pid and host in its name, and the next save to the same path removes it.
 """
 import base64
 import collections
 import io as _io
 import json
 import os
+import pickle
+import socket
 import tempfile
+import warnings
 import zipfile
+import zlib
 
 from tapegrad import dtypes
 from tapegrad.backend import xp
@@ -47,11 +63,48 @@ def _file_mode(path):
         return 0o666 & ~umask
 
 
+def _host_tag():
+    return f"{zlib.crc32(socket.gethostname().encode()):08x}"
+
+
+def _pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True  # exists (owned by someone else) or cannot tell: keep its file
+    return True
+
+
+def _remove_stale_temporaries(directory, base):
+    """Remove ``.<base>.<pid>.<host>.*.tmp`` files left by dead processes on this host."""
+    prefix, host = f".{base}.", _host_tag()
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        if not (name.startswith(prefix) and name.endswith(".tmp")):
+            continue
+        parts = name[len(prefix):].split(".")
+        if len(parts) != 4 or not parts[0].isdigit() or parts[1] != host:
+            continue  # another host's (or the old unnamed) temporary: not ours to judge
+        pid = int(parts[0])
+        if pid != os.getpid() and not _pid_alive(pid):
+            try:
+                os.unlink(os.path.join(directory, name))
+            except OSError:
+                pass
+
+
 def atomic_write(path, write):
     """Run ``write(file)`` into a temporary file beside ``path``, then swap it in atomically."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
+    base = os.path.basename(path)
+    _remove_stale_temporaries(directory, base)
+    fd, tmp = tempfile.mkstemp(prefix=f".{base}.{os.getpid()}.{_host_tag()}.", suffix=".tmp",
                                dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -172,15 +225,38 @@ def _write_array(z, i, arr):
     z.writestr(f"{_ARRAYS}{i}.npy", _npy_bytes(arr))
 
 
-def save(obj, f) -> None:
-    """As ``torch.save(obj, f)``: write a state dict or checkpoint to a path or binary file.
+def save(obj, f, pickle_module=None, pickle_protocol=2, _use_new_zipfile_serialization=True,
+         _disable_byteorder_record=False) -> None:
+    """As ``torch.save(obj, f)``: write ``obj`` in PyTorch's zip format to a path or binary file.
 
-    ``obj`` may nest dicts, lists and tuples of tensors, numpy arrays, numbers, strings,
-    bytes and None (model/optimizer/scheduler state dicts, RNG states). Writes to a path are
-    atomic. See the module docstring for the format.
+    State dicts, checkpoints (nested dicts/lists/tuples of tensors, numbers, strings) and whole
+    objects (modules, optimizers) are pickled as PyTorch does, tensors as storages; a state dict
+    written here loads in PyTorch with ``torch.load(f, weights_only=True)``. Writes to a path
+    are atomic. See ``tapegrad.serialization`` for the format.
 
-    >>> tapegrad.save({"model": model.state_dict(), "opt": opt.state_dict()}, "ckpt.tg")
+    >>> tapegrad.save({"model": model.state_dict(), "opt": opt.state_dict()}, "ckpt.pt")
     """
+    from tapegrad import serialization
+
+    if not _use_new_zipfile_serialization:
+        raise RuntimeError("tapegrad.save: _use_new_zipfile_serialization=False (PyTorch's "
+                           "legacy pre-1.6 format) is not supported; tapegrad writes the zip "
+                           "format")
+    if pickle_module is not None and pickle_module is not pickle:
+        raise RuntimeError(f"tapegrad.save: pickle_module={pickle_module!r} is not supported; "
+                           "tapegrad pickles with its own restricted-format pickler")
+    data = serialization._pickle(obj, pickle_protocol)  # errors surface before any file I/O
+    write = lambda fh: serialization._write_zip(fh, data, _disable_byteorder_record)  # noqa
+    if isinstance(f, (str, os.PathLike)):
+        atomic_write(f, write)
+    else:
+        write(f)
+
+
+def _save_legacy(obj, f) -> None:
+    """Write ``obj`` in tapegrad's older JSON + ``.npy`` format (see the module docstring);
+    ``load`` still reads it. Supports dicts/lists/tuples of tensors, numpy arrays, numbers,
+    strings, bytes, None and dtypes."""
     enc = _Encoder()
     tree = enc.encode(obj)  # errors surface here, before any file is touched
     arrays = enc.arrays
@@ -191,8 +267,90 @@ def save(obj, f) -> None:
 
 
 # --- decoding ----------------------------------------------------------------------------------
+class CheckpointError(RuntimeError):
+    """A file ``load`` cannot read: not a checkpoint, truncated, corrupt or malformed. The
+    message names the file and what is wrong."""
+
+
 class _CorruptCheckpoint(Exception):
     pass
+
+
+_MAX_INFLATE_RATIO = 100  # tensor data barely compresses; a member inflating more is a bomb
+_NPY_MAX_HEADER = 10000
+
+
+class _Archive:
+    """A zip archive opened for loading, whose members are checked before they are read."""
+
+    def __init__(self, f):
+        start = f.tell()
+        length = f.seek(0, os.SEEK_END) - start
+        f.seek(start)
+        self.z = zipfile.ZipFile(f, "r")
+        self.infos = {}
+        total = 0
+        for info in self.z.infolist():
+            name, size = info.filename, info.file_size
+            if info.compress_type == zipfile.ZIP_STORED:
+                if info.compress_size != size:
+                    raise _CorruptCheckpoint(f"member {name} declares {size} bytes but stores "
+                                             f"{info.compress_size}")
+            elif info.compress_type == zipfile.ZIP_DEFLATED:
+                if size > _MAX_INFLATE_RATIO * max(info.compress_size, 1):
+                    raise _CorruptCheckpoint(
+                        f"member {name} would inflate {info.compress_size} bytes to {size} "
+                        f"(more than {_MAX_INFLATE_RATIO}x): refused as a zip bomb")
+            else:
+                raise _CorruptCheckpoint(f"member {name} uses zip compression method "
+                                         f"{info.compress_type}; only stored and deflated "
+                                         "members are read")
+            if info.header_offset + info.compress_size > length:
+                raise _CorruptCheckpoint(f"member {name} extends past the end of the file "
+                                         f"({length} bytes): truncated")
+            total += size
+            self.infos[name] = info
+        if total > _MAX_INFLATE_RATIO * max(length, 1):
+            raise _CorruptCheckpoint(f"its members declare {total} bytes, more than "
+                                     f"{_MAX_INFLATE_RATIO}x the file's {length}")
+
+    def names(self):
+        return list(self.infos)
+
+    def read(self, name):
+        info = self.infos.get(name)
+        if info is None:
+            raise _CorruptCheckpoint(f"member {name} is missing")
+        with self.z.open(info) as member:  # inflates at most file_size bytes; checks CRC-32
+            data = member.read()
+        if len(data) != info.file_size:
+            raise _CorruptCheckpoint(f"member {name} holds {len(data)} bytes, its header "
+                                     f"declares {info.file_size}")
+        return data
+
+
+def _npy_array(raw, what):
+    """An ``.npy`` file's array, its header checked against the bytes that follow it."""
+    f = _io.BytesIO(raw)
+    try:
+        version = xp.lib.format.read_magic(f)
+        read_header = (xp.lib.format.read_array_header_1_0 if version == (1, 0) else
+                       xp.lib.format.read_array_header_2_0)
+        shape, fortran, dtype = read_header(f, max_header_size=_NPY_MAX_HEADER)
+    except (ValueError, TypeError, SyntaxError) as e:
+        raise _CorruptCheckpoint(f"{what} has a malformed .npy header: {e}") from None
+    if dtype.hasobject:
+        raise _CorruptCheckpoint(f"{what} holds Python objects (dtype {dtype}); refused")
+    count = 1
+    for n in shape:
+        count *= n
+    offset = f.tell()
+    if count * dtype.itemsize != len(raw) - offset:
+        raise _CorruptCheckpoint(f"{what}: its .npy header declares shape {tuple(shape)} of "
+                                 f"{dtype} ({count * dtype.itemsize} bytes) but "
+                                 f"{len(raw) - offset} bytes follow")
+    flat = xp.frombuffer(bytearray(memoryview(raw)[offset:]), dtype=dtype)
+    return flat.reshape(shape, order="F" if fortran else "C")
 
 
 class _Decoder:
@@ -201,11 +359,8 @@ class _Decoder:
         self.tensors = {}
 
     def array(self, i, dtype_name):
-        try:
-            raw = self.z.read(f"{_ARRAYS}{int(i)}.npy")
-        except KeyError:
-            raise _CorruptCheckpoint(f"array {i} is missing") from None
-        arr = xp.load(_io.BytesIO(raw), allow_pickle=False)
+        raw = self.z.read(f"{_ARRAYS}{int(i)}.npy")
+        arr = _npy_array(raw, f"array {i}")
         if dtype_name is not None:
             want = dtypes.to_dtype(dtype_name).np
             if arr.dtype != want:
@@ -263,38 +418,78 @@ def _hashable(key):
     return tuple(_hashable(k) for k in key) if isinstance(key, list) else key
 
 
-def load(f, map_location=None, weights_only=True, **kwargs):
-    """As ``torch.load(f)``: read what ``tapegrad.save`` wrote (a path or binary file).
+def load(f, map_location=None, pickle_module=None, *, weights_only=None, mmap=None,
+         **pickle_load_args):
+    """As ``torch.load(f, map_location=None, *, weights_only=True)``: read a path or binary
+    file written by ``tapegrad.save`` or ``torch.save`` (or tapegrad's older format).
 
-    Only the format's data types are rebuilt and no code from the file runs, so loading an
-    untrusted file is safe (``weights_only`` is always on). A corrupt, truncated or foreign
-    file raises ``RuntimeError`` naming it; ``map_location`` may only name the CPU.
+    With ``weights_only=True`` (the default, as in PyTorch 2.6+) a restricted unpickler
+    rebuilds only tensors, containers, numbers, strings, dtypes and the globals added with
+    ``tapegrad.serialization.add_safe_globals``; it never runs code from the file and refuses
+    anything else with ``pickle.UnpicklingError``. ``weights_only=False`` unpickles whole
+    objects (modules, optimizers) as PyTorch does: only for files you trust. A truncated,
+    corrupt or malformed file raises ``CheckpointError`` (a ``RuntimeError``) naming it.
+    ``map_location`` (a device, string, dict or callable) must lead to the CPU. A path ending
+    in ``.safetensors`` is read with ``load_file``, as in PyTorch.
+
+    >>> state = tapegrad.load("ckpt.pt")
     """
-    if map_location not in (None, "cpu") and str(map_location) != "cpu":
-        raise RuntimeError(f"tapegrad.load: map_location={map_location!r}; tapegrad runs on "
-                           "the CPU only")
+    from tapegrad import serialization
+
+    if weights_only is None:
+        weights_only = pickle_module is None
+    if weights_only and pickle_module is not None:
+        raise RuntimeError("Can not safely load weights when explicit pickle_module is specified")
+    if mmap:
+        raise RuntimeError("tapegrad.load: mmap=True is not supported; the file is read into "
+                           "memory")
+    if weights_only and pickle_load_args:
+        warnings.warn("pickle_load_args only works if `weights_only=False`.")
+    pickle_load_args.setdefault("encoding", "utf-8")
+    if isinstance(f, (str, os.PathLike)) and os.fspath(f).endswith(".safetensors"):
+        serialization._check_map_location(map_location)
+        return load_file(f)
     if isinstance(f, (str, os.PathLike)):
         with open(f, "rb") as fh:  # a missing or unreadable file raises its own OSError
-            return _load(fh, os.fspath(f))
-    return _load(f, getattr(f, "name", repr(f)))
+            return _load(fh, os.fspath(f), map_location, weights_only, pickle_module,
+                         pickle_load_args)
+    return _load(f, getattr(f, "name", repr(f)), map_location, weights_only, pickle_module,
+                 pickle_load_args)
 
 
-def _load(f, name):
+_TORCH_LEGACY_MAGIC = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19"
+
+
+def _load(f, name, map_location, weights_only, pickle_module, pickle_load_args):
+    from tapegrad import serialization
+
     try:
-        with zipfile.ZipFile(f, "r") as z:
-            names = set(z.namelist())
-            if _FORMAT not in names:
-                hint = " (it looks like a PyTorch file: load it with torch and convert, or use " \
-                       "safetensors)" if any(n.endswith("data.pkl") for n in names) else ""
-                raise _CorruptCheckpoint("not a tapegrad checkpoint" + hint)
-            if z.read(_FORMAT) != _MAGIC:
-                raise _CorruptCheckpoint(f"unknown format {z.read(_FORMAT)[:40]!r}")
-            tree = json.loads(z.read(_OBJECT))
-            return _Decoder(z).decode(tree)
+        start = f.tell()
+        head = f.read(len(_TORCH_LEGACY_MAGIC))
+        f.seek(start)
+        if head == _TORCH_LEGACY_MAGIC:
+            raise _CorruptCheckpoint("it is in PyTorch's legacy (pre-1.6) format, which tapegrad "
+                                     "does not read: re-save it with a current torch.save")
+        if not head.startswith(b"PK\x03\x04"):
+            raise _CorruptCheckpoint("it is not a zip archive (no zip header at its start)")
+        archive = _Archive(f)
+        if _FORMAT not in archive.infos:
+            return serialization._load_zip(archive, name, map_location, weights_only,
+                                           pickle_module, pickle_load_args)
+        serialization._check_map_location(map_location)
+        if archive.read(_FORMAT) != _MAGIC:
+            raise _CorruptCheckpoint(f"unknown format {archive.read(_FORMAT)[:40]!r}")
+        tree = json.loads(archive.read(_OBJECT))
+        return _Decoder(archive).decode(tree)
+    except serialization._ObjectError as e:  # raised by the file's own objects (weights_only=False)
+        raise e.error from None
+    except RecursionError:
+        raise CheckpointError(f"tapegrad.load: {name} is not a valid checkpoint or is corrupt: "
+                              "its objects are nested too deeply") from None
     except (_CorruptCheckpoint, zipfile.BadZipFile, zipfile.LargeZipFile, KeyError, ValueError,
             TypeError, EOFError, OSError) as e:
-        raise RuntimeError(f"tapegrad.load: {name} is not a valid tapegrad checkpoint or is "
-                           f"corrupt: {e}") from None
+        raise CheckpointError(f"tapegrad.load: {name} is not a valid checkpoint or is "
+                              f"corrupt: {e}") from None
 
 
 # --- safetensors -------------------------------------------------------------------------------
