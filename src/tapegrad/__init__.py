@@ -17,6 +17,13 @@ from tapegrad.ops.movement import *  # noqa: F401,F403
 from tapegrad.ops.linalg import *  # noqa: F401,F403
 from tapegrad.creation import *  # noqa: F401,F403
 from tapegrad.random import *  # noqa: F401,F403
+# devices, legacy tensor types, PyTorch's namespaces for accelerators (issue 10)
+from tapegrad.backend.device import device  # noqa: F401,E402
+from tapegrad.ops.selection import *  # noqa: F401,F403,E402
+from tapegrad.tensor import TENSOR_TYPES as _TENSOR_TYPES, softmax, log_softmax  # noqa: E402
+from tapegrad.autograd.anomaly import is_anomaly_enabled, is_anomaly_check_nan_enabled  # noqa
+from tapegrad import cuda, accelerator, backends, distributed  # noqa: F401,E402
+globals().update(_TENSOR_TYPES)  # FloatTensor, DoubleTensor, LongTensor, ...
 from tapegrad import autograd, nn, optim, utils, profiler  # noqa: F401
 from tapegrad.io import save, load  # noqa: F401,E402
 from tapegrad import io, safetensors, serialization  # noqa: F401,E402

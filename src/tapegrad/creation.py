@@ -8,14 +8,27 @@ import math
 
 from tapegrad import dtypes
 from tapegrad.backend import xp
-from tapegrad.backend.numpy_backend import Device
+from tapegrad.backend.device import resolve as resolve_device
 from tapegrad.ops.registry import op
 from tapegrad.tensor import Tensor
 
 
 # --- shared argument handling ------------------------------------------------------------
-def size_args(size, name):
-    """``f(2, 3)``, ``f((2, 3))``, ``f([2, 3])`` and ``f(torch.Size)`` all mean shape (2, 3)."""
+NO_SIZE = object()  # a factory's ``size=`` keyword when not given
+
+
+def size_args(size, name, keyword=NO_SIZE):
+    """``f(2, 3)``, ``f((2, 3))``, ``f([2, 3])``, ``f(torch.Size)`` and ``f(size=(2, 3))``
+    (``keyword``) all mean shape (2, 3); no size at all raises, as in PyTorch."""
+    if keyword is not NO_SIZE:
+        if size:
+            raise TypeError(f"{name}() got multiple values for argument 'size'")
+        if not isinstance(keyword, (tuple, list)):
+            raise TypeError(f"{name}(): argument 'size' must be tuple of ints, not "
+                            f"{type(keyword).__name__}")
+        size = (keyword,)
+    elif not size:
+        raise TypeError(f'{name}() missing 1 required positional arguments: "size"')
     if len(size) == 1 and isinstance(size[0], (tuple, list)):
         size = size[0]
     out = []
@@ -33,14 +46,9 @@ def size_args(size, name):
 
 
 def check_device(device, name):
-    """Accept ``None``, ``'cpu'``, ``'cpu:0'`` or a cpu device; anything else raises."""
-    if device is None:
-        return
-    try:
-        Device(device if isinstance(device, (str, Device)) else str(device))
-    except (RuntimeError, ValueError):
-        raise RuntimeError(f"{name}: tapegrad runs on the cpu only; got device={device!r}") \
-            from None
+    """Accept ``None``, ``'cpu'``, ``'cpu:0'`` or a cpu ``tapegrad.device``; ``'cuda'`` raises
+    as PyTorch's CPU-only build does (``backend.device.resolve`` is the one device check)."""
+    return resolve_device(device, name)
 
 
 def float_dtype(dtype, name):
@@ -61,10 +69,10 @@ def finish(array, requires_grad, name="tensor"):
     return t
 
 
-def _filled(name, size, value, dtype, device, requires_grad):
+def _filled(name, size, value, dtype, device, requires_grad, keyword=NO_SIZE):
     check_device(device, name)
     d = dtypes.get_default_dtype() if dtype is None else dtypes.to_dtype(dtype)
-    shape = size_args(size, name)
+    shape = size_args(size, name, keyword)
     if value is None:
         return finish(xp.empty(shape, dtype=d.np), requires_grad, name)
     return finish(xp.full(shape, value, dtype=d.np), requires_grad, name)
@@ -110,7 +118,7 @@ def tensor(data, dtype=None, device=None, requires_grad=False) -> Tensor:
     >>> tapegrad.tensor([[1.0, 2.0]], requires_grad=True)
     """
     check_device(device, "tensor")
-    return Tensor(data, dtype=dtype, requires_grad=requires_grad)
+    return Tensor._from_data(data, dtype=dtype, requires_grad=requires_grad)
 
 
 def from_numpy(ndarray) -> Tensor:
@@ -142,22 +150,127 @@ def as_tensor(data, dtype=None, device=None) -> Tensor:
         if dtype is None or dtypes.to_dtype(dtype).np == data.dtype:
             return from_numpy(data)
         return Tensor._make(data.astype(dtypes.to_dtype(dtype).np))
-    return Tensor(data, dtype=dtype)
+    return Tensor._from_data(data, dtype=dtype)
 
 
-def zeros(*size, dtype=None, device=None, requires_grad=False) -> Tensor:
+# --- nested data numpy could not make a numeric array of ------------------------------------
+def nested_array(data, dtype=None, name="tensor"):
+    """The array PyTorch's conversion makes of ``data`` that numpy turned down or made
+    non-numeric (ragged lists, strings, ``None``, ints beyond int64), or PyTorch's error for
+    it: ``tensor([[1, 2], [3]])`` raises ValueError "expected sequence of length 2 at dim 1
+    (got 1)". Checked in PyTorch's order: the shape along first elements, the dtype (when
+    not given), then every element against that shape and dtype."""
+    if isinstance(data, (str, bytes)):
+        raise TypeError(f"{name}(): invalid data type '{type(data).__name__}'")
+    sizes, seq = [], data
+    while _is_sequence(seq):
+        if isinstance(seq, (Tensor, xp.ndarray)):
+            sizes.extend(seq.shape)
+            break
+        if isinstance(seq, (str, bytes)):  # "a"[0] is "a" again: PyTorch runs out of dims
+            raise ValueError(f"{name}(): too many dimensions '{type(seq).__name__}' (a string "
+                             f"where a number or a sequence of numbers belongs)")
+        sizes.append(len(seq))
+        if not sizes[-1]:
+            break
+        seq = seq[0]
+    d = _infer_dtype(data, name) if dtype is None else dtypes.to_dtype(dtype)
+    if 0 in sizes:  # PyTorch stores nothing, so checks nothing, when the result is empty
+        return xp.empty(sizes, dtype=d.np)
+    stack = [(data, 0)]
+    while stack:
+        obj, dim = stack.pop()
+        if dim == len(sizes):
+            _check_element(obj, d, name)
+        elif isinstance(obj, (Tensor, xp.ndarray)):
+            if tuple(obj.shape) != tuple(sizes[dim:]):
+                raise ValueError(f"{name}(): expected a sequence of shape {tuple(sizes[dim:])} "
+                                 f"at dim {dim} (got an array of shape {tuple(obj.shape)})")
+        elif not _is_sequence(obj) or isinstance(obj, (str, bytes)):
+            raise TypeError(f"{name}(): not a sequence: expected a sequence of length "
+                            f"{sizes[dim]} at dim {dim} (got {type(obj).__name__})")
+        elif len(obj) != sizes[dim]:
+            raise ValueError(f"{name}(): expected sequence of length {sizes[dim]} at dim {dim} "
+                             f"(got {len(obj)})")
+        else:
+            stack.extend((item, dim + 1) for item in reversed(obj))
+    return xp.array(data, dtype=d.np)
+
+
+def _is_sequence(obj):
+    return isinstance(obj, (list, tuple, range, str, bytes, Tensor, xp.ndarray)) and \
+        getattr(obj, "ndim", 1) > 0
+
+
+def _infer_dtype(data, name):
+    """PyTorch's ``infer_scalar_type``: bool, int64, the default float, or an array's dtype,
+    promoted over every element; an empty sequence is the default float."""
+    found, stack = None, [data]
+    while stack:
+        obj = stack.pop()
+        if isinstance(obj, (bool, xp.bool_)):
+            d = dtypes.bool_
+        elif isinstance(obj, int):
+            d = dtypes.int64
+        elif isinstance(obj, float):
+            d = dtypes.get_default_dtype()
+        elif isinstance(obj, complex):
+            raise TypeError(f"{name}(): complex numbers are not supported (tapegrad has no "
+                            f"complex dtypes), got {obj!r}")
+        elif isinstance(obj, Tensor):
+            d = obj.dtype
+        elif isinstance(obj, (xp.ndarray, xp.generic)):
+            d = dtypes.from_numpy_dtype(obj.dtype)
+        elif isinstance(obj, (str, bytes)):
+            raise TypeError(f"{name}(): invalid data type '{type(obj).__name__}' (a "
+                            "string among the numbers)")
+        elif _is_sequence(obj):
+            if not len(obj):
+                d = dtypes.get_default_dtype()
+            else:
+                stack.extend(reversed(obj))  # in order: the first bad element is reported
+                continue
+        else:
+            raise RuntimeError(f"{name}(): Could not infer dtype of {type(obj).__name__}")
+        found = d if found is None else dtypes.promote_types(found, d)
+    return found
+
+
+def _check_element(obj, d, name):
+    """One element stored into dtype ``d``, as PyTorch's conversion checks it."""
+    if isinstance(obj, (Tensor, xp.ndarray)):
+        if obj.size != 1:
+            raise ValueError(f"{name}(): only one element tensors can be converted to Python "
+                             f"scalars (got an element of shape {tuple(obj.shape)})")
+    elif isinstance(obj, complex):
+        raise TypeError(f"{name}(): complex numbers are not supported (tapegrad has no complex "
+                        f"dtypes), got {obj!r}")
+    elif not isinstance(obj, (int, float, xp.generic)):
+        what = type(obj).__name__
+        if d.category == dtypes.FLOAT:
+            raise TypeError(f"{name}(): must be real number, not {what} (an element of dtype "
+                            f"{d})")
+        raise TypeError(f"{name}(): '{what}' object cannot be interpreted as an integer (an "
+                        f"element of dtype {d})")
+    elif isinstance(obj, int) and d.category != dtypes.FLOAT and \
+            not -2 ** 63 <= obj < 2 ** 63 and not isinstance(obj, bool):
+        raise ValueError(f"{name}(): Overflow when unpacking long long: {obj} does not fit in "
+                         f"{d}")
+
+
+def zeros(*args, size=NO_SIZE, dtype=None, device=None, requires_grad=False) -> Tensor:
     """As ``torch.zeros(2, 3)`` or ``torch.zeros((2, 3), dtype=torch.int64)``."""
-    return _filled("zeros", size, 0, dtype, device, requires_grad)
+    return _filled("zeros", args, 0, dtype, device, requires_grad, size)
 
 
-def ones(*size, dtype=None, device=None, requires_grad=False) -> Tensor:
+def ones(*args, size=NO_SIZE, dtype=None, device=None, requires_grad=False) -> Tensor:
     """As ``torch.ones(2, 3)``."""
-    return _filled("ones", size, 1, dtype, device, requires_grad)
+    return _filled("ones", args, 1, dtype, device, requires_grad, size)
 
 
-def empty(*size, dtype=None, device=None, requires_grad=False) -> Tensor:
+def empty(*args, size=NO_SIZE, dtype=None, device=None, requires_grad=False) -> Tensor:
     """As ``torch.empty(2, 3)``: uninitialised memory."""
-    return _filled("empty", size, None, dtype, device, requires_grad)
+    return _filled("empty", args, None, dtype, device, requires_grad, size)
 
 
 def full(size, fill_value, dtype=None, device=None, requires_grad=False) -> Tensor:

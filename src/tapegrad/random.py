@@ -22,7 +22,7 @@ import os
 
 from tapegrad import dtypes
 from tapegrad.backend import xp
-from tapegrad.creation import size_args, check_device, float_dtype, finish
+from tapegrad.creation import size_args, check_device, float_dtype, finish, NO_SIZE
 from tapegrad.tensor import Tensor
 
 _STATE_BYTES = 48  # seed (8) + PCG64 state (16) + increment (16) + has_uint32 (4) + uinteger (4)
@@ -178,19 +178,21 @@ def normal_array(rng, shape, d):
     raise TypeError(f"normal: expected a floating-point dtype, got {d}")
 
 
-def rand(*size, generator=None, dtype=None, device=None, requires_grad=False) -> Tensor:
+def rand(*args, size=NO_SIZE, generator=None, dtype=None, device=None,
+         requires_grad=False) -> Tensor:
     """As ``torch.rand(2, 3)``: uniform on [0, 1)."""
     check_device(device, "rand")
     d = float_dtype(dtype, "rand")
-    return finish(uniform_array(numpy_rng(generator), size_args(size, "rand"), d),
+    return finish(uniform_array(numpy_rng(generator), size_args(args, "rand", size), d),
                   requires_grad, "rand")
 
 
-def randn(*size, generator=None, dtype=None, device=None, requires_grad=False) -> Tensor:
+def randn(*args, size=NO_SIZE, generator=None, dtype=None, device=None,
+          requires_grad=False) -> Tensor:
     """As ``torch.randn(2, 3)``: standard normal."""
     check_device(device, "randn")
     d = float_dtype(dtype, "randn")
-    return finish(normal_array(numpy_rng(generator), size_args(size, "randn"), d),
+    return finish(normal_array(numpy_rng(generator), size_args(args, "randn", size), d),
                   requires_grad, "randn")
 
 

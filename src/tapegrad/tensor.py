@@ -1,11 +1,13 @@
 """Tensor: a backend array, its grad and the Node that made it. Operators delegate to ops."""
 import math
+import operator
 import weakref
 
 from tapegrad import dtypes
 from tapegrad.autograd import engine
 from tapegrad.autograd.grad_mode import state as grad_state
 from tapegrad.backend import xp, DEVICE
+from tapegrad.backend.device import device as _device, resolve as resolve_device, no_cuda
 from tapegrad.ops import registry
 
 
@@ -28,15 +30,25 @@ class Tensor:
     __array_ufunc__ = None  # numpy defers to our reflected operators (array + tensor)
     __array_priority__ = 1000
 
-    def __init__(self, data, dtype=None, requires_grad=False):
-        self._data = _to_array(data, dtype)
-        self.grad = None
-        self.grad_fn = None
-        self._version = [0]
-        self._hooks = None
-        self._requires_grad = False
+    def __new__(cls, *args, **kwargs):
+        """As PyTorch's legacy constructor ``torch.Tensor(...)``: ``Tensor(2, 3)`` (or
+        ``Tensor(size=(2, 3))``) is uninitialised, ``Tensor([1, 2])`` copies data into the
+        default float dtype, ``Tensor()`` is empty and ``Tensor(t)`` aliases tensor ``t``.
+        ``tapegrad.tensor(data, dtype=...)`` is the constructor to use in new code."""
+        if cls is not Tensor:  # a subclass without its own __new__: its __init__ sets it up
+            return _new(cls)
+        return _legacy_new(None, "cpu", args, kwargs, "Tensor")
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    @staticmethod
+    def _from_data(data, dtype=None, requires_grad=False):
+        """A new leaf holding a copy of ``data`` (``tapegrad.tensor``'s semantics)."""
+        t = Tensor._make(_to_array(data, dtype))
         if requires_grad:
-            self.requires_grad = True
+            t.requires_grad = True
+        return t
 
     @staticmethod
     def _make(data, grad_fn=None):
@@ -52,7 +64,7 @@ class Tensor:
 
     @classmethod
     def _wrap(cls, value):
-        return value if isinstance(value, Tensor) else Tensor(value)
+        return value if isinstance(value, Tensor) else Tensor._from_data(value)
 
     # --- attributes -------------------------------------------------------------------
     @property
@@ -114,7 +126,24 @@ class Tensor:
 
     @property
     def device(self):
+        """As ``Tensor.device``: a ``tapegrad.device`` (always the cpu for now)."""
         return DEVICE
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.device.type == "cpu"
+
+    @property
+    def is_meta(self) -> bool:
+        return False
+
+    def get_device(self) -> int:
+        """As ``Tensor.get_device()``: -1 for cpu tensors, else the device index."""
+        return -1 if self.device.type == "cpu" else self.device.index
 
     @property
     def is_leaf(self) -> bool:
@@ -140,6 +169,13 @@ class Tensor:
 
     def __repr__(self):
         return _repr(self)
+
+    def __format__(self, format_spec):
+        """As PyTorch: a 0-d tensor formats as its Python number (``f"{loss:.4f}"``); other
+        tensors only with an empty spec (their ``str``)."""
+        if self._data.ndim == 0:
+            return self._data.item().__format__(format_spec)
+        return object.__format__(self, format_spec)
 
     def __hash__(self):
         return id(self)
@@ -212,12 +248,19 @@ class Tensor:
         return _C.clone(self) if copy else self
 
     def type(self, dtype=None, non_blocking=False, **kwargs):
-        """As ``Tensor.type()``: with no argument the type name (``'tapegrad.FloatTensor'``),
-        otherwise ``to(dtype)``."""
+        """As ``Tensor.type()``: with no argument PyTorch's type name (``'torch.FloatTensor'``);
+        given a dtype, a tensor type (``tapegrad.DoubleTensor``) or its name, ``to`` it."""
         if dtype is None:
-            return "tapegrad." + _TYPE_NAMES.get(self.dtype.name, self.dtype.name)
-        if isinstance(dtype, str) and dtype.split(".")[-1] in _TYPE_BY_NAME:
-            dtype = _TYPE_BY_NAME[dtype.split(".")[-1]]
+            return ("torch.cuda." if self.is_cuda else "torch.") + _TYPE_NAMES[self.dtype.name]
+        if isinstance(dtype, str):
+            dtype = _type_from_name(dtype)
+        if dtype is Tensor:
+            dtype = dtypes.get_default_dtype()
+        elif isinstance(dtype, TensorType):
+            if dtype.device_type != "cpu":
+                raise RuntimeError("type: Cannot initialize CUDA without ATen_cuda library "
+                                   "(Torch not compiled with CUDA enabled)")
+            dtype = dtype.dtype
         return self.to(dtype)
 
     def float(self, memory_format=None):
@@ -269,7 +312,10 @@ class Tensor:
         return self
 
     def cuda(self, device=None, non_blocking=False, memory_format=None):
-        raise RuntimeError("cuda: tapegrad runs on the cpu only (see docs/differences.md)")
+        """As ``Tensor.cuda()``: raises as PyTorch's CPU-only build does."""
+        if device is not None and not isinstance(device, (str, _device)):
+            device = f"cuda:{operator.index(device)}"
+        return self.to("cuda" if device is None else device)
 
     def __dlpack__(self, *args, **kwargs):
         """DLPack export of the storage (``tapegrad.from_dlpack``, ``torch.from_dlpack``)."""
@@ -284,8 +330,14 @@ class Tensor:
 
     def new_tensor(self, data, dtype=None, device=None, requires_grad=False):
         """As ``Tensor.new_tensor``: a copy of ``data`` with this tensor's dtype by default."""
-        return Tensor(data, dtype=self.dtype if dtype is None else dtype,
-                      requires_grad=requires_grad)
+        resolve_device(device, "new_tensor")
+        return Tensor._from_data(data, dtype=self.dtype if dtype is None else dtype,
+                                 requires_grad=requires_grad)
+
+    def new(self, *args, **kwargs):
+        """As the legacy ``Tensor.new(...)``: ``torch.Tensor(...)``'s overloads with this
+        tensor's dtype (``x.new(2, 3)`` is uninitialised, ``x.new([1, 2])`` copies data)."""
+        return _legacy_new(self.dtype, self.device.type, args, kwargs, "new")
 
     def new_zeros(self, *size, dtype=None, device=None, requires_grad=False):
         """As ``Tensor.new_zeros(2, 3)``: this tensor's dtype by default."""
@@ -427,7 +479,7 @@ class Tensor:
     def copy_(self, src, non_blocking=False):
         """As ``Tensor.copy_(src)``: broadcast ``src`` to this shape and cast to this dtype."""
         if not isinstance(src, Tensor):
-            src = Tensor(src)
+            src = Tensor._from_data(src)
         if _tracked(self, (src,)):
             return _inplace(self, "copy_", _C.copy_op, (src,), {})
         try:
@@ -599,6 +651,21 @@ class Tensor:
         return engine._Handle(self._hooks, hook)
 
 
+def softmax(input, dim, dtype=None):
+    """As ``torch.softmax(x, dim)`` / ``x.softmax(dim)``: ``nn.functional.softmax``."""
+    from tapegrad.nn import functional
+
+    return functional.softmax(input, dim, dtype=dtype)
+
+
+def log_softmax(input, dim, dtype=None):
+    """As ``torch.log_softmax(x, dim)`` / ``x.log_softmax(dim)``: fused, never log(softmax)."""
+    from tapegrad.nn import functional
+
+    return functional.log_softmax(input, dim, dtype=dtype)
+
+
+Tensor.softmax, Tensor.log_softmax = softmax, log_softmax
 _FLOAT_NP = dtypes.FLOAT_NP  # ml_dtypes' bfloat16 has numpy kind "V", not "f"
 
 
@@ -608,6 +675,114 @@ _TYPE_NAMES = {"float32": "FloatTensor", "float64": "DoubleTensor", "float16": "
                "int16": "ShortTensor", "int8": "CharTensor", "uint8": "ByteTensor",
                "bool": "BoolTensor"}
 _TYPE_BY_NAME = {v: dtypes.to_dtype(k) for k, v in _TYPE_NAMES.items() if k in dtypes._NAMES}
+
+
+class TensorType(type):
+    """The metaclass of PyTorch's legacy tensor types (``tapegrad.FloatTensor`` ...): calling
+    one builds a ``Tensor`` of its dtype (``torch.Tensor``'s overloads), and ``isinstance``
+    checks a tensor's dtype and device type."""
+
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, Tensor) and obj.dtype is cls.dtype and \
+            obj.device.type == cls.device_type
+
+    def __call__(cls, *args, **kwargs):
+        if cls.device_type != "cpu":
+            raise no_cuda(cls.__name__)
+        return _legacy_new(cls.dtype, cls.device_type, args, kwargs, cls.__name__)
+
+    def __repr__(cls):
+        prefix = "torch." if cls.device_type == "cpu" else f"torch.{cls.device_type}."
+        return f"<class '{prefix}{cls.__name__}'>"
+
+
+def tensor_types(device_type):
+    """``{'FloatTensor': <type>, ...}``: PyTorch's legacy tensor types for ``device_type``."""
+    module = "tapegrad" if device_type == "cpu" else f"tapegrad.{device_type}"
+    return {name: TensorType(name, (), {"dtype": dt, "device_type": device_type,
+                                        "__module__": module, "__slots__": ()})
+            for name, dt in _TYPE_BY_NAME.items()}
+
+
+TENSOR_TYPES = tensor_types("cpu")
+
+
+def _type_from_name(name):
+    """``x.type('torch.DoubleTensor')``: a type name to a dtype (or the cuda type, which
+    raises in ``type``)."""
+    parts = name.split(".")
+    if parts[0] in ("torch", "tapegrad") and len(parts) == 2 and parts[1] == "Tensor":
+        return Tensor
+    if parts[0] in ("torch", "tapegrad") and len(parts) == 2 and parts[1] in TENSOR_TYPES:
+        return TENSOR_TYPES[parts[1]]
+    if parts[0] in ("torch", "tapegrad") and len(parts) == 3 and parts[1] == "cuda" and \
+            parts[2] in TENSOR_TYPES:
+        raise RuntimeError("type: Cannot initialize CUDA without ATen_cuda library "
+                           "(Torch not compiled with CUDA enabled)")
+    raise ValueError(f"invalid type: {name!r}")
+
+
+def _legacy_new(dtype, device_type, args, kwargs, name):
+    """``torch.Tensor(...)`` / ``torch.FloatTensor(...)`` / ``x.new(...)``: PyTorch's legacy
+    constructor overloads. ``dtype`` None is ``torch.Tensor`` (the default float dtype, and a
+    tensor argument of any dtype is aliased)."""
+    device = kwargs.pop("device", None)
+    size = kwargs.pop("size", None)
+    data = kwargs.pop("data", None)
+    if kwargs:
+        raise TypeError(f"{name}() received an invalid combination of arguments - got "
+                        f"unexpected keyword arguments {sorted(kwargs)}; expected (*sizes, *, "
+                        "device=None), (data, *, device=None) or (*, size, device=None)")
+    if device is not None:
+        dev = device if isinstance(device, _device) else _device(device)
+        if dev.type != device_type:
+            raise RuntimeError(f"legacy constructor expects device type: {device_type} but "
+                               f"device type: {dev.type} was passed")
+        resolve_device(dev, name)
+    target = dtypes.get_default_dtype() if dtype is None else dtype
+    if size is not None or data is not None:
+        if args or (size is not None and data is not None):
+            raise TypeError(f"{name}() received an invalid combination of arguments: "
+                            "positional arguments with size= or data=")
+        args = (data,) if data is not None else tuple(size)
+        if size is not None and not all(_is_size(s) for s in args):
+            raise TypeError(f"{name}(): argument 'size' must be tuple of ints, got {size!r}")
+    if not args:
+        return Tensor._make(xp.empty((0,), dtype=target.np))
+    if len(args) == 1 and isinstance(args[0], Tensor):
+        src = args[0]
+        if device is not None:
+            raise RuntimeError(f"Legacy tensor constructor of the form torch.Tensor(tensor, "
+                               f"device=device) is not supported.  Use torch.tensor(...) or "
+                               f"torch.as_tensor(...) instead.")
+        if dtype is not None and src.dtype is not dtype:
+            raise TypeError(f"{name}(): expected a tensor of dtype {dtype} (got {src.dtype})")
+        return _S.alias(src)
+    if all(_is_size(a) for a in args):
+        shape = tuple(operator.index(a) for a in args)
+        for n in shape:
+            if n < 0:
+                raise RuntimeError(f"{name}: Trying to create tensor with negative dimension "
+                                   f"{n}: {list(shape)}")
+        return Tensor._make(xp.empty(shape, dtype=target.np))
+    if len(args) > 1:
+        raise TypeError(f"{name}() received an invalid combination of arguments - got "
+                        f"({', '.join(type(a).__name__ for a in args)}): expected sizes (ints) "
+                        "or one sequence of data")
+    values = args[0]
+    if isinstance(values, str):
+        raise TypeError(f"{name}(): invalid data type 'str'")
+    if isinstance(values, xp.ndarray):
+        return Tensor._make(xp.asarray(values, dtype=target.np))  # shares when it can
+    if not isinstance(values, (list, tuple, range)):
+        raise TypeError(f"{name}(): data must be a sequence (got {type(values).__name__})")
+    return Tensor._make(_to_array(list(values) if isinstance(values, range) else values,
+                                  target))
+
+
+def _is_size(a):
+    return not isinstance(a, (bool, Tensor, float)) and hasattr(a, "__index__") and \
+        not (isinstance(a, xp.ndarray) and a.ndim)
 
 
 def _to_args(t, args, kwargs):
@@ -627,14 +802,13 @@ def _to_args(t, args, kwargs):
             copy = a  # to(dtype, non_blocking, copy) positional flags: the last bool wins
         elif a is None:
             continue
-        elif isinstance(a, (str, type(DEVICE))):
+        elif isinstance(a, (str, _device)):
             device = a
+        elif isinstance(a, int):
+            device = _device(a)  # an accelerator index: raises on a cpu-only machine
         else:
             dtype = dtypes.to_dtype(a)
-    if device is not None:
-        from tapegrad.creation import check_device
-
-        check_device(device, "to")
+    resolve_device(device, "to")
     return (None if dtype is None else dtypes.to_dtype(dtype)), copy
 
 
@@ -1118,10 +1292,12 @@ def _to_array(data, dtype):
     elif isinstance(data, xp.generic):
         arr = xp.asarray(data)
     else:
-        arr = xp.asarray(data)
-        if arr.dtype.kind not in "biuf":
-            raise TypeError(f"tensor: cannot build a tensor from {type(data).__name__} "
-                            f"(numpy made dtype {arr.dtype})")
+        try:
+            arr = xp.asarray(data)
+        except (ValueError, TypeError, OverflowError):
+            arr = None  # ragged: PyTorch's wording from the slow path
+        if arr is None or arr.dtype.kind not in "biuf":
+            arr = _C.nested_array(data, dtype)  # PyTorch's result or error, checked in its order
         if dtype is None:  # with a dtype, cast once from what numpy built (no double rounding)
             if arr.dtype == xp.float64 and not _has_numpy_floats(data):
                 arr = arr.astype(dtypes.get_default_dtype().np)
@@ -1169,13 +1345,14 @@ registry.make = make
 
 # --- operators and methods: each delegates to an op --------------------------------------
 from tapegrad.ops import elementwise as _E, reduce as _R, movement as _M, linalg as _L  # noqa: E402
+from tapegrad.ops import selection as _S  # noqa: E402
 from tapegrad import creation as _C  # noqa: E402  (clone, copy_op, factories)
 
 def _method(fn):
     return fn  # plain functions and ops (Op.__get__) both bind as methods
 
 
-for _module in (_E, _R, _M, _L):
+for _module in (_E, _R, _M, _L, _S):
     for _name in _module.TENSOR_METHODS:
         setattr(Tensor, _name, _method(getattr(_module, _name)))
 

@@ -114,6 +114,7 @@ class _Watcher:
 
 
 _watcher = None  # the active watcher, or None
+_check_nan = True  # PyTorch's check-nan flag: set along with the mode, True by default
 
 
 def is_anomaly_enabled() -> bool:
@@ -123,11 +124,12 @@ def is_anomaly_enabled() -> bool:
 
 def is_anomaly_check_nan_enabled() -> bool:
     """As ``torch.is_anomaly_check_nan_enabled()``."""
-    return _watcher is not None and _watcher.check_nan
+    return _check_nan
 
 
 def _set(mode, check_nan):
-    global _watcher
+    global _watcher, _check_nan
+    _check_nan = bool(check_nan)
     if _watcher is not None:
         if _watcher in WATCH:
             WATCH.remove(_watcher)

@@ -105,7 +105,8 @@ def gradgradcheck(func, inputs, grad_outputs=None, *, eps=1e-6, atol=1e-5, rtol=
     outs = _flat_outputs(func(*inputs))
     if grad_outputs is None:
         rng = xp.random.default_rng(0)
-        grad_outputs = [Tensor(rng.standard_normal(o.shape), requires_grad=True) for o in outs]
+        grad_outputs = [Tensor._from_data(rng.standard_normal(o.shape), requires_grad=True)
+                        for o in outs]
     else:
         grad_outputs = [Tensor._wrap(g) for g in grad_outputs]
     n = len(inputs)

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from tapegrad import dtypes
 from tapegrad.autograd.function import Function
 from tapegrad.autograd.grad_mode import no_grad, state as grad_state
-from tapegrad.backend import DEVICE
+from tapegrad.backend.device import device as device_type, resolve as resolve_device, no_cuda
 from tapegrad.nn.parameter import Buffer, Parameter
 from tapegrad.tensor import Tensor
 
@@ -469,10 +469,11 @@ class Module:
                 dtype = dtypes.to_dtype(a)
             elif isinstance(a, bool):
                 continue  # non_blocking
+            elif isinstance(a, int):
+                device = device_type(a)  # an accelerator index
             elif a is not None:
                 device = a
-        if device is not None and DEVICE != device:
-            raise RuntimeError(f"to: tapegrad runs on 'cpu' only for now, got device {device!r}")
+        resolve_device(device, "to")
         if dtype is not None:
             dtype = dtypes.to_dtype(dtype)
             if not dtype.is_floating_point:
@@ -485,8 +486,8 @@ class Module:
         return self
 
     def cuda(self, device=None) -> "Module":
-        """``Module.cuda()`` raises: tapegrad runs on the CPU only."""
-        raise RuntimeError("cuda: tapegrad runs on the cpu only (see docs/differences.md)")
+        """``Module.cuda()`` raises as PyTorch's CPU-only build does."""
+        raise no_cuda("cuda")
 
     def float(self) -> "Module":
         """As ``Module.float()``: floating parameters and buffers to float32."""

@@ -38,7 +38,7 @@ class Parameter(Tensor):
         return "Parameter containing:\n" + super().__repr__()
 
     def __reduce_ex__(self, protocol):
-        return (Parameter, (Tensor(self._data), self._requires_grad))
+        return (Parameter, (Tensor._from_data(self._data), self._requires_grad))
 
 
 class Buffer(Tensor):
@@ -57,7 +57,7 @@ class Buffer(Tensor):
         pass
 
     def __reduce_ex__(self, protocol):
-        return (_rebuild_buffer, (Tensor(self._data), self.persistent))
+        return (_rebuild_buffer, (Tensor._from_data(self._data), self.persistent))
 
 
 def _rebuild_buffer(data, persistent):

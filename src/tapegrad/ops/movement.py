@@ -1160,7 +1160,7 @@ def index_put(input, values, index, accumulate=False):
     summed back to its shape."""
     key, basic, _ = index_key(input, index)
     if not isinstance(values, (_registry.Tensor, int, float, bool)):
-        values = _registry.Tensor(values)
+        values = _registry.Tensor._from_data(values)
     return index_put_op(input, values, index=key, accumulate=accumulate, basic=basic)
 
 

@@ -4,7 +4,8 @@ import math
 from itertools import repeat
 
 from tapegrad import dtypes
-from tapegrad.backend import DEVICE, xp
+from tapegrad.backend import xp
+from tapegrad.backend.device import resolve as resolve_device
 from tapegrad.nn import init
 from tapegrad.nn.parameter import Parameter
 from tapegrad.tensor import Tensor
@@ -12,8 +13,7 @@ from tapegrad.tensor import Tensor
 
 def empty(shape, device=None, dtype=None):
     """An uninitialised tensor (``torch.empty(shape, device=, dtype=)``) for a layer to fill."""
-    if device is not None and DEVICE != device:
-        raise RuntimeError(f"tapegrad runs on 'cpu' only for now, got device {device!r}")
+    resolve_device(device, "empty")
     dt = dtypes.get_default_dtype() if dtype is None else dtypes.to_dtype(dtype)
     return Tensor._make(xp.empty(tuple(shape), dtype=dt.np))
 
