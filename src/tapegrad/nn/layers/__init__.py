@@ -11,3 +11,7 @@ from tapegrad.nn.layers.norm import *  # noqa: F401,F403
 from tapegrad.nn.layers.pooling import *  # noqa: F401,F403
 from tapegrad.nn.layers.attention import *  # noqa: F401,F403
 from tapegrad.nn.layers.rnn import *  # noqa: F401,F403
+from tapegrad.nn.layers.padding import *  # noqa: F401,F403
+from tapegrad.nn.layers.pixel_shuffle import *  # noqa: F401,F403
+from tapegrad.nn.layers.upsampling import *  # noqa: F401,F403
+from tapegrad.nn.layers.transformer import *  # noqa: F401,F403

@@ -1,6 +1,7 @@
 """Normalisation layers: ``LayerNorm``, ``RMSNorm``, ``GroupNorm``, ``BatchNorm1d``,
-``BatchNorm2d`` (as in ``torch.nn``)."""
+``BatchNorm2d``, ``InstanceNorm1d/2d/3d`` (as in ``torch.nn``)."""
 import numbers
+import warnings
 
 from tapegrad import dtypes
 from tapegrad.nn import functional as F
@@ -8,7 +9,8 @@ from tapegrad.nn import init
 from tapegrad.nn.module import Module
 from tapegrad.nn.layers._utils import empty_parameter, filled, weight_and_bias
 
-__all__ = ["LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm1d", "BatchNorm2d"]
+__all__ = ["LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm1d", "BatchNorm2d", "InstanceNorm1d",
+           "InstanceNorm2d", "InstanceNorm3d"]
 
 
 def _affine_parameters(module, shape, affine, bias, device, dtype):
@@ -199,3 +201,82 @@ class BatchNorm2d(_BatchNorm):
     def _check_input_dim(self, input):
         if input.dim() != 4:
             raise ValueError(f"expected 4D input (got {input.dim()}D input)")
+
+
+class _InstanceNorm(_BatchNorm):
+    """Instance normalisation: each (sample, channel) standardised over its spatial dims.
+    Parameters, buffers and repr are the batch norms' (``affine`` and
+    ``track_running_stats`` default to False); running stats, when tracked, are used in eval
+    mode and never advance ``num_batches_tracked``, as in PyTorch."""
+
+    _no_batch_dim = None
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1,
+                 affine: bool = False, track_running_stats: bool = False, device=None,
+                 dtype=None, *, bias: bool = True):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device,
+                         dtype, bias=bias)
+
+    def _check_input_dim(self, input):
+        d = self._no_batch_dim
+        if input.dim() not in (d, d + 1):
+            raise ValueError(f"expected {d}D or {d + 1}D input (got {input.dim()}D input)")
+
+    def _apply_instance_norm(self, input):
+        return F.instance_norm(input, self.running_mean, self.running_var, self.weight,
+                               self.bias, self.training or not self.track_running_stats,
+                               self.momentum if self.momentum is not None else 0.0, self.eps)
+
+    def forward(self, input):
+        self._check_input_dim(input)
+        feature_dim = input.dim() - self._no_batch_dim
+        if input.shape[feature_dim] != self.num_features:
+            if self.affine:
+                raise ValueError(f"expected input's size at dim={feature_dim} to match "
+                                 f"num_features ({self.num_features}), but got: "
+                                 f"{input.shape[feature_dim]}.")
+            warnings.warn(f"input's size at dim={feature_dim} does not match num_features. You "
+                          "can silence this warning by not passing in num_features, which is "
+                          "not used because affine=False", stacklevel=2)
+        if input.dim() == self._no_batch_dim:
+            return self._apply_instance_norm(input.unsqueeze(0)).squeeze(0)
+        return self._apply_instance_norm(input)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        if local_metadata.get("version", None) is None and not self.track_running_stats:
+            keys = [prefix + n for n in ("running_mean", "running_var")
+                    if prefix + n in state_dict]
+            if keys:
+                klass = self.__class__.__name__
+                names = " and ".join(f'"{k}"' for k in keys)
+                error_msgs.append(
+                    f"Unexpected running stats buffer(s) {names} for {klass} with "
+                    "track_running_stats=False. If state_dict is a checkpoint saved before "
+                    f"0.4.0, this may be expected because {klass} does not track running stats "
+                    "by default since 0.4.0. Please remove these keys from state_dict. If the "
+                    "running stats are actually needed, instead set track_running_stats=True "
+                    f"in {klass} to enable them. See the documentation of {klass} for details.")
+                for key in keys:
+                    state_dict.pop(key)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+
+
+class InstanceNorm1d(_InstanceNorm):
+    """As ``torch.nn.InstanceNorm1d(num_features, eps=1e-5, momentum=0.1, affine=False,
+    track_running_stats=False)`` over (N, C, L) or unbatched (C, L) input."""
+
+    _no_batch_dim = 2
+
+
+class InstanceNorm2d(_InstanceNorm):
+    """As ``torch.nn.InstanceNorm2d(num_features, ...)`` over (N, C, H, W) or (C, H, W)."""
+
+    _no_batch_dim = 3
+
+
+class InstanceNorm3d(_InstanceNorm):
+    """As ``torch.nn.InstanceNorm3d(num_features, ...)`` over (N, C, D, H, W) or (C, D, H, W)."""
+
+    _no_batch_dim = 4

@@ -15,9 +15,34 @@ from tapegrad.nn import init
 from tapegrad.nn.module import Module
 from tapegrad.nn.layers._utils import empty_parameter
 
-__all__ = ["RNNBase", "RNN", "LSTM", "GRU"]
+__all__ = ["RNNBase", "RNN", "LSTM", "GRU", "RNNCellBase", "RNNCell", "LSTMCell", "GRUCell"]
 
 _GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
+
+
+def _step(mode, H, xw, h, c, w_hh_t, b_hh, w_hr_t=None):
+    """One time step of a ``mode`` cell with hidden size ``H``: ``xw`` is the input's
+    projection (bias included); the hidden and projection weights come transposed (hoisted
+    out of the time loop by the sequence layers). Returns ``(h, c)`` (``c`` None but LSTM)."""
+    hw = h @ w_hh_t
+    if b_hh is not None:
+        hw = hw + b_hh
+    if mode == "RNN_TANH":
+        return (xw + hw).tanh(), None
+    if mode == "RNN_RELU":
+        return (xw + hw).relu(), None
+    if mode == "LSTM":
+        gates = xw + hw
+        s = gates.sigmoid()  # one op for i, f and o (g's quarter is computed and unused)
+        i, f, o = s[:, 0:H], s[:, H:2 * H], s[:, 3 * H:4 * H]
+        g = gates[:, 2 * H:3 * H].tanh()
+        c = f * c + i * g
+        h = o * c.tanh()
+        return (h if w_hr_t is None else h @ w_hr_t), c
+    rz = (hw[:, 0:2 * H] + xw[:, 0:2 * H]).sigmoid()
+    r, z = rz[:, 0:H], rz[:, H:2 * H]
+    n = (xw[:, 2 * H:3 * H] + hw[:, 2 * H:3 * H] * r).tanh()
+    return (h - n) * z + n, None
 
 
 class RNNBase(Module):
@@ -105,6 +130,10 @@ class RNNBase(Module):
         """As ``RNNBase.all_weights``: per layer and direction, its parameters."""
         return [[getattr(self, name) for name in names] for names in self._all_weights]
 
+    def flatten_parameters(self) -> None:
+        """As ``RNNBase.flatten_parameters``: packs weights for cuDNN in PyTorch, a no-op on
+        the cpu there and here (scripts that call it before every forward keep working)."""
+
     def extra_repr(self) -> str:
         s = "{input_size}, {hidden_size}"
         if self.proj_size != 0:
@@ -133,10 +162,9 @@ class RNNBase(Module):
         if self.input_size != input.shape[-1]:
             raise RuntimeError("input.size(-1) must be equal to input_size. Expected "
                                f"{self.input_size}, got {input.shape[-1]}")
-        if input.shape[0 if self.batch_first else 1] == 0 or input.shape[
-                1 if self.batch_first else 0] == 0:
-            raise RuntimeError(f"{self._get_name()}: input of shape {tuple(input.shape)} has "
-                               "no time steps or no batch entries")
+        if input.shape[1 if self.batch_first else 0] == 0:  # (an empty batch is fine)
+            raise RuntimeError(f"{self._get_name()}: Expected sequence length to be larger than "
+                               f"0 in RNN, got input of shape {tuple(input.shape)}")
 
     def _hidden_shape(self, input, size):
         batch = input.shape[0] if self.batch_first else input.shape[1]
@@ -152,28 +180,7 @@ class RNNBase(Module):
 
     # --- the computation --------------------------------------------------------------
     def _cell(self, xw, h, c, w_hh_t, b_hh, w_hr_t):
-        """One time step: ``xw`` is the input's projection (bias included); the hidden and
-        projection weights come transposed (hoisted out of the time loop)."""
-        hw = h @ w_hh_t
-        if b_hh is not None:
-            hw = hw + b_hh
-        if self.mode == "RNN_TANH":
-            return (xw + hw).tanh(), None
-        if self.mode == "RNN_RELU":
-            return (xw + hw).relu(), None
-        H = self.hidden_size
-        if self.mode == "LSTM":
-            gates = xw + hw
-            s = gates.sigmoid()  # one op for i, f and o (g's quarter is computed and unused)
-            i, f, o = s[:, 0:H], s[:, H:2 * H], s[:, 3 * H:4 * H]
-            g = gates[:, 2 * H:3 * H].tanh()
-            c = f * c + i * g
-            h = o * c.tanh()
-            return (h if w_hr_t is None else h @ w_hr_t), c
-        rz = (hw[:, 0:2 * H] + xw[:, 0:2 * H]).sigmoid()
-        r, z = rz[:, 0:H], rz[:, H:2 * H]
-        n = (xw[:, 2 * H:3 * H] + hw[:, 2 * H:3 * H] * r).tanh()
-        return (h - n) * z + n, None
+        return _step(self.mode, self.hidden_size, xw, h, c, w_hh_t, b_hh, w_hr_t)
 
     def _run(self, input, hx, cx):
         """Time-major ``input`` (T, B, I) through every layer and direction.
@@ -327,3 +334,137 @@ class GRU(RNNBase):
         super().__init__("GRU", *args, **kwargs)
 
     forward = RNN.forward
+
+
+class RNNCellBase(Module):
+    """What RNNCell, LSTMCell and GRUCell share: ``weight_ih`` (chunks*H, I), ``weight_hh``
+    (chunks*H, H), ``bias_ih``/``bias_hh`` (chunks*H,), all U(-1/sqrt(H), 1/sqrt(H))."""
+
+    _mode = None
+
+    def __init__(self, input_size: int, hidden_size: int, bias: bool, num_chunks: int,
+                 device=None, dtype=None):
+        super().__init__()
+        self.input_size = input_size
+        self.hidden_size = hidden_size
+        self.bias = bias
+        self.weight_ih = empty_parameter((num_chunks * hidden_size, input_size), device, dtype)
+        self.weight_hh = empty_parameter((num_chunks * hidden_size, hidden_size), device, dtype)
+        if bias:
+            self.bias_ih = empty_parameter((num_chunks * hidden_size,), device, dtype)
+            self.bias_hh = empty_parameter((num_chunks * hidden_size,), device, dtype)
+        else:
+            self.register_parameter("bias_ih", None)
+            self.register_parameter("bias_hh", None)
+        self.reset_parameters()
+
+    def extra_repr(self) -> str:
+        s = "{input_size}, {hidden_size}"
+        if "bias" in self.__dict__ and self.bias is not True:
+            s += ", bias={bias}"
+        if "nonlinearity" in self.__dict__ and self.nonlinearity != "tanh":
+            s += ", nonlinearity={nonlinearity}"
+        return s.format(**self.__dict__)
+
+    reset_parameters = RNNBase.reset_parameters
+
+    def _batch(self, input, hidden):
+        """PyTorch's input checks; unbatched (1-D) input and states get a batch dim of 1."""
+        name = self._get_name()
+        if input.dim() not in (1, 2):
+            raise ValueError(f"{name}: Expected input to be 1D or 2D, got {input.dim()}D "
+                             "instead")
+        for i, h in enumerate(hidden):
+            if h is not None and h.dim() not in (1, 2):
+                what = "hidden" if len(hidden) == 1 else f"hx[{i}]"
+                raise ValueError(f"{name}: Expected {what} to be 1D or 2D, got {h.dim()}D "
+                                 "instead")
+        is_batched = input.dim() == 2
+        if not is_batched:
+            input = input.unsqueeze(0)
+            hidden = [None if h is None else h.unsqueeze(0) for h in hidden]
+        if input.shape[1] != self.input_size:
+            raise RuntimeError(f"{name}: input has inconsistent input_size: got "
+                               f"{input.shape[1]} expected {self.input_size} (input "
+                               f"{tuple(input.shape)})")
+        batch = input.shape[0]
+        zeros = None
+        for i, h in enumerate(hidden):
+            if h is None:
+                if zeros is None:
+                    zeros = tapegrad.zeros((batch, self.hidden_size), dtype=input.dtype)
+                hidden[i] = zeros
+            elif h.shape[0] != batch:
+                raise RuntimeError(f"{name}: Input batch size {batch} doesn't match hidden{i} "
+                                   f"batch size {h.shape[0]}")
+            elif h.dim() != 2:
+                raise RuntimeError(f"{name}: hidden{i} of shape {tuple(h.shape)} is 1-D but "
+                                   f"the input {tuple(input.shape)} is batched")
+            elif h.shape[1] != self.hidden_size:
+                raise RuntimeError(f"{name}: hidden{i} has inconsistent hidden_size: got "
+                                   f"{h.shape[1]}, expected {self.hidden_size}")
+        return input, hidden, is_batched
+
+    def _cell(self, input, h, c=None):
+        xw = input @ self.weight_ih.T
+        if self.bias_ih is not None:
+            xw = xw + self.bias_ih
+        return _step(self._mode, self.hidden_size, xw, h, c, self.weight_hh.T, self.bias_hh)
+
+
+class RNNCell(RNNCellBase):
+    """As ``torch.nn.RNNCell(input_size, hidden_size, bias=True, nonlinearity='tanh')``:
+    ``h' = tanh(x W_ih^T + b_ih + h W_hh^T + b_hh)``; ``forward(input, hx=None)`` returns h'.
+    """
+
+    def __init__(self, input_size: int, hidden_size: int, bias: bool = True,
+                 nonlinearity: str = "tanh", device=None, dtype=None):
+        super().__init__(input_size, hidden_size, bias, num_chunks=1, device=device,
+                         dtype=dtype)
+        self.nonlinearity = nonlinearity
+
+    @property
+    def _mode(self):
+        return "RNN_TANH" if self.nonlinearity == "tanh" else "RNN_RELU"
+
+    def forward(self, input, hx=None):
+        if self.nonlinearity not in ("tanh", "relu"):
+            raise RuntimeError(f"Unknown nonlinearity: {self.nonlinearity}")
+        input, (hx,), is_batched = self._batch(input, [hx])
+        h, _ = self._cell(input, hx)
+        return h if is_batched else h.squeeze(0)
+
+
+class LSTMCell(RNNCellBase):
+    """As ``torch.nn.LSTMCell(input_size, hidden_size, bias=True)``; gates (i, f, g, o) in
+    PyTorch's order. ``forward(input, (h, c)=None)`` returns ``(h', c')``."""
+
+    _mode = "LSTM"
+
+    def __init__(self, input_size: int, hidden_size: int, bias: bool = True, device=None,
+                 dtype=None):
+        super().__init__(input_size, hidden_size, bias, num_chunks=4, device=device,
+                         dtype=dtype)
+
+    def forward(self, input, hx=None):
+        input, (h, c), is_batched = self._batch(input, [None, None] if hx is None else
+                                                list(hx))
+        h, c = self._cell(input, h, c)
+        return (h, c) if is_batched else (h.squeeze(0), c.squeeze(0))
+
+
+class GRUCell(RNNCellBase):
+    """As ``torch.nn.GRUCell(input_size, hidden_size, bias=True)``; gates (r, z, n) in
+    PyTorch's order. ``forward(input, hx=None)`` returns h'."""
+
+    _mode = "GRU"
+
+    def __init__(self, input_size: int, hidden_size: int, bias: bool = True, device=None,
+                 dtype=None):
+        super().__init__(input_size, hidden_size, bias, num_chunks=3, device=device,
+                         dtype=dtype)
+
+    def forward(self, input, hx=None):
+        input, (hx,), is_batched = self._batch(input, [hx])
+        h, _ = self._cell(input, hx)
+        return h if is_batched else h.squeeze(0)
