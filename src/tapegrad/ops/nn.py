@@ -14,7 +14,7 @@ from tapegrad.ops.elementwise import exp, log, sqrt, tanh, sigmoid, erf, where_o
 from tapegrad.ops.elementwise import np_dtype
 from tapegrad.ops.movement import reshape_op as reshape, sum_to
 from tapegrad.ops.reduce import sum_op
-from tapegrad.ops.linalg import matmul
+from tapegrad.ops.linalg import matmul, blas_matmul
 
 _sliding = xp.lib.stride_tricks.sliding_window_view
 
@@ -34,9 +34,9 @@ def linear(x, w, b=None):
     """``x @ w.T + b``; fused so the rule needs no transposed copy and sums the bias once."""
     if x.ndim > 2:  # one 2-D GEMM: numpy's stacked matmul against w.T is 2-5x slower
         lead = x.shape[:-1]
-        out = xp.matmul(x.reshape(math.prod(lead), x.shape[-1]), w.T).reshape(*lead, w.shape[0])
+        out = blas_matmul(x.reshape(math.prod(lead), x.shape[-1]), w.T).reshape(*lead, w.shape[0])
     else:
-        out = xp.matmul(x, w.T)
+        out = blas_matmul(x, w.T)
     if b is not None:
         out += b
     return out
@@ -59,7 +59,7 @@ def _(g, out, x, w, b=None, needs=(True, True, True)):
 def linear_relu(x, w, b=None):
     """``relu(x @ w.T + b)`` as one node: the bias add and the ReLU run in place on the
     matmul's fresh output, and the rule masks ``g`` by ``out > 0`` then applies linear's."""
-    out = xp.matmul(x, w.T)
+    out = blas_matmul(x, w.T)
     if b is not None:
         out += b
     return xp.maximum(out, 0, out=out)
@@ -170,6 +170,8 @@ def _(g, out, x, dim):
 @op(flops=5, saves="out", float_only=True, fused=True)
 def softmax(x, dim):
     """Softmax over ``dim`` with the max subtracted first."""
+    if x.size == 0:  # nothing to normalise (and no max over an empty dim)
+        return x.copy()
     e = xp.exp(x - reduce_axis(xp.maximum, x, dim, keepdims=True))
     return e / reduce_axis(xp.add, e, dim, keepdims=True)
 
@@ -182,6 +184,8 @@ def _(g, out, x, dim):
 @op(flops=5, saves="out", float_only=True, fused=True)
 def log_softmax(x, dim):
     """``x - max - log(sum(exp(x - max)))``: fused, since the log of a softmax underflows."""
+    if x.size == 0:
+        return x.copy()
     s = x - reduce_axis(xp.maximum, x, dim, keepdims=True)
     return s - xp.log(reduce_axis(xp.add, xp.exp(s), dim, keepdims=True))
 
@@ -288,6 +292,8 @@ def _(g, out, x, t, needs=(True, True)):
 
 # --- normalisation -----------------------------------------------------------------------
 def _norm_forward(x, w=None, b=None, *, axes, eps, param_shape):
+    if x.size == 0:  # an empty batch: nothing to standardise (and no mean of nothing)
+        return x.copy()
     mean = x.mean(axis=axes, keepdims=True)
     xc = x - mean
     rstd = 1 / xp.sqrt((xc * xc).mean(axis=axes, keepdims=True) + eps)
@@ -303,6 +309,7 @@ def _norm_rule(g, out, x, w=None, b=None, *, axes, eps, param_shape, needs=(True
     n = 1
     for a in axes:
         n *= x.shape[a]
+    n = max(n, 1)  # an empty batch: its statistics reach no gradient, so no 0 / 0 for them
     xc = x - _mean_keep(x, axes, n)
     rstd = 1 / sqrt(_mean_keep(xc * xc, axes, n) + eps)
     xhat = xc * rstd
@@ -399,7 +406,8 @@ def _columns(x, kernel, stride, padding, dilation, groups, out_size=None):
     if out_size is not None:
         win = win[:, :out_size[0], :out_size[1]]
     oh, ow = win.shape[1:3]
-    return win.reshape(n * oh * ow, groups, -1), (oh, ow)
+    # every size spelled out: numpy cannot infer a -1 from an empty batch
+    return win.reshape(n * oh * ow, groups, c // groups * kh * kw), (oh, ow)
 
 
 def _col2im(cols, size, kernel, stride, padding, dilation):
@@ -431,7 +439,7 @@ def conv2d(x, w, stride, padding, dilation, groups, out_size=None):
     o = w.shape[0]
     cols, (oh, ow) = _columns(x, w.shape[2:], stride, padding, dilation, groups, out_size)
     wmat = w.reshape(groups, o // groups, -1).transpose(0, 2, 1)  # (G, K, O/G)
-    out = xp.matmul(_grouped(cols, groups), wmat[0] if groups == 1 else wmat)
+    out = blas_matmul(_grouped(cols, groups), wmat[0] if groups == 1 else wmat)
     if groups > 1:
         out = out.transpose(1, 0, 2)  # (N*P, G, O/G)
     return xp.ascontiguousarray(out.reshape(n, oh, ow, o).transpose(0, 3, 1, 2))
@@ -453,7 +461,7 @@ def conv2d_input(g, w, size, stride, padding, dilation, groups):
     og = o // groups
     gmat = g.transpose(0, 2, 3, 1).reshape(-1, groups, og)  # (N*P, G, O/G)
     wmat = w.reshape(groups, og, -1)  # (G, O/G, K)
-    cols = xp.matmul(_grouped(gmat, groups), wmat[0] if groups == 1 else wmat)
+    cols = blas_matmul(_grouped(gmat, groups), wmat[0] if groups == 1 else wmat)
     if groups > 1:
         cols = cols.transpose(1, 0, 2)  # (N*P, G, K)
     cols = cols.reshape(n, oh, ow, groups * cg, kh, kw)
@@ -475,7 +483,7 @@ def conv2d_weight(x, g, kernel, stride, padding, dilation, groups):
     og = o // groups
     cols, _ = _columns(x, kernel, stride, padding, dilation, groups, g.shape[2:])  # (N*P, G, K)
     gmat = g.transpose(1, 0, 2, 3).reshape(groups, og, -1)  # (G, O/G, N*P)
-    gw = xp.matmul(gmat, cols[:, 0] if groups == 1 else cols.transpose(1, 0, 2))
+    gw = blas_matmul(gmat, cols[:, 0] if groups == 1 else cols.transpose(1, 0, 2))
     return gw.reshape(o, x.shape[1] // groups, *kernel)
 
 
@@ -535,9 +543,10 @@ def _tiled_max_indices(x, kh, kw, oh, ow):
 @op(fused=True)
 def max_pool2d(x, idx):
     """Gather each (N, C) plane of ``x`` at the flat indices ``idx`` (the window maxima)."""
-    n, c = x.shape[:2]
-    flat = x.reshape(n, c, -1)
-    return xp.take_along_axis(flat, idx.reshape(n, c, -1), axis=2).reshape(idx.shape)
+    n, c, h, w = x.shape
+    oh, ow = idx.shape[2:]
+    flat = x.reshape(n, c, h * w)  # sizes spelled out: numpy infers no -1 for a batch of 0
+    return xp.take_along_axis(flat, idx.reshape(n, c, oh * ow), axis=2).reshape(idx.shape)
 
 
 @max_pool2d.grad
@@ -549,7 +558,7 @@ def _(g, out, x, idx):
 def max_pool2d_backward(g, idx, size):
     """Scatter-add ``g`` to the argmax positions ``idx`` of an input of shape ``size``."""
     planes, area = size[0] * size[1], math.prod(size[2:])
-    flat = idx.reshape(planes, -1) + xp.arange(planes)[:, None] * area
+    flat = idx.reshape(planes, math.prod(idx.shape[2:])) + xp.arange(planes)[:, None] * area
     out = xp.zeros(planes * area, dtype=g.dtype)
     xp.add.at(out, flat.reshape(-1), g.reshape(-1))
     return out.reshape(size)
@@ -618,13 +627,13 @@ def _(gg, out, g, size, **p):
 def scaled_dot_product_attention(q, k, v, bias=None, scale=1.0, keep=None):
     """``softmax(q k^T * scale + bias) * keep @ v``; ``keep`` folds in dropout (already
     divided by 1 - p) and zeroes fully masked rows."""
-    s = xp.matmul(q, xp.swapaxes(k, -1, -2)) * scale
+    s = blas_matmul(q, xp.swapaxes(k, -1, -2)) * scale
     if bias is not None:
         s = s + bias
     p = softmax.forward(s, -1)
     if keep is not None:
         p = p * keep
-    return xp.matmul(p, v)
+    return blas_matmul(p, v)
 
 
 @scaled_dot_product_attention.grad
