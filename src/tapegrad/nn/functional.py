@@ -332,8 +332,11 @@ def _reduce(loss, reduction, denominator=None):
     total = sum_op(loss, dims=tuple(range(loss.ndim)))
     if reduction == "sum":
         return total
+    count = loss.numel() if denominator is None else denominator
+    if not count and not loss.numel():  # an empty batch: 0 / 0 = nan, as in PyTorch; as a
+        return total * math.nan  # product, numpy stays quiet in the backward too
     with xp.errstate(invalid="ignore", divide="ignore"):  # nothing counted: nan, silently
-        return total / (loss.numel() if denominator is None else denominator)
+        return total / count
 
 
 def _same_size(name, input, target):
@@ -477,7 +480,7 @@ def _weighted_reduce(name, loss, input, reduction, weight):
         raise ValueError(f"{name}: Weights and input must have the same size (weight "
                          f"{tuple(weight.shape)}, input {tuple(input.shape)})")
     loss = loss * weight
-    if reduction == "mean":
+    if reduction == "mean" and loss.numel():  # (an empty batch: _reduce's nan)
         return sum_op(loss, dims=tuple(range(loss.ndim))) / sum_op(
             weight, dims=tuple(range(weight.ndim)))
     return _reduce(loss, reduction)
@@ -596,8 +599,7 @@ def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_
                 where(target > 0, target, 1.0)))
         loss = tlogt - target * input
     if reduction == "batchmean":
-        total = _reduce(loss, "sum")
-        return total / input.shape[0] if input.ndim else total
+        return _reduce(loss, "mean", input.shape[0]) if input.ndim else _reduce(loss, "sum")
     return _reduce(loss, reduction)
 
 
@@ -747,9 +749,10 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
             raise RuntimeError(f"embedding: index_select(): self indexing axis dim should be "
                                f"positive (weight {tuple(weight.shape)} has no rows)")
         lo, hi = idx.min(), idx.max()
-        if lo < 0 or hi >= num:
-            raise IndexError(f"embedding: index out of range in self (index "
-                             f"{int(lo) if lo < 0 else int(hi)}, weight has {num} rows)")
+        if lo < 0 or hi >= num:  # PyTorch's index_select: RuntimeError if weight is empty
+            raise (RuntimeError if weight.shape[1] == 0 else IndexError)(
+                f"embedding: index out of range in self (index "
+                f"{int(lo) if lo < 0 else int(hi)}, weight has {num} rows)")
     if max_norm is not None:
         _embedding_renorm(weight, idx, max_norm, norm_type)
     scale = None
@@ -818,7 +821,10 @@ def _update_running_stats(running_mean, running_var, mean, var, momentum, batch_
         if stat is not None:
             d = stat._data
             new = momentum * value.astype(d.dtype) + (1 - momentum) * d
-            d[...] = new if batch_axis is None else new.mean(axis=batch_axis)
+            if batch_axis is not None:  # (the mean of an empty batch: PyTorch's nan, quietly)
+                with xp.errstate(invalid="ignore"):
+                    new = xp.add.reduce(new, axis=batch_axis) / new.shape[batch_axis]
+            d[...] = new
             stat._version[0] += 1
 
 
@@ -847,8 +853,8 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
         if n == 1:
             raise ValueError(f"Expected more than 1 value per channel when training, got input "
                              f"size {_shape(input)}")
-        if running_mean is not None or running_var is not None:
-            x = input._data
+        if n and (running_mean is not None or running_var is not None):  # (an empty batch
+            x = input._data  # leaves them as they are, as in PyTorch)
             mean = x.mean(axis=axes)
             var = ((x - mean.reshape(pshape)) ** 2).sum(axis=axes) / (n - 1)
             _update_running_stats(running_mean, running_var, mean, var, momentum)
@@ -868,6 +874,9 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=
     if input.ndim < 3:
         raise ValueError(f"instance_norm: expected at least 3D input (N, C, ...), got "
                          f"{_shape(input)}")
+    if input.shape[0] == 0 and (weight is not None or bias is not None):
+        raise IndexError(f"instance_norm: weight and bias are repeated per sample, and an empty "
+                         f"batch has none (index 0 out of range), input of size {_shape(input)}")
     if not use_input_stats:
         return batch_norm(input, running_mean, running_var, weight, bias, False, momentum, eps)
     spatial = math.prod(input.shape[2:])
@@ -1165,7 +1174,7 @@ def unfold(input, kernel_size, dilation=1, padding=0, stride=1):
     n, c = x.shape[:2]
     w = _const(_identity_kernel(c, kernel, x._data.dtype))
     cols = conv2d(x, w, None, stride, _tuple(padding, 2, name, "padding"), dilation, groups=c)
-    out = _reshape(cols, (n, cols.shape[1], -1))
+    out = _reshape(cols, (n, cols.shape[1], cols.shape[2] * cols.shape[3]))  # (no -1: n may be 0)
     return out if batched else _reshape(out, out.shape[1:])
 
 

@@ -797,14 +797,19 @@ def index_select(input, dim, index):
                          f"{tuple(idx.shape)})")
     d = _dim(dim, input.ndim, "index_select")
     n = input.shape[d] if input.ndim else 1
-    if n == 0 and idx.size:
-        raise RuntimeError(f"index_select(): self indexing axis dim should be positive (dimension "
-                           f"{d} of input {tuple(input.shape)} has size 0, index has "
-                           f"{idx.size} entries)")
-    if idx.size and (idx.min() < 0 or idx.max() >= n):
-        bad = int(idx.min()) if idx.min() < 0 else int(idx.max())
-        raise IndexError(f"index_select(): index {bad} is out of range for dimension {d} with "
-                         f"size {n}")
+    if idx.size:
+        if n == 0 and input.ndim > 1:
+            raise RuntimeError(f"index_select(): self indexing axis dim should be positive "
+                               f"(dimension {d} of input {tuple(input.shape)} has size 0, index "
+                               f"has {idx.size} entries)")
+        lo, hi = idx.min(), idx.max()
+        if lo < 0 or hi >= n:
+            # PyTorch's CPU kernels raise IndexError, but RuntimeError on their dim-1 and
+            # empty-input paths
+            exc = RuntimeError if input.ndim > 1 and (d == 1 or input.numel() == 0) else \
+                IndexError
+            raise exc(f"index_select(): index {int(lo) if lo < 0 else int(hi)} is out of range "
+                      f"for dimension {d} with size {n}")
     if input.ndim == 0:
         return reshape_op(index_op(reshape_op(input, shape=(1,)), index=(idx, Ellipsis)),
                           shape=())
@@ -962,7 +967,8 @@ def _index_item(i):
     if kind == "b" or data.dtype == xp.uint8:
         data = data.astype(bool, copy=False)
         return data, 1, data.ndim
-    if kind not in "iu":
+    if kind not in "iu" or data.ndim and data.dtype != xp.int64 and data.dtype != xp.int32 \
+            and isinstance(i, _registry.Tensor):  # as PyTorch: not int8/int16 Tensors
         raise IndexError(f"tensors used as indices must be long, int, byte or bool tensors "
                          f"(got {data.dtype})")
     if data.ndim == 0:
