@@ -262,6 +262,10 @@ def _mha_forward(m, query, key, value, key_padding_mask, need_weights, attn_mask
         if attn_mask.shape[0] == 1 and attn_mask.dim() == 3:
             attn_mask = attn_mask.unsqueeze(0)
         else:
+            if bsz == 0:  # PyTorch raises here too: -1 cannot be inferred from 0 elements
+                raise RuntimeError(f"MultiheadAttention: cannot reshape the attn_mask of size "
+                                   f"{list(attn_mask.shape)} into [0, {num_heads}, -1, "
+                                   f"{src_len}] for an empty batch (the -1 is ambiguous)")
             attn_mask = attn_mask.reshape(bsz, num_heads, -1, src_len)
     q = q.reshape(bsz, num_heads, tgt_len, head_dim)
     k = k.reshape(bsz, num_heads, src_len, head_dim)
