@@ -193,6 +193,42 @@ def test_encoder_nested_tensor_flag_and_warning():
             assert encoder(nn, enable_nested_tensor=False).use_nested_tensor is False
 
 
+@pytest.mark.parametrize("kpm", [[[0, 0, 1, 1], [0, 0, 0, 1], [0, 0, 0, 0]],
+                                 [[0, 1, 0, 1], [0, 0, 0, 1], [1, 0, 0, 0]]],
+                         ids=["left-aligned", "not-left-aligned"])
+@pytest.mark.parametrize("variant", ["norm", "no-norm", "odd-heads", "with-mask", "transformer"])
+def test_inference_with_padding_matches_torch_nested_path(kpm, variant):
+    """In eval mode without grad PyTorch's encoder runs left-aligned padded batches as nested
+    tensors and returns zeros at the padded positions; tapegrad's output agrees everywhere."""
+    kpm = np.array(kpm, dtype=bool)
+
+    def make(nn):
+        if variant == "transformer":
+            return transformer(batch_first=True)(nn)
+        heads = 1 if variant == "odd-heads" else 2
+        layer = nn.TransformerEncoderLayer(8, heads, 12, dropout=0.0, batch_first=True)
+        return nn.TransformerEncoder(layer, 2, None if variant == "no-norm" else nn.LayerNorm(8))
+
+    th, tg = quiet(make)(torch.nn), quiet(make)(tnn)
+    th.double().eval()
+    tg.double().eval()
+    tg.load_state_dict(tg_state(th))
+    x, y = randn(3, 4, 8, seed=1), randn(3, 2, 8, seed=2)
+    outs = []
+    for T, m in ((torch, th), (tapegrad, tg)):
+        with T.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch: "nested tensors are in prototype stage"
+            if variant == "transformer":
+                outs.append(m(T.tensor(x), T.tensor(y), src_key_padding_mask=T.tensor(kpm),
+                              memory_key_padding_mask=T.tensor(kpm)))
+            elif variant == "with-mask":
+                outs.append(m(T.tensor(x), mask=T.zeros(4, 4, dtype=T.bool),
+                              src_key_padding_mask=T.tensor(kpm)))
+            else:
+                outs.append(m(T.tensor(x), src_key_padding_mask=T.tensor(kpm)))
+    assert_close(outs[1], outs[0])
+
+
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_decoder_alone(norm_first):
     def make(nn):

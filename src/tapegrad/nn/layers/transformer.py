@@ -2,14 +2,16 @@
 ``torch.nn``), built on ``MultiheadAttention``, ``Linear``, ``LayerNorm`` and ``Dropout``.
 
 Submodule names, parameter shapes and state dict keys are PyTorch's, so a checkpoint loads
-either way. PyTorch's inference fast paths (nested tensors, the fused encoder layer) compute
-the same values as its regular path, which is the one tapegrad runs; ``enable_nested_tensor``
-is accepted and only sets ``use_nested_tensor`` (see docs/differences.md).
+either way. PyTorch's inference fast paths (the fused encoder layer, nested tensors) compute
+the same values as its regular path, which is the one tapegrad runs; where PyTorch's encoder
+would drop padded positions into a nested tensor, tapegrad zeros them as that path's output
+does (``TransformerEncoder._nested_padding``).
 """
 import copy
 import warnings
 
 import tapegrad
+from tapegrad.backend import xp
 from tapegrad.nn import functional as F
 from tapegrad.nn.init import xavier_uniform_
 from tapegrad.nn.module import Module
@@ -181,13 +183,38 @@ class TransformerEncoder(Module):
         mask = _canonical_mask(mask, "mask", None, "", src.dtype)
         seq_len = _get_seq_len(src, self.layers[0].self_attn.batch_first)
         is_causal = _detect_is_causal_mask(mask, is_causal, seq_len)
+        padded = self._nested_padding(src, mask, src_key_padding_mask)
         output = src
         for mod in self.layers:
             output = mod(output, src_mask=mask, is_causal=is_causal,
                          src_key_padding_mask=src_key_padding_mask)
+        if padded is not None:  # PyTorch's nested tensor comes back zero-padded
+            output = output.masked_fill(padded.unsqueeze(-1), 0.0)
         if self.norm is not None:
             output = self.norm(output)
         return output
+
+    def _nested_padding(self, src, mask, key_padding_mask):
+        """Where PyTorch would run the layers on a nested tensor (inference with a
+        left-aligned padding mask), the padded positions (True), else None.
+
+        PyTorch drops padded positions there and pads its result with zeros; the other
+        positions equal the regular path's, so tapegrad runs that path and zeros them."""
+        if (not self.use_nested_tensor or self.layers[0].training or src.dim() != 3
+                or key_padding_mask is None or mask is not None):
+            return None
+        valid = key_padding_mask == 0
+        if getattr(self, "mask_check", True):
+            v = valid._data
+            if (v != (xp.arange(v.shape[1]) < v.sum(axis=1)[:, None])).any():
+                return None  # not left-aligned: PyTorch takes the regular path
+        layer = self.layers[0]
+        tensors = [src, layer.self_attn.in_proj_weight, layer.self_attn.in_proj_bias,
+                   *(p for m in (layer.self_attn.out_proj, layer.norm1, layer.norm2,
+                                 layer.linear1, layer.linear2) for p in (m.weight, m.bias))]
+        if tapegrad.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            return None
+        return ~valid
 
 
 def _why_not_sparsity_fast_path(layer):
