@@ -189,7 +189,7 @@ def test_truncated_and_garbage_files(tmp_path):
 def test_malformed_pickles(tmp_path):
     cases = {b"\x80\x02h\x05.": "memo entry 5",  # BINGET of nothing
              b"\x80\x02K\x01t.": "pops a MARK it never set",
-             b"\x80\x02\x85.": "TUPLE on a short stack"
+             b"\x80\x02\x85.": "TUPLE on a short stack",
              b"\x80\x02\x8a\x02\x01": "truncated",  # LONG1 cut short
              b"\x80\x02K\x01K\x02.": "unbalanced stack",
              b"\x80\x02X\xff\xff\xff\x7fab.": "truncated"}  # a 2 GiB string that is not there
