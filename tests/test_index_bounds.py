@@ -264,10 +264,6 @@ RAISES = [
 ]
 
 
-def _lib(T):
-    return tapegrad if T is tapegrad else torch
-
-
 @pytest.mark.parametrize("fn,exc,match", [c[1:] for c in RAISES], ids=[c[0] for c in RAISES])
 def test_raises_as_torch(fn, exc, match):
     with warnings.catch_warnings():
