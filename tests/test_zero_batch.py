@@ -222,6 +222,9 @@ def _fcases():
         f("batch_norm", X(*shape), C(X(3)), C(U(3)), X(3), X(3, seed=1), training=False,
           id=f"batch_norm-eval-{len(shape)}d")
     f("batch_norm", X(0, 3), None, None, training=True, id="batch_norm-train-no-stats")
+    # not a batch of 0, but the neighbour PyTorch refuses: one value per channel in training
+    f("batch_norm", X(1, 3), C(X(3)), C(U(3)), training=True, id="batch_norm-train-batch-1")
+    f("instance_norm", X(0, 3, 1), id="instance_norm-one-spatial-element")
     f("instance_norm", X(0, 3, 5), C(X(3)), C(U(3)), X(3), X(3, seed=1))
     f("instance_norm", X(0, 3, 5), id="instance_norm-no-stats")
     f("normalize", X(0, 3))
@@ -362,6 +365,8 @@ def _lcases():
           id=f"BatchNorm2d-{mode}", raise_names=("batch_norm",))
     m("BatchNorm1d", lambda nn: nn.BatchNorm1d(3, affine=False, track_running_stats=False),
       X(0, 3), id="BatchNorm1d-no-stats", raise_names=("batch_norm",))
+    m("BatchNorm1d", lambda nn: nn.BatchNorm1d(3), X(1, 3), id="BatchNorm1d-batch-1",
+      raise_names=("batch_norm",))
     m("Dropout", lambda nn: nn.Dropout(0.5), X(0, 4))
     for name in ("ReLU", "LeakyReLU", "ELU", "GELU", "SiLU", "Softplus", "Tanh", "Sigmoid"):
         m(name, lambda nn, name=name: getattr(nn, name)(), X(0, 4))

@@ -851,8 +851,8 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     if training:
         n = input.numel() // max(c, 1)
         if n == 1:
-            raise ValueError(f"Expected more than 1 value per channel when training, got input "
-                             f"size {_shape(input)}")
+            raise ValueError(f"batch_norm: Expected more than 1 value per channel when training, "
+                             f"got input size {_shape(input)}")
         if n and (running_mean is not None or running_var is not None):  # (an empty batch
             x = input._data  # leaves them as they are, as in PyTorch)
             mean = x.mean(axis=axes)
@@ -881,8 +881,8 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=
         return batch_norm(input, running_mean, running_var, weight, bias, False, momentum, eps)
     spatial = math.prod(input.shape[2:])
     if spatial == 1:
-        raise ValueError(f"Expected more than 1 spatial element when training, got input size "
-                         f"{_shape(input)}")
+        raise ValueError(f"instance_norm: Expected more than 1 spatial element when training, "
+                         f"got input size {_shape(input)}")
     c = input.shape[1]
     _check_per_channel("instance_norm", c, running_mean, running_var, weight, bias)
     axes = tuple(range(2, input.ndim))
