@@ -28,11 +28,9 @@ def _(g, out, a):
 def _writable_diagonal(a, offset, dim1, dim2):
     """``numpy.diagonal`` (diagonal dim last) as a view writable when ``a`` is."""
     v = xp.diagonal(a, offset, dim1, dim2)
-    if v.size == 0:
-        return v
     start = [slice(None)] * a.ndim
     start[dim2 if offset >= 0 else dim1] = slice(abs(offset), None)
-    corner = a[tuple(start)]
+    corner = a[tuple(start)] if v.size else a
     return xp.lib.stride_tricks.as_strided(corner, v.shape, v.strides,
                                            writeable=a.flags.writeable)
 
@@ -51,8 +49,7 @@ def _(g, out, a, offset, dim1, dim2):
 def diag_embed_op(a, shape, offset, dim1, dim2):
     """Zeros of ``shape`` with ``a``'s last dim on the ``offset`` diagonal of (dim1, dim2)."""
     out = xp.zeros(shape, dtype=a.dtype)
-    if out.size:
-        _writable_diagonal(out, offset, dim1, dim2)[...] = a
+    _writable_diagonal(out, offset, dim1, dim2)[...] = a
     return out
 
 
