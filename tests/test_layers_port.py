@@ -127,6 +127,22 @@ def test_transformer_state_dict_repr_and_init():
     assert tg.d_model == 8 and tg.nhead == 2 and tg.batch_first is False
 
 
+def test_transformer_dropout_dtype_and_custom_parts():
+    m = tnn.Transformer(8, 2, 1, 1, 12, dtype=tapegrad.float64)  # default dropout=0.1
+    assert all(p.dtype == tapegrad.float64 for p in m.parameters())
+    src = tapegrad.randn(5, 2, 8, dtype=tapegrad.float64)
+    tgt = tapegrad.randn(3, 2, 8, dtype=tapegrad.float64)
+    assert not np.array_equal(m(src, tgt).detach().numpy(), m(src, tgt).detach().numpy())
+    m.eval()
+    np.testing.assert_array_equal(m(src, tgt).detach().numpy(), m(src, tgt).detach().numpy())
+    # custom_encoder / custom_decoder replace the stacks
+    make = lambda nn: nn.Transformer(  # noqa: E731
+        8, 2, custom_encoder=quiet(lambda nn: encoder(nn))(nn),
+        custom_decoder=nn.TransformerDecoder(nn.TransformerDecoderLayer(8, 2, 12, 0.0), 1))
+    th, tg = compare(make, [seq(5, 2, False, 1), seq(3, 2, False, 2)], call=masked_call(5, 3, 2))
+    assert repr(tg) == repr(th)
+
+
 def test_generate_square_subsequent_mask():
     for dtype in (None, "float64", "bool"):
         kw = {} if dtype is None else {"dtype": getattr(tapegrad, dtype)}
@@ -196,10 +212,12 @@ def test_encoder_nested_tensor_flag_and_warning():
 @pytest.mark.parametrize("kpm", [[[0, 0, 1, 1], [0, 0, 0, 1], [0, 0, 0, 0]],
                                  [[0, 1, 0, 1], [0, 0, 0, 1], [1, 0, 0, 0]]],
                          ids=["left-aligned", "not-left-aligned"])
-@pytest.mark.parametrize("variant", ["norm", "no-norm", "odd-heads", "with-mask", "transformer"])
+@pytest.mark.parametrize("variant", ["norm", "no-norm", "odd-heads", "with-mask", "transformer",
+                                     "layer"])
 def test_inference_with_padding_matches_torch_nested_path(kpm, variant):
     """In eval mode without grad PyTorch's encoder runs left-aligned padded batches as nested
-    tensors and returns zeros at the padded positions; tapegrad's output agrees everywhere."""
+    tensors and returns zeros at the padded positions; tapegrad's output agrees everywhere
+    (and with PyTorch's fused encoder-layer kernel, which a lone layer takes)."""
     kpm = np.array(kpm, dtype=bool)
 
     def make(nn):
@@ -207,6 +225,8 @@ def test_inference_with_padding_matches_torch_nested_path(kpm, variant):
             return transformer(batch_first=True)(nn)
         heads = 1 if variant == "odd-heads" else 2
         layer = nn.TransformerEncoderLayer(8, heads, 12, dropout=0.0, batch_first=True)
+        if variant == "layer":  # PyTorch's fused encoder-layer kernel
+            return layer
         return nn.TransformerEncoder(layer, 2, None if variant == "no-norm" else nn.LayerNorm(8))
 
     th, tg = quiet(make)(torch.nn), quiet(make)(tnn)
