@@ -722,6 +722,10 @@ class _StorageRef:
         self.key, self.type_name, self.array = key, type_name, array
 
 
+_byte_bounds = getattr(getattr(xp.lib, "array_utils", None), "byte_bounds", None) or \
+    getattr(xp, "byte_bounds")  # numpy 2 moved it; pyproject allows numpy 1.26
+
+
 def _contiguous_strides(shape):
     strides, step = [], 1
     for n in reversed(shape):
@@ -786,12 +790,12 @@ class _Pickler(pickle._Pickler):
             all(s >= 0 for s in root.strides) and \
             all(s >= 0 and s % size == 0 for s, n in zip(arr.strides, arr.shape) if n > 1)
         if shareable:
-            low, high = xp.lib.array_utils.byte_bounds(root)
-            start = xp.lib.array_utils.byte_bounds(arr)[0]
+            low, high = _byte_bounds(root)
+            start = _byte_bounds(arr)[0]
             shareable = (start - low) % size == 0 and (high - low) % size == 0
         if not shareable:  # a fresh contiguous copy as its own storage
             root = xp.ascontiguousarray(arr).reshape(-1)
-            low = start = xp.lib.array_utils.byte_bounds(root)[0] if root.size else 0
+            low = start = _byte_bounds(root)[0] if root.size else 0
             high = low + root.nbytes
             strides = _contiguous_strides(arr.shape)
         key = (id(root), arr.dtype)
