@@ -27,5 +27,7 @@ globals().update(_TENSOR_TYPES)  # FloatTensor, DoubleTensor, LongTensor, ...
 from tapegrad import autograd, nn, optim, utils, profiler  # noqa: F401
 from tapegrad.io import save, load  # noqa: F401,E402
 from tapegrad import io, safetensors, serialization  # noqa: F401,E402
+from tapegrad.runtime import (set_num_threads, get_num_threads, set_num_interop_threads,  # noqa
+                              get_num_interop_threads, empty_cache)
 
 __version__ = "0.1.0"

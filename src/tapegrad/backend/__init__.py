@@ -2,6 +2,7 @@
 
 Ops take ``xp`` from here, so a GPU backend is a new file, not a second copy of every op.
 """
-from tapegrad.backend.numpy_backend import xp, DEVICE, reduce_axis
+from tapegrad.backend.numpy_backend import (xp, DEVICE, reduce_axis, release_memory,
+                                            keeps_freed_memory)
 
-__all__ = ["xp", "DEVICE", "reduce_axis"]
+__all__ = ["xp", "DEVICE", "reduce_axis", "release_memory", "keeps_freed_memory"]

@@ -15,23 +15,54 @@ def keep_freed_memory(max_block=1 << 30) -> bool:
     allocator would. Returns whether it took effect (glibc only). Set
     TAPEGRAD_KEEP_FREED_MEMORY=0 to leave the allocator alone.
     """
-    import ctypes
-    import ctypes.util
     import os
 
     if os.environ.get("TAPEGRAD_KEEP_FREED_MEMORY", "1") == "0":
         return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
+    mallopt = getattr(_libc(), "mallopt", None)
+    if mallopt is None:
         return False
     M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
     return bool(mallopt(M_MMAP_THRESHOLD, max_block)) and bool(
         mallopt(M_TRIM_THRESHOLD, 2 * max_block))
 
 
+def _libc():
+    """The C library, or None where there is none to open."""
+    import ctypes
+    import ctypes.util
+
+    global _LIBC
+    if _LIBC is False:
+        try:
+            _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        except OSError:
+            _LIBC = None
+    return _LIBC
+
+
+_LIBC = False
 ALLOCATOR_TUNED = keep_freed_memory()
+
+
+def keeps_freed_memory() -> bool:
+    """Whether freed large blocks stay in the process for reuse (see ``keep_freed_memory``):
+    True by default on glibc, False with TAPEGRAD_KEEP_FREED_MEMORY=0 or another libc."""
+    return ALLOCATOR_TUNED
+
+
+def release_memory() -> bool:
+    """Hand the memory freed blocks still hold back to the OS: glibc's ``malloc_trim(0)``
+    (every arena; free pages inside the heap too). Live arrays are untouched, and the next
+    large allocations are served fresh from the kernel again. Returns whether any memory
+    was released; elsewhere (no glibc) it does nothing and returns False."""
+    trim = getattr(_libc(), "malloc_trim", None)
+    if trim is None:
+        return False
+    import ctypes
+
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return bool(trim(0))
 
 
 def reduce_axis(ufunc, a, axis, keepdims=False):

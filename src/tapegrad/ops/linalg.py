@@ -7,6 +7,7 @@ import functools
 
 from tapegrad.ops import registry as _registry
 from tapegrad.ops.registry import op, xp
+from tapegrad.backend.blas import matmul as blas_matmul  # xp.matmul, small ones on 1 thread
 from tapegrad.ops.movement import sum_to, broadcast_to_op, reshape_op as reshape, index_op
 from tapegrad.ops import elementwise as _E
 
@@ -29,7 +30,7 @@ def matmul(a, b):
         raise RuntimeError(f"matmul: expected both operands to have the same dtype, but got "
                            f"{a.dtype} and {b.dtype} (shapes {tuple(a.shape)} and "
                            f"{tuple(b.shape)})")
-    return xp.matmul(a, b)
+    return blas_matmul(a, b)
 
 
 @matmul.grad

@@ -14,7 +14,7 @@ from tapegrad.ops.elementwise import exp, log, sqrt, tanh, sigmoid, erf, where_o
 from tapegrad.ops.elementwise import np_dtype
 from tapegrad.ops.movement import reshape_op as reshape, sum_to
 from tapegrad.ops.reduce import sum_op
-from tapegrad.ops.linalg import matmul
+from tapegrad.ops.linalg import matmul, blas_matmul
 
 _sliding = xp.lib.stride_tricks.sliding_window_view
 
@@ -34,9 +34,9 @@ def linear(x, w, b=None):
     """``x @ w.T + b``; fused so the rule needs no transposed copy and sums the bias once."""
     if x.ndim > 2:  # one 2-D GEMM: numpy's stacked matmul against w.T is 2-5x slower
         lead = x.shape[:-1]
-        out = xp.matmul(x.reshape(math.prod(lead), x.shape[-1]), w.T).reshape(*lead, w.shape[0])
+        out = blas_matmul(x.reshape(math.prod(lead), x.shape[-1]), w.T).reshape(*lead, w.shape[0])
     else:
-        out = xp.matmul(x, w.T)
+        out = blas_matmul(x, w.T)
     if b is not None:
         out += b
     return out
@@ -59,7 +59,7 @@ def _(g, out, x, w, b=None, needs=(True, True, True)):
 def linear_relu(x, w, b=None):
     """``relu(x @ w.T + b)`` as one node: the bias add and the ReLU run in place on the
     matmul's fresh output, and the rule masks ``g`` by ``out > 0`` then applies linear's."""
-    out = xp.matmul(x, w.T)
+    out = blas_matmul(x, w.T)
     if b is not None:
         out += b
     return xp.maximum(out, 0, out=out)
@@ -439,7 +439,7 @@ def conv2d(x, w, stride, padding, dilation, groups, out_size=None):
     o = w.shape[0]
     cols, (oh, ow) = _columns(x, w.shape[2:], stride, padding, dilation, groups, out_size)
     wmat = w.reshape(groups, o // groups, -1).transpose(0, 2, 1)  # (G, K, O/G)
-    out = xp.matmul(_grouped(cols, groups), wmat[0] if groups == 1 else wmat)
+    out = blas_matmul(_grouped(cols, groups), wmat[0] if groups == 1 else wmat)
     if groups > 1:
         out = out.transpose(1, 0, 2)  # (N*P, G, O/G)
     return xp.ascontiguousarray(out.reshape(n, oh, ow, o).transpose(0, 3, 1, 2))
@@ -461,7 +461,7 @@ def conv2d_input(g, w, size, stride, padding, dilation, groups):
     og = o // groups
     gmat = g.transpose(0, 2, 3, 1).reshape(-1, groups, og)  # (N*P, G, O/G)
     wmat = w.reshape(groups, og, -1)  # (G, O/G, K)
-    cols = xp.matmul(_grouped(gmat, groups), wmat[0] if groups == 1 else wmat)
+    cols = blas_matmul(_grouped(gmat, groups), wmat[0] if groups == 1 else wmat)
     if groups > 1:
         cols = cols.transpose(1, 0, 2)  # (N*P, G, K)
     cols = cols.reshape(n, oh, ow, groups * cg, kh, kw)
@@ -483,7 +483,7 @@ def conv2d_weight(x, g, kernel, stride, padding, dilation, groups):
     og = o // groups
     cols, _ = _columns(x, kernel, stride, padding, dilation, groups, g.shape[2:])  # (N*P, G, K)
     gmat = g.transpose(1, 0, 2, 3).reshape(groups, og, -1)  # (G, O/G, N*P)
-    gw = xp.matmul(gmat, cols[:, 0] if groups == 1 else cols.transpose(1, 0, 2))
+    gw = blas_matmul(gmat, cols[:, 0] if groups == 1 else cols.transpose(1, 0, 2))
     return gw.reshape(o, x.shape[1] // groups, *kernel)
 
 
@@ -627,13 +627,13 @@ def _(gg, out, g, size, **p):
 def scaled_dot_product_attention(q, k, v, bias=None, scale=1.0, keep=None):
     """``softmax(q k^T * scale + bias) * keep @ v``; ``keep`` folds in dropout (already
     divided by 1 - p) and zeroes fully masked rows."""
-    s = xp.matmul(q, xp.swapaxes(k, -1, -2)) * scale
+    s = blas_matmul(q, xp.swapaxes(k, -1, -2)) * scale
     if bias is not None:
         s = s + bias
     p = softmax.forward(s, -1)
     if keep is not None:
         p = p * keep
-    return xp.matmul(p, v)
+    return blas_matmul(p, v)
 
 
 @scaled_dot_product_attention.grad

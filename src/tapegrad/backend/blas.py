@@ -1,0 +1,158 @@
+"""The BLAS library numpy calls, and its thread count, through ctypes.
+
+numpy's wheels bundle OpenBLAS (``numpy.libs/libscipy_openblas64_-*.so``); its pthreads
+pool is process-wide and defaults to one thread per core. It is found as threadpoolctl
+finds it: the OpenBLAS shared object already loaded from numpy's library folder (or, for
+a numpy built against a system OpenBLAS, the one in this process's memory map), and its
+``openblas_get_num_threads`` / ``openblas_set_num_threads`` under the prefixes and
+suffixes the builds use (``scipy_openblas_set_num_threads64_``, ...). It is only ever
+opened with ``RTLD_NOLOAD``: a library numpy has not loaded is never loaded here. Where no
+such library is found (numpy on MKL or Accelerate) the calls below do nothing and say so.
+
+``matmul`` is ``xp.matmul`` with PyTorch's intra-op grain size: a product too small to
+gain from a second thread runs with the BLAS at one thread (see ``SERIAL_WORK``).
+"""
+import ctypes
+import os
+import threading
+
+import numpy as xp
+
+_PREFIXES = ("openblas", "scipy_openblas")
+_SUFFIXES = ("", "64_", "_64")
+
+
+class OpenBLAS:
+    """One loaded OpenBLAS: its path and its get/set thread-count functions."""
+
+    def __init__(self, path, get, set_):
+        self.path, self._get, self._set = path, get, set_
+
+    def get_num_threads(self) -> int:
+        return self._get()
+
+    def set_num_threads(self, n: int) -> None:
+        self._set(n)
+
+
+def _numpy_lib_dirs():
+    root = os.path.dirname(os.path.abspath(xp.__file__))
+    return [os.path.join(os.path.dirname(root), "numpy.libs"),  # manylinux, Windows wheels
+            os.path.join(root, ".dylibs")]                     # macOS wheels
+
+
+def _loaded_paths():
+    """Shared objects in this process's memory map (Linux), in load order."""
+    try:
+        with open("/proc/self/maps") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    seen = {}
+    for line in lines:
+        path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
+        if path.startswith("/") and ".so" in path:
+            seen.setdefault(path, None)
+    return list(seen)
+
+
+def _candidates():
+    own = []
+    for d in _numpy_lib_dirs():
+        try:
+            own += sorted(os.path.join(d, f) for f in os.listdir(d))
+        except OSError:
+            pass
+    # a numpy linked against a system OpenBLAS: the one loaded, but never another wheel's
+    # private copy (scipy.libs holds scipy's own, which numpy does not call)
+    loaded = [p for p in _loaded_paths() if ".libs" + os.sep not in p]
+    names = [p for p in own + loaded if "openblas" in os.path.basename(p).lower()]
+    return list(dict.fromkeys(names))
+
+
+def _open(path):
+    mode = getattr(os, "RTLD_NOLOAD", 0)
+    try:
+        # PyDLL keeps the GIL across the call: get/set are a few instructions, and holding it
+        # makes the switch in ``matmul`` atomic with respect to other Python threads
+        lib = ctypes.PyDLL(path, mode=mode)
+    except OSError:
+        return None
+    for prefix in _PREFIXES:
+        for suffix in _SUFFIXES:
+            get = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
+            set_ = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
+            if get is not None and set_ is not None:
+                get.argtypes, get.restype = [], ctypes.c_int
+                set_.argtypes, set_.restype = [ctypes.c_int], None
+                return OpenBLAS(path, get, set_)
+    return None
+
+
+def find_openblas():
+    """The OpenBLAS numpy calls, or None (not OpenBLAS, or not found)."""
+    for path in _candidates():
+        lib = _open(path)
+        if lib is not None:
+            return lib
+    return None
+
+
+LIBRARY = find_openblas()
+
+
+def num_threads():
+    """The BLAS's thread count (outside any serial matmul), or None without a BLAS to ask."""
+    if LIBRARY is None:
+        return None
+    with _lock:
+        return _serial[1] if _serial[0] else LIBRARY.get_num_threads()
+
+
+def set_num_threads(n: int) -> bool:
+    """Set the BLAS's thread count; returns whether there was a BLAS to set."""
+    if LIBRARY is None:
+        return False
+    with _lock:
+        if _serial[0]:  # inside a serial matmul elsewhere: it restores this value on leaving
+            _serial[1] = n
+        else:
+            LIBRARY.set_num_threads(n)
+    return True
+
+
+# --- the intra-op grain size -------------------------------------------------------------
+# A matrix product of m*n*k multiply-adds below SERIAL_WORK runs with the BLAS at one thread.
+# OpenBLAS already runs a GEMM below 4 * 65536 on one thread (GEMM_MULTITHREAD_THRESHOLD),
+# so the switch is only made between that and SERIAL_WORK; the measurement that chose the
+# value is in docs/performance.md, "BLAS threads". TAPEGRAD_BLAS_SERIAL_WORK overrides it
+# (0 turns the switch off).
+OPENBLAS_SERIAL_WORK = 4 * 65536
+SERIAL_WORK = int(os.environ.get("TAPEGRAD_BLAS_SERIAL_WORK", 1 << 24))
+_lock = threading.Lock()
+_serial = [0, 0]  # matmuls inside the switch now, the thread count to restore after them
+
+
+def _work(a, b):
+    m = a.shape[-2] if a.ndim > 1 else 1
+    n = b.shape[-1] if b.ndim > 1 else 1
+    return m * n * a.shape[-1]
+
+
+def matmul(a, b):
+    """``xp.matmul(a, b)``, with the BLAS at one thread when each product is small."""
+    if LIBRARY is None or not OPENBLAS_SERIAL_WORK < _work(a, b) < SERIAL_WORK:
+        return xp.matmul(a, b)
+    with _lock:
+        if _serial[0] == 0:
+            _serial[1] = LIBRARY.get_num_threads()
+            if _serial[1] > 1:
+                LIBRARY.set_num_threads(1)
+        _serial[0] += 1
+    try:
+        return xp.matmul(a, b)
+    finally:
+        with _lock:
+            _serial[0] -= 1
+            if _serial[0] == 0 and _serial[1] > 1:
+                LIBRARY.set_num_threads(_serial[1])
