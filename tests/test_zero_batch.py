@@ -87,9 +87,12 @@ def _base_exception(e):
 
 
 # --- the comparison ----------------------------------------------------------------------
-def _compare(run, th_inputs, tg_inputs, th_params=(), tg_params=(), states=(), raise_names=(),
+def _compare(run, th_inputs, tg_inputs, th_params=(), tg_params=(), states=list, raise_names=(),
              shapes=()):
-    """``run(lib, inputs)`` in both libraries; compare outputs, states and gradients."""
+    """``run(lib, inputs)`` in both libraries; compare outputs, states and gradients.
+
+    ``states()``: (name, tapegrad tensor, torch tensor) triples to compare after the forward;
+    ``*_params``: named parameters, whose gradients are compared by name."""
     try:
         th_out = _flat(run(torch, th_inputs))
     except Exception as e:  # PyTorch raises: tapegrad must raise the same type, clearly
@@ -114,7 +117,7 @@ def _compare(run, th_inputs, tg_inputs, th_params=(), tg_params=(), states=(), r
             f"output {i}: dtype {a.dtype} != {b.dtype}"
         assert_close(a, b, rtol=RTOL, what=f"output {i}")
         assert a.requires_grad == b.requires_grad, f"output {i}: requires_grad"
-    for name, a, b in states:  # in-place updates (running statistics)
+    for name, a, b in states():  # in-place updates (running statistics)
         assert_close(a, b, rtol=RTOL, what=f"{name} after forward")
     pairs = [(a, b) for a, b in zip(tg_out, th_out) if b.requires_grad]
     if not pairs:
@@ -127,8 +130,9 @@ def _compare(run, th_inputs, tg_inputs, th_params=(), tg_params=(), states=(), r
     torch.autograd.backward([b for _, b in pairs], [torch.tensor(s) for s in seeds])
     named = [(f"input {i}", a, b) for i, (a, b) in enumerate(zip(tg_inputs, th_inputs))
              if isinstance(b, torch.Tensor) and b.requires_grad]
-    named += [(n, a, b) for n, a, b in zip([n for n, _ in th_params], [p for _, p in tg_params],
-                                           [p for _, p in th_params])]
+    tg_named = dict(tg_params)
+    assert sorted(tg_named) == sorted(n for n, _ in th_params), "parameter names differ"
+    named += [(n, tg_named[n], p) for n, p in th_params]
     for name, a, b in named:
         if b.grad is None:
             assert a.grad is None, f"{name}: torch gives no gradient, tapegrad {a.grad.shape}"
@@ -294,8 +298,11 @@ F_CASES = _fcases()
     for c in F_CASES], ids=[c.id for c in F_CASES])
 def test_functional(case):
     th_inputs, tg_inputs = _wrap(torch, case.specs), _wrap(tapegrad, case.specs)
-    states = [(f"input {i}", a, b) for i, (a, b) in enumerate(zip(tg_inputs, th_inputs))
-              if isinstance(b, torch.Tensor) and not b.requires_grad]
+
+    def states():  # inputs that need no gradient may be updated in place (running stats)
+        return [(f"input {i}", a, b) for i, (a, b) in enumerate(zip(tg_inputs, th_inputs))
+                if isinstance(b, torch.Tensor) and not b.requires_grad]
+
     _compare(case.run, th_inputs, tg_inputs, states=states, raise_names=(case.name,),
              shapes=_shapes(case.specs))
 
@@ -487,10 +494,6 @@ L_EXCLUDED = {
 L_CASES = _lcases()
 
 
-def _state(module):
-    return dict(module.state_dict())
-
-
 @pytest.mark.parametrize("case", L_CASES, ids=[c.id for c in L_CASES])
 def test_layer(case):
     th, tg = case.make(torch.nn).double(), case.make(tnn).double()
@@ -501,8 +504,12 @@ def test_layer(case):
     default = (lambda mod, *xs: mod(*xs))
     call, torch_call = case.call or default, case.torch_call or default
     th_inputs, tg_inputs = _wrap(torch, case.specs), _wrap(tapegrad, case.specs)
-    tg_states, th_states = tg.state_dict(keep_vars=True), th.state_dict(keep_vars=True)
-    states = [(k, tg_states[k], th_states[k]) for k in th_states]
+
+    def states():
+        tg_states, th_states = tg.state_dict(), th.state_dict()
+        assert list(tg_states) == list(th_states), "state_dict keys differ"
+        return [(k, tg_states[k], th_states[k]) for k in th_states]
+
     _compare(lambda lib, xs: torch_call(th, *xs) if lib is torch else call(tg, *xs),
              th_inputs, tg_inputs,
              th_params=list(th.named_parameters()), tg_params=list(tg.named_parameters()),
