@@ -41,8 +41,36 @@ def size_args(size, name, keyword=NO_SIZE):
         if s < 0:
             raise RuntimeError(f"{name}: trying to create tensor with negative dimension {s}: "
                                f"{list(size)}")
+        if s > _MAX_BYTES:  # PyTorch's int64 sizes: its argument parser refuses it
+            raise TypeError(f"{name}(): argument 'size' failed to unpack the object at pos "
+                            f"{len(out) + 1} with error \"Overflow when unpacking long long\" "
+                            f"({s} is more than int64 holds)")
         out.append(s)
     return tuple(out)
+
+
+_MAX_BYTES = 2 ** 63 - 1
+
+
+def allocate(name, shape, dtype, make, /, *args, **kwargs):
+    """``make(*args, **kwargs)``, the new array of ``shape`` and tapegrad ``dtype`` behind
+    factory ``name``; sizes no machine can hold raise RuntimeError naming the size and the
+    bytes, as PyTorch's allocator does, never numpy's bare MemoryError or ValueError."""
+    nbytes = dtype.itemsize
+    for n in shape:  # in order, as PyTorch: an overflow before a 0 still counts
+        nbytes *= n
+        if nbytes > _MAX_BYTES:
+            raise RuntimeError(f"{name}: Storage size calculation overflowed with sizes="
+                               f"{list(shape)} (dtype {dtype}, {dtype.itemsize} bytes per "
+                               f"element: more than {_MAX_BYTES} bytes)")
+    if not nbytes and math.prod(n for n in shape if n) * dtype.itemsize > _MAX_BYTES:
+        raise RuntimeError(f"{name}: an empty tensor with sizes={list(shape)} (0 bytes) cannot "
+                           f"be represented: numpy's strides overflow (see docs/differences.md)")
+    try:
+        return make(*args, **kwargs)
+    except MemoryError:
+        raise RuntimeError(f"{name}: can't allocate memory: you tried to allocate {nbytes} "
+                           f"bytes (sizes={list(shape)}, dtype {dtype})") from None
 
 
 def check_device(device, name):
@@ -74,8 +102,9 @@ def _filled(name, size, value, dtype, device, requires_grad, keyword=NO_SIZE):
     d = dtypes.get_default_dtype() if dtype is None else dtypes.to_dtype(dtype)
     shape = size_args(size, name, keyword)
     if value is None:
-        return finish(xp.empty(shape, dtype=d.np), requires_grad, name)
-    return finish(xp.full(shape, value, dtype=d.np), requires_grad, name)
+        return finish(allocate(name, shape, d, xp.empty, shape, dtype=d.np), requires_grad, name)
+    return finish(allocate(name, shape, d, xp.full, shape, value, dtype=d.np), requires_grad,
+                  name)
 
 
 # --- copies: the two ops behind clone(), contiguous() and the in-place writes -----------------
@@ -167,7 +196,7 @@ def nested_array(data, dtype=None, name="tensor"):
         if isinstance(seq, (Tensor, xp.ndarray)):
             sizes.extend(seq.shape)
             break
-        if isinstance(seq, (str, bytes)):  # "a"[0] is "a" again: PyTorch runs out of dims
+        if isinstance(seq, str):  # "a"[0] is "a" again: PyTorch runs out of dims
             raise ValueError(f"{name}(): too many dimensions '{type(seq).__name__}' (a string "
                              f"where a number or a sequence of numbers belongs)")
         sizes.append(len(seq))
@@ -183,7 +212,12 @@ def nested_array(data, dtype=None, name="tensor"):
         if dim == len(sizes):
             _check_element(obj, d, name)
         elif isinstance(obj, (Tensor, xp.ndarray)):
-            if tuple(obj.shape) != tuple(sizes[dim:]):
+            for k, (want, got) in enumerate(zip(sizes[dim:], obj.shape)):
+                if want != got:
+                    raise ValueError(f"{name}(): expected sequence of length {want} at dim "
+                                     f"{dim + k} (got {got}) in an array of shape "
+                                     f"{tuple(obj.shape)}")
+            if obj.ndim != len(sizes) - dim:
                 raise ValueError(f"{name}(): expected a sequence of shape {tuple(sizes[dim:])} "
                                  f"at dim {dim} (got an array of shape {tuple(obj.shape)})")
         elif not _is_sequence(obj) or isinstance(obj, (str, bytes)):
@@ -208,7 +242,9 @@ def _infer_dtype(data, name):
     found, stack = None, [data]
     while stack:
         obj = stack.pop()
-        if isinstance(obj, (bool, xp.bool_)):
+        if isinstance(obj, (xp.ndarray, xp.generic)):  # before float: numpy's float64 is one
+            d = dtypes.from_numpy_dtype(obj.dtype)
+        elif isinstance(obj, bool):
             d = dtypes.bool_
         elif isinstance(obj, int):
             d = dtypes.int64
@@ -219,8 +255,6 @@ def _infer_dtype(data, name):
                             f"complex dtypes), got {obj!r}")
         elif isinstance(obj, Tensor):
             d = obj.dtype
-        elif isinstance(obj, (xp.ndarray, xp.generic)):
-            d = dtypes.from_numpy_dtype(obj.dtype)
         elif isinstance(obj, (str, bytes)):
             raise TypeError(f"{name}(): invalid data type '{type(obj).__name__}' (a "
                             "string among the numbers)")
@@ -327,7 +361,8 @@ def arange(start=0, end=None, step=1, *, dtype=None, device=None, requires_grad=
         d = dtypes.to_dtype(dtype)
     if d.category == dtypes.FLOAT:
         n = math.ceil((float(end) - float(start)) / float(step))
-        values = float(start) + float(step) * xp.arange(n, dtype=xp.float64)
+        values = allocate("arange", (n,), dtypes.float64,
+                          lambda: float(start) + float(step) * xp.arange(n, dtype=xp.float64))
     else:  # PyTorch converts the bounds to the integer type first (truncating)
         first, last, stride = int(start), int(end), int(step)
         if stride == 0:
@@ -338,7 +373,9 @@ def arange(start=0, end=None, step=1, *, dtype=None, device=None, requires_grad=
             n = abs(num) // abs(stride) * (1 if (num >= 0) == (stride > 0) else -1)
         else:
             n = math.ceil((float(end) - float(start)) / float(step))
-        values = first + stride * xp.arange(max(n, 0), dtype=xp.int64)
+        n = max(n, 0)
+        values = allocate("arange", (n,), dtypes.int64,
+                          lambda: first + stride * xp.arange(n, dtype=xp.int64))
     return finish(values.astype(d.np, copy=False), requires_grad, "arange")
 
 
@@ -354,13 +391,15 @@ def linspace(start, end, steps, *, dtype=None, device=None, requires_grad=False)
     if not isinstance(steps, int) or steps < 0:
         raise RuntimeError(f"linspace: number of steps must be a non-negative int, got {steps}")
     d = dtypes.get_default_dtype() if dtype is None else dtypes.to_dtype(dtype)
-    if steps == 1:
-        values = xp.full(1, start, dtype=xp.float64)
-    else:
+    def fill():
+        if steps == 1:
+            return xp.full(1, start, dtype=xp.float64)
         i = xp.arange(steps, dtype=xp.float64)
         step = (float(end) - float(start)) / (steps - 1) if steps > 1 else 0.0
         half = steps // 2
-        values = xp.where(i < half, start + step * i, end - step * (steps - 1 - i))
+        return xp.where(i < half, start + step * i, end - step * (steps - 1 - i))
+
+    values = allocate("linspace", (steps,), dtypes.float64, fill)
     if d.category != dtypes.FLOAT:
         values = xp.trunc(values)
     return finish(values.astype(d.np), requires_grad, "linspace")
@@ -374,7 +413,7 @@ def eye(n, m=None, *, dtype=None, device=None, requires_grad=False) -> Tensor:
     if n < 0 or m < 0:
         raise RuntimeError(f"eye: n and m must be non-negative, got n={n}, m={m}")
     d = dtypes.get_default_dtype() if dtype is None else dtypes.to_dtype(dtype)
-    return finish(xp.eye(n, m, dtype=d.np), requires_grad, "eye")
+    return finish(allocate("eye", (n, m), d, xp.eye, n, m, dtype=d.np), requires_grad, "eye")
 
 
 def _like(name, input, value, dtype, device, requires_grad):

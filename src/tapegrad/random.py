@@ -22,7 +22,7 @@ import os
 
 from tapegrad import dtypes
 from tapegrad.backend import xp
-from tapegrad.creation import size_args, check_device, float_dtype, finish, NO_SIZE
+from tapegrad.creation import size_args, check_device, float_dtype, finish, NO_SIZE, allocate
 from tapegrad.tensor import Tensor
 
 _STATE_BYTES = 48  # seed (8) + PCG64 state (16) + increment (16) + has_uint32 (4) + uinteger (4)
@@ -183,7 +183,8 @@ def rand(*args, size=NO_SIZE, generator=None, dtype=None, device=None,
     """As ``torch.rand(2, 3)``: uniform on [0, 1)."""
     check_device(device, "rand")
     d = float_dtype(dtype, "rand")
-    return finish(uniform_array(numpy_rng(generator), size_args(args, "rand", size), d),
+    shape = size_args(args, "rand", size)
+    return finish(allocate("rand", shape, d, uniform_array, numpy_rng(generator), shape, d),
                   requires_grad, "rand")
 
 
@@ -192,7 +193,8 @@ def randn(*args, size=NO_SIZE, generator=None, dtype=None, device=None,
     """As ``torch.randn(2, 3)``: standard normal."""
     check_device(device, "randn")
     d = float_dtype(dtype, "randn")
-    return finish(normal_array(numpy_rng(generator), size_args(args, "randn", size), d),
+    shape = size_args(args, "randn", size)
+    return finish(allocate("randn", shape, d, normal_array, numpy_rng(generator), shape, d),
                   requires_grad, "randn")
 
 
@@ -211,7 +213,9 @@ def randint(low, high=None, size=None, *, generator=None, dtype=None, device=Non
         raise RuntimeError(f"randint: expects 'from' to be less than 'to', but got "
                            f"from={low} >= to={high}")
     d = dtypes.int64 if dtype is None else dtypes.to_dtype(dtype)
-    values = numpy_rng(generator).integers(low, high, size=size_args((size,), "randint"))
+    shape = size_args((size,), "randint")
+    values = allocate("randint", shape, dtypes.int64, numpy_rng(generator).integers, low, high,
+                      size=shape)
     return finish(values.astype(d.np), requires_grad, "randint")
 
 
@@ -222,7 +226,8 @@ def randperm(n, *, generator=None, dtype=None, device=None, requires_grad=False)
     if n < 0:
         raise RuntimeError(f"randperm: n must be non-negative, got {n}")
     d = dtypes.int64 if dtype is None else dtypes.to_dtype(dtype)
-    return finish(numpy_rng(generator).permutation(n).astype(d.np), requires_grad, "randperm")
+    values = allocate("randperm", (n,), dtypes.int64, numpy_rng(generator).permutation, n)
+    return finish(values.astype(d.np), requires_grad, "randperm")
 
 
 def _like_check(name, input):
@@ -269,7 +274,7 @@ def normal(mean=0.0, std=1.0, size=None, *, generator=None, dtype=None, device=N
             raise RuntimeError(f"normal: expects std >= 0.0, but found std {std}")
         d = float_dtype(dtype, "normal")
         shape = size_args((size,), "normal")
-        values = mean + std * normal_array(rng, shape, d)
+        values = mean + std * allocate("normal", shape, d, normal_array, rng, shape, d)
         return finish(values.astype(d.np, copy=False), requires_grad, "normal")
     m = mean._data if isinstance(mean, Tensor) else mean
     s = std._data if isinstance(std, Tensor) else std

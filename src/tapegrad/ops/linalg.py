@@ -18,6 +18,20 @@ def _matmul_shapes_error(a, b):
         f"({a.shape[-1]} != {b.shape[-2] if b.ndim > 1 else b.shape[0]})")
 
 
+def _batch_error(a, b):
+    """The broadcast failure of matmul's batch dims, in PyTorch's terms, or None."""
+    batch_a, batch_b = tuple(a.shape[:-2]), tuple(b.shape[:-2])
+    n = max(len(batch_a), len(batch_b))
+    padded = zip((1,) * (n - len(batch_a)) + batch_a, (1,) * (n - len(batch_b)) + batch_b)
+    for i, (x, y) in enumerate(padded):
+        if x != y and x != 1 and y != 1:
+            return RuntimeError(
+                f"matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} cannot be multiplied: "
+                f"batch dims {batch_a} and {batch_b} do not broadcast (the size of tensor a "
+                f"({x}) must match the size of tensor b ({y}) at non-singleton dimension {i})")
+    return None
+
+
 @op(flops=2, needs=True, uses=((1,), (0,)))
 def matmul(a, b):
     """As ``torch.matmul``: 1-D, 2-D and batched (broadcast) matrix products."""
@@ -30,7 +44,13 @@ def matmul(a, b):
         raise RuntimeError(f"matmul: expected both operands to have the same dtype, but got "
                            f"{a.dtype} and {b.dtype} (shapes {tuple(a.shape)} and "
                            f"{tuple(b.shape)})")
-    return blas_matmul(a, b)
+    try:
+        return blas_matmul(a, b)
+    except ValueError:  # batch dims that do not broadcast: say so instead of numpy's wording
+        error = _batch_error(a, b)
+        if error is None:
+            raise
+        raise error from None
 
 
 @matmul.grad
