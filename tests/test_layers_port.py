@@ -131,7 +131,8 @@ def test_transformer_state_dict_repr_and_init():
 
 
 def test_transformer_dropout_dtype_and_custom_parts():
-    m = tnn.Transformer(8, 2, 1, 1, 12, dtype=tapegrad.float64)  # default dropout=0.1
+    m = quiet(lambda nn: nn.Transformer(8, 2, 1, 1, 12, dtype=tapegrad.float64))(tnn)
+    assert m.encoder.layers[0].dropout.p == 0.1  # the default
     assert all(p.dtype == tapegrad.float64 for p in m.parameters())
     src = tapegrad.randn(5, 2, 8, dtype=tapegrad.float64)
     tgt = tapegrad.randn(3, 2, 8, dtype=tapegrad.float64)
