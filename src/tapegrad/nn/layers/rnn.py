@@ -1,9 +1,11 @@
-"""Recurrent layers: ``RNN``, ``LSTM``, ``GRU`` (as in ``torch.nn``), built from core ops.
+"""Recurrent layers: ``RNN``, ``LSTM``, ``GRU`` and the single-step ``RNNCell``,
+``LSTMCell``, ``GRUCell`` (as in ``torch.nn``), built from core ops.
 
-Parameter names (``weight_ih_l0``, ``bias_hh_l1_reverse`` ...), their order and the gate
-order inside each weight (LSTM: input, forget, cell, output; GRU: reset, update, new) are
-PyTorch's, so state dicts load both ways. Each layer projects the whole input sequence at
-once, then steps through time with one matmul per step.
+Parameter names (``weight_ih_l0``, ``bias_hh_l1_reverse`` ...; the cells' ``weight_ih`` ...),
+their order and the gate order inside each weight (LSTM: input, forget, cell, output; GRU:
+reset, update, new) are PyTorch's, so state dicts load both ways. Each layer projects the
+whole input sequence at once, then steps through time with one matmul per step; layers and
+cells share that step (``_step``).
 """
 import math
 import numbers
