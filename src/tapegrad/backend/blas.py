@@ -128,7 +128,7 @@ def set_num_threads(n: int) -> bool:
 # value is in docs/performance.md, "BLAS threads". TAPEGRAD_BLAS_SERIAL_WORK overrides it
 # (0 turns the switch off).
 OPENBLAS_SERIAL_WORK = 4 * 65536
-SERIAL_WORK = int(os.environ.get("TAPEGRAD_BLAS_SERIAL_WORK", 1 << 24))
+SERIAL_WORK = int(os.environ.get("TAPEGRAD_BLAS_SERIAL_WORK", 1 << 27))
 _lock = threading.Lock()
 _serial = [0, 0]  # matmuls inside the switch now, the thread count to restore after them
 
