@@ -266,3 +266,11 @@ def test_set_num_threads_inside_a_switched_call_wins(restore_threads):
     finally:
         blas.xp = real
     assert tapegrad.get_num_threads() == 1 == blas.LIBRARY.get_num_threads()
+
+
+def test_without_a_controllable_blas_the_count_is_recorded(restore_threads, monkeypatch):
+    monkeypatch.setattr(blas, "LIBRARY", None)  # as with numpy on MKL or Accelerate
+    tapegrad.set_num_threads(3)
+    assert tapegrad.get_num_threads() == 3
+    a, b = np.ones((64, 256)), np.ones((256, 256))
+    np.testing.assert_array_equal(blas.matmul(a, b), a @ b)
