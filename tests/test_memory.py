@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import tapegrad
-from tapegrad.autograd.engine import WATCH
+from tapegrad.autograd.engine import watchers
 from tapegrad.profiler import memory, storage_bytes
 
 N = 512 * 512  # float64: 2 MiB per array, so Python-object overhead is well under 1%
@@ -117,9 +117,9 @@ def test_tracker_detaches_on_error_and_stops_what_it_started():
     assert not tracemalloc.is_tracing()
     with pytest.raises(RuntimeError):
         with memory() as m:
-            assert m in WATCH
+            assert m in watchers()
             _x() @ tapegrad.tensor(np.ones((3, 3)))
-    assert m not in WATCH
+    assert m not in watchers()
     assert not tracemalloc.is_tracing()
 
 

@@ -5,7 +5,7 @@ the user's code created it.
         loss = model(x)
         loss.backward()       # RuntimeError: Function 'DivBackward' returned nan ...
 
-While it is on, an op watcher (see ``autograd.engine.WATCH``) records a trimmed traceback
+While it is on, an op watcher (see ``autograd.engine.WATCH``; anomaly mode is process-wide, as in PyTorch) records a trimmed traceback
 on every Node as it is created (``node.stack``) and checks every op's result:
 
 - forward: the first op whose output holds NaN although its inputs held none raises,
@@ -22,7 +22,7 @@ import functools
 import os
 import traceback
 
-from tapegrad.autograd.engine import WATCH
+from tapegrad.autograd.engine import add_watcher, remove_watcher
 from tapegrad.backend import xp
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -131,12 +131,11 @@ def _set(mode, check_nan):
     global _watcher, _check_nan
     _check_nan = bool(check_nan)
     if _watcher is not None:
-        if _watcher in WATCH:
-            WATCH.remove(_watcher)
+        remove_watcher(_watcher)
         _watcher = None
     if mode:
         _watcher = _Watcher(check_nan)
-        WATCH.append(_watcher)
+        add_watcher(_watcher, all_threads=True)  # process-wide, as in PyTorch
 
 
 class set_detect_anomaly:

@@ -6,6 +6,7 @@ declared it needs (``saved``). It never points at its own output Tensor, so a gr
 DAG of plain references, freed by reference counting the moment its output goes.
 """
 import itertools
+import threading
 from heapq import heappop, heappush
 
 from tapegrad.autograd.grad_mode import state as grad_state
@@ -13,11 +14,33 @@ from tapegrad.backend import xp
 
 Tensor = None  # set by tapegrad.tensor
 # Op watchers (checkpointing, anomaly mode, the memory tracker): objects with before_op(op),
-# after_op(op, args, out), before_backward(node), after_backward(node, grads).
-# Empty (the default): one check per op.
+# after_op(op, args, out), before_backward(node), after_backward(node, grads). Entries are
+# (thread, watcher): a watcher sees only the ops of the thread that added it, or of every
+# thread when that is None (anomaly mode, global as in PyTorch). Empty (the default): dispatch
+# pays one check per op; while any thread watches, the others pay a filter per op.
 WATCH = []
+_watch_lock = threading.Lock()
 
 
+def add_watcher(watcher, all_threads=False):
+    """Show ``watcher`` this thread's ops (every thread's with ``all_threads``)."""
+    with _watch_lock:
+        WATCH.append((None if all_threads else threading.get_ident(), watcher))
+
+
+def remove_watcher(watcher):
+    with _watch_lock:
+        WATCH[:] = [e for e in WATCH if e[1] is not watcher]
+
+
+def watchers():
+    """The watchers of the calling thread's ops, oldest first."""
+    me = threading.get_ident()
+    return [w for t, w in WATCH if t is None or t == me]
+
+
+# Creation order. count.__next__ is one C call, atomic under the GIL, so the order stays a
+# topological one (every Node newer than its inputs' Nodes) when threads interleave
 _next_seq = itertools.count().__next__
 
 
@@ -227,7 +250,7 @@ def run_backward(roots, root_grads, retain_graph=False, create_graph=False, inpu
         else:
             pending[node] = g
             heappush(heap, (-node.seq, node))
-    watch = WATCH[:] if WATCH else None
+    watch = (watchers() or None) if WATCH else None
     prev_enabled = grad_state.enabled
     grad_state.enabled = create_graph
     try:

@@ -1,16 +1,23 @@
-"""Grad mode: whether ops record onto the tape (``no_grad``, ``enable_grad`` ...)."""
+"""Grad mode: whether ops record onto the tape (``no_grad``, ``enable_grad`` ...).
+
+Grad mode is per thread, as in PyTorch: ``no_grad()`` in one thread leaves every other
+thread recording, and a new thread starts with grad mode on and inference mode off.
+"""
 import functools
+import threading
 
 
-class _State:
-    __slots__ = ("enabled", "inference")
+class _State(threading.local):
+    """This thread's engine state; each thread sees its own attributes (``__init__`` runs
+    once per thread, on its first access)."""
 
     def __init__(self):
         self.enabled = True
         self.inference = False
+        self.watching = False  # inside a watched op: ops it dispatches are not watched
 
 
-state = _State()  # read on every op: one attribute lookup
+state = _State()  # read on every op: one thread-local attribute lookup
 
 
 def is_grad_enabled() -> bool:

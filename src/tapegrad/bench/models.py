@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 import tapegrad
-from tapegrad.autograd.engine import WATCH
+from tapegrad.autograd.engine import add_watcher, remove_watcher
 from tapegrad.bench import harness as H
 from tapegrad.examples import char_gpt, digits_cnn
 from tapegrad.examples.common import to_torch_state
@@ -237,11 +237,11 @@ class OpTimer:
         self._t = None
 
     def __enter__(self):
-        WATCH.append(self)
+        add_watcher(self)
         return self
 
     def __exit__(self, *exc):
-        WATCH.remove(self)
+        remove_watcher(self)
 
     def before_op(self, op):
         self._t = time.perf_counter()

@@ -18,7 +18,7 @@ records the graph of the gradient when it is on.
 """
 from tapegrad import dtypes
 from tapegrad.autograd.grad_mode import state as grad_state
-from tapegrad.autograd.engine import Node, Meta, WATCH
+from tapegrad.autograd.engine import Node, Meta, WATCH, watchers
 from tapegrad.backend import xp
 from tapegrad.dtypes import FLOAT_NP
 from types import MethodType
@@ -132,7 +132,8 @@ def _prepare_elementwise(o, args):
 
     Returns the operands (Tensors, or Python scalars left weak, as numpy 2 keeps them).
     """
-    args = [a if isinstance(a, (Tensor, int, float, bool)) else Tensor(a) for a in args]
+    args = [a if isinstance(a, (Tensor, int, float, bool)) else Tensor._from_data(a)
+            for a in args]
     dt = dtypes.result_type(*args)
     if o.float_only and dt.category != dtypes.FLOAT:
         dt = dtypes.get_default_dtype()
@@ -161,7 +162,7 @@ def _prepare_elementwise(o, args):
 
 def dispatch(o, args, params):
     """Run op ``o`` on Tensors and, in grad mode, record it on the tape."""
-    if WATCH:
+    if WATCH and not grad_state.watching:
         return _watched(o, args, params)
     if o.elementwise:
         if len(args) == 2:
@@ -202,16 +203,18 @@ def dispatch(o, args, params):
 
 
 def _watched(o, args, params):
-    """Dispatch with the watchers told; ops dispatched inside this one are not watched."""
-    watchers = WATCH[:]
-    WATCH.clear()
+    """Dispatch with this thread's watchers told. Ops dispatched inside this one are not
+    watched: the thread's ``watching`` flag sends them past the check in ``dispatch``."""
+    mine = watchers()
+    st = grad_state
+    st.watching = True
     try:
-        for w in watchers:
+        for w in mine:
             w.before_op(o)
         out = dispatch(o, args, params)
     finally:
-        WATCH[:] = watchers
-    for w in watchers:
+        st.watching = False
+    for w in mine:
         w.after_op(o, args, out)
     return out
 

@@ -15,13 +15,42 @@ everything allocated since the tracker opened (array buffers plus the small Pyth
 of the tape), ``live_bytes`` what is still held; ``numpy_live_bytes`` counts array buffers
 only (one tracemalloc snapshot of numpy's domain at entry and exit).
 
+Threads: the per-op table lists only the ops of the thread that opened the tracker (its
+watcher is per thread), but tracemalloc counts the whole process, so while other threads
+allocate, ``peak_bytes`` and ``live_bytes`` include their allocations too. Trackers open in
+several threads at once share one tracemalloc session, stopped when the last one closes.
+
 ``storage_bytes`` is the complementary static view: the bytes of the distinct buffers that
 parameters, gradients, optimizer state and a graph's saved activations hold right now.
 """
+import threading
 import tracemalloc
 
-from tapegrad.autograd.engine import WATCH, Node, toposort
+from tapegrad.autograd.engine import Node, add_watcher, remove_watcher, toposort
 from tapegrad.backend import xp
+
+
+_tracing_lock = threading.Lock()
+_tracing_users = 0  # open trackers that started tracemalloc or joined one that did
+
+
+def _start_tracing():
+    global _tracing_users
+    with _tracing_lock:
+        if _tracing_users == 0 and tracemalloc.is_tracing():
+            return False  # the user's own tracemalloc session: leave it running
+        if _tracing_users == 0:
+            tracemalloc.start()
+        _tracing_users += 1
+        return True
+
+
+def _stop_tracing():
+    global _tracing_users
+    with _tracing_lock:
+        _tracing_users -= 1
+        if _tracing_users == 0:
+            tracemalloc.stop()
 
 
 def _numpy_traced_bytes():
@@ -65,9 +94,7 @@ class MemoryTracker:
 
     # --- context manager --------------------------------------------------------------
     def __enter__(self):
-        self._started = not tracemalloc.is_tracing()
-        if self._started:
-            tracemalloc.start()
+        self._started = _start_tracing()
         if self.numpy_only_live:
             self._numpy_start = _numpy_traced_bytes()
         current, _ = tracemalloc.get_traced_memory()
@@ -75,19 +102,19 @@ class MemoryTracker:
         self.baseline = self._peak = current
         self._final = None
         if self.per_op:
-            WATCH.append(self)
+            add_watcher(self)
         return self
 
     def __exit__(self, *exc):
-        if self.per_op and self in WATCH:
-            WATCH.remove(self)
+        if self.per_op:
+            remove_watcher(self)
         current, peak = tracemalloc.get_traced_memory()
         self._peak = max(self._peak, peak)
         self._final = current
         if self.numpy_only_live:
             self.numpy_live_bytes = _numpy_traced_bytes() - self._numpy_start
         if self._started:
-            tracemalloc.stop()
+            _stop_tracing()
         return False
 
     # --- figures ----------------------------------------------------------------------
@@ -117,7 +144,7 @@ class MemoryTracker:
                              f"{_fmt(r.peak_bytes):>16}")
         return "\n".join(lines)
 
-    # --- op watcher (see autograd.engine.WATCH) ---------------------------------------
+    # --- op watcher (see autograd.engine.WATCH; this thread's ops only) ---------------------------------------
     def _begin(self):
         current, peak = tracemalloc.get_traced_memory()
         if peak > self._peak:

@@ -25,14 +25,20 @@ import contextlib
 import enum
 import functools
 import math
+import threading
 import weakref
 
-from tapegrad.autograd.engine import WATCH
+from tapegrad.autograd.engine import add_watcher, remove_watcher
 from tapegrad.autograd.grad_mode import state as grad_state
 from tapegrad.random import get_rng_state, set_rng_state
 from tapegrad.tensor import Tensor
 
-_frames = []  # the segments being run, innermost last: only the innermost watches ops
+class _Frames(threading.local):
+    def __init__(self):
+        self.stack = []  # this thread's segments being run, innermost last: only it watches ops
+
+
+_frames = _Frames()
 
 
 class _Frame:
@@ -48,7 +54,7 @@ class _Frame:
         pass
 
     def after_op(self, op, args, out):
-        if _frames[-1] is not self:
+        if _frames.stack[-1] is not self:
             return
         node = getattr(out, "grad_fn", None)
         if node is None or node.op is not op:
@@ -83,14 +89,14 @@ class _Frame:
             set_rng_state(self.rng_state)
         prev = grad_state.enabled
         grad_state.enabled = True
-        _frames.append(self)
-        WATCH.append(self)
+        _frames.stack.append(self)
+        add_watcher(self)
         try:
             with self.recompute_context:
                 self.fn(*self.args, **self.kwargs)
         finally:
-            WATCH.remove(self)
-            _frames.pop()
+            remove_watcher(self)
+            _frames.stack.pop()
             grad_state.enabled = prev
             self.fresh = None
             if current is not None:
@@ -153,14 +159,14 @@ def checkpoint(function, *args, use_reentrant=None, context_fn=_noop_context_fn,
     rng_state = get_rng_state() if preserve_rng_state else None
     forward_context, recompute_context = context_fn()
     frame = _Frame(function, args, kwargs, rng_state, recompute_context)
-    _frames.append(frame)
-    WATCH.append(frame)
+    _frames.stack.append(frame)
+    add_watcher(frame)
     try:
         with forward_context:
             out = function(*args, **kwargs)
     finally:
-        WATCH.remove(frame)
-        _frames.pop()
+        remove_watcher(frame)
+        _frames.stack.pop()
     frame.strip()
     return out
 
