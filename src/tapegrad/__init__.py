@@ -9,7 +9,8 @@ from tapegrad.dtypes import float16 as half, float32 as float, float64 as double
 from tapegrad.dtypes import int64 as long, int32 as int  # noqa
 from tapegrad.tensor import Tensor
 from tapegrad.autograd.grad_mode import (no_grad, enable_grad, set_grad_enabled,
-                                         inference_mode, is_grad_enabled)
+                                         inference_mode, is_grad_enabled,
+                                         is_inference_mode_enabled)
 from tapegrad.ops.elementwise import *  # noqa: F401,F403
 from tapegrad.ops.elementwise import add_alpha as add, sub_alpha as sub  # noqa: F401
 from tapegrad.ops.reduce import *  # noqa: F401,F403

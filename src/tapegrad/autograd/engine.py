@@ -36,7 +36,40 @@ def remove_watcher(watcher):
 def watchers():
     """The watchers of the calling thread's ops, oldest first."""
     me = threading.get_ident()
-    return [w for t, w in WATCH if t is None or t == me]
+    return [w for t, w in WATCH if (t is None or t == me) and not isinstance(w, DispatchMode)]
+
+
+class DispatchMode:
+    """An interpreter of op calls that can *replace* eager execution (PyTorch's
+    ``TorchDispatchMode``): inside ``with mode:``, every op dispatched on Tensors in this
+    thread goes to ``mode.interpret(op, args, params)`` instead of running. While
+    ``interpret`` runs, the mode is off the stack, so an op it calls goes to the mode below,
+    or runs eagerly (and is recorded on the tape) when there is none. Modes nest per thread;
+    the innermost sees an op first. The compiler's tracer, autocast and the function
+    transforms are such modes::
+
+        class Log(DispatchMode):
+            def interpret(self, op, args, params):
+                print(op.name)
+                return op(*args, **params)       # the mode below, or eager
+    """
+
+    def interpret(self, op, args, params):
+        return op(*args, **params)
+
+    def __enter__(self):
+        grad_state.modes = grad_state.modes + [self]
+        add_watcher(self)  # makes WATCH non-empty: dispatch's one check sends ops our way
+        return self
+
+    def __exit__(self, *exc):
+        modes = grad_state.modes
+        if not modes or modes[-1] is not self:
+            raise RuntimeError(f"{type(self).__name__}: modes must be exited in the reverse "
+                               "order of entering (per thread)")
+        grad_state.modes = modes[:-1]
+        remove_watcher(self)
+        return False
 
 
 # Creation order. count.__next__ is one C call, atomic under the GIL, so the order stays a

@@ -15,6 +15,7 @@ class _State(threading.local):
         self.enabled = True
         self.inference = False
         self.watching = False  # inside a watched op: ops it dispatches are not watched
+        self.modes = []  # this thread's DispatchModes, innermost last (autograd.engine)
 
 
 state = _State()  # read on every op: one thread-local attribute lookup

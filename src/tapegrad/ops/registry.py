@@ -203,10 +203,18 @@ def dispatch(o, args, params):
 
 
 def _watched(o, args, params):
-    """Dispatch with this thread's watchers told. Ops dispatched inside this one are not
-    watched: the thread's ``watching`` flag sends them past the check in ``dispatch``."""
-    mine = watchers()
+    """Dispatch through this thread's innermost DispatchMode, if any; else with this
+    thread's watchers told. Ops dispatched inside a watched op are not watched: the thread's
+    ``watching`` flag sends them past the check in ``dispatch``."""
     st = grad_state
+    modes = st.modes
+    if modes:  # the innermost mode interprets the op, itself off the stack meanwhile
+        st.modes = modes[:-1]
+        try:
+            return modes[-1].interpret(o, args, params)
+        finally:
+            st.modes = modes
+    mine = watchers()
     st.watching = True
     try:
         for w in mine:

@@ -18,7 +18,10 @@ only (one tracemalloc snapshot of numpy's domain at entry and exit).
 Threads: the per-op table lists only the ops of the thread that opened the tracker (its
 watcher is per thread), but tracemalloc counts the whole process, so while other threads
 allocate, ``peak_bytes`` and ``live_bytes`` include their allocations too. Trackers open in
-several threads at once share one tracemalloc session, stopped when the last one closes.
+several threads at once share one tracemalloc session, stopped when the last one closes, but
+only if no other thread is alive then: stopping tracemalloc while another thread allocates
+can crash CPython (gh-128679), so with threads about it stays on (``tracemalloc.stop()`` once
+they are done turns it off).
 
 ``storage_bytes`` is the complementary static view: the bytes of the distinct buffers that
 parameters, gradients, optimizer state and a graph's saved activations hold right now.
@@ -49,7 +52,9 @@ def _stop_tracing():
     global _tracing_users
     with _tracing_lock:
         _tracing_users -= 1
-        if _tracing_users == 0:
+        # Stopping tracemalloc while another thread allocates can crash CPython (a race in
+        # PyTraceMalloc_Untrack, CPython gh-128679): with other threads alive, it stays on
+        if _tracing_users == 0 and threading.active_count() == 1:
             tracemalloc.stop()
 
 
