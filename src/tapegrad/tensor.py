@@ -25,7 +25,7 @@ def _generic_inplace(name):
 class Tensor:
     """As ``torch.Tensor``: an n-dimensional array that records the ops applied to it."""
 
-    __slots__ = ("_data", "_requires_grad", "grad", "grad_fn", "_version", "_hooks",
+    __slots__ = ("_data", "_requires_grad", "_grad", "grad_fn", "_version", "_hooks",
                  "_view", "__weakref__")  # _view: set on views and bases only (view_of)
     __array_ufunc__ = None  # numpy defers to our reflected operators (array + tensor)
     __array_priority__ = 1000
@@ -55,7 +55,7 @@ class Tensor:
         """Wrap a backend array without copying (the hot path's constructor)."""
         t = _new(Tensor)
         t._data = data
-        t.grad = None
+        t._grad = None
         t.grad_fn = grad_fn
         t._version = [0]
         t._hooks = None
@@ -67,6 +67,32 @@ class Tensor:
         return value if isinstance(value, Tensor) else Tensor._from_data(value)
 
     # --- attributes -------------------------------------------------------------------
+    @property
+    def grad(self):
+        """As ``Tensor.grad``: the accumulated gradient, or None."""
+        return self._grad
+
+    @grad.setter
+    def grad(self, value):
+        if value is not None:  # as PyTorch: a gradient has the tensor's shape and dtype
+            if not isinstance(value, Tensor):
+                raise TypeError("assigned grad expected to be a Tensor or None but got grad "
+                                f"of type {type(value).__name__}")
+            if value._data.shape != self._data.shape:
+                raise RuntimeError(
+                    f"attempting to assign a gradient of size '{list(value.shape)}' to a "
+                    f"tensor of size '{list(self.shape)}'. Please ensure that the gradient "
+                    "and the tensor are the same size")
+            if value._data.dtype != self._data.dtype:
+                raise RuntimeError(
+                    f"attempting to assign a gradient with dtype '{value.dtype}' to a tensor "
+                    f"with dtype '{self.dtype}'. The gradient must match the tensor's dtype")
+        self._grad = value
+
+    @grad.deleter
+    def grad(self):
+        self._grad = None
+
     @property
     def requires_grad(self) -> bool:
         return self._requires_grad
@@ -980,7 +1006,7 @@ def view_of(a, data, o, params):
         return make(data)  # numpy had to copy (a reshape of a non-contiguous input): no view
     t = _new(Tensor)
     t._data = data
-    t.grad = t.grad_fn = t._hooks = None
+    t._grad = t.grad_fn = t._hooks = None
     t._requires_grad = False
     t._version = a._version
     info = None if ab is None else getattr(a, "_view", None)  # owners of memory are no views

@@ -15,7 +15,7 @@ def _root_grads(name, outputs, grad_outputs, create_graph):
         raise RuntimeError(f"{name}: got {len(grad_outputs)} gradients for {len(outputs)} "
                            "outputs")
     grads = []
-    for out, g in zip(outputs, grad_outputs):
+    for i, (out, g) in enumerate(zip(outputs, grad_outputs)):
         if not isinstance(out, Tensor):
             raise TypeError(f"{name}: expected Tensor outputs, got {type(out).__name__}")
         if not out._requires_grad:
@@ -29,18 +29,18 @@ def _root_grads(name, outputs, grad_outputs, create_graph):
                     f"shape {tuple(out.shape)}); pass gradient=")
             g = xp.ones_like(out._data)
         else:
-            if create_graph and isinstance(g, Tensor):  # keep its graph: grad of grad flows
-                if g.shape != out._data.shape:
-                    raise RuntimeError(
-                        f"{name}: gradient has shape {tuple(g.shape)} but the output has "
-                        f"shape {tuple(out.shape)}")
+            if not isinstance(g, Tensor):
+                g = Tensor._from_data(g)
+            if g._data.shape != out._data.shape:
+                raise RuntimeError(
+                    f"{name}: Mismatch in shape: grad_output[{i}] has a shape of "
+                    f"{tuple(g.shape)} and output[{i}] has a shape of {tuple(out.shape)}.")
+            if g._data.dtype != out._data.dtype:  # as PyTorch: cast to the output's dtype,
+                g = g.to(out.dtype)               # so no gradient changes dtype on the way
+            if create_graph:  # keep its graph: grad of grad flows
                 grads.append(g)
                 continue
-            g = g._data if isinstance(g, Tensor) else xp.asarray(g, dtype=out._data.dtype)
-            if g.shape != out._data.shape:
-                raise RuntimeError(
-                    f"{name}: gradient has shape {tuple(g.shape)} but the output has shape "
-                    f"{tuple(out.shape)}")
+            g = g._data
         grads.append(Tensor._make(g) if create_graph else g)
     return grads
 
@@ -68,11 +68,11 @@ def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False, 
             if g is None:
                 continue
             if create_graph:
-                t.grad = g if t.grad is None else t.grad + g
-            elif t.grad is None:
-                t.grad = _wrap(xp.array(g))
+                t._grad = g if t._grad is None else t._grad + g
+            elif t._grad is None:
+                t._grad = _wrap(xp.array(g))
             else:
-                t.grad._data += g
+                t._grad._data += g
         return
     run_backward(tensors, grads, retain_graph, create_graph)
 

@@ -297,7 +297,7 @@ def run_backward(roots, root_grads, retain_graph=False, create_graph=False, inpu
             if node.retained is not None:
                 t = node.retained()
                 if t is not None and capture is None:
-                    t.grad = g if create_graph else Tensor._make(xp.array(g))
+                    t._grad = g if create_graph else Tensor._make(xp.array(g))
             if capture is not None and id(node) in capture:
                 capture[id(node)] = g
             op = node.op
@@ -358,8 +358,8 @@ def _accumulate_leaf(leaf, g, create_graph, capture):
             capture[key] = g if capture[key] is None else capture[key] + g
         return
     if create_graph:
-        leaf.grad = g if leaf.grad is None else leaf.grad + g
-    elif leaf.grad is None:
-        leaf.grad = Tensor._make(xp.array(g))  # owned: later in-place accumulation is safe
+        leaf._grad = g if leaf._grad is None else leaf._grad + g
+    elif leaf._grad is None:
+        leaf._grad = Tensor._make(xp.array(g))  # owned: later in-place accumulation is safe
     else:
-        leaf.grad._data += g
+        leaf._grad._data += g

@@ -14,7 +14,7 @@ def _leaf_sharing(cls, data):
     else:
         t._data = data._data if isinstance(data, Tensor) else xp.asarray(data)
         t._version = data._version if isinstance(data, Tensor) else [0]
-    t.grad = None
+    t._grad = None
     t.grad_fn = None
     t._hooks = None
     t._requires_grad = False
