@@ -5,6 +5,9 @@
                                              one of ``tapegrad bench --list``, default all
     tapegrad memory [--depth N] [--checkpoint [SEGMENTS]]
                                              measured memory of one deep-MLP training step
+    tapegrad coverage [--write | --check | -o PATH]
+                                             names present/missing against PyTorch's API
+                                             (markdown; --write regenerates docs/coverage.md)
 """
 import argparse
 import sys
@@ -56,7 +59,13 @@ def _memory(argv):
     return workload.main(argv)
 
 
-COMMANDS = {"demo": _demo, "bench": _bench, "memory": _memory}
+def _coverage(argv):
+    from tapegrad import coverage
+
+    return coverage.main(argv)
+
+
+COMMANDS = {"demo": _demo, "bench": _bench, "memory": _memory, "coverage": _coverage}
 
 
 def main(argv=None):
