@@ -167,10 +167,28 @@ class _SharedRandomness:
             keep = self._tensor(rng.random(tuple(input.shape)) >= p, input.dtype)
             return input.mul_(keep).div_(1 - p) if inplace else input * keep / (1 - p)
 
+        attention = lib.nn.functional.scaled_dot_product_attention
+
+        def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0,
+                                         is_causal=False, scale=None, **kwargs):
+            if dropout_p == 0:
+                return attention(q, k, v, attn_mask, 0.0, is_causal, scale=scale, **kwargs)
+            scores = q @ k.transpose(-2, -1) * (scale or q.size(-1) ** -0.5)
+            if is_causal:
+                causal = lib.ones(q.size(-2), k.size(-2), dtype=lib.bool).tril()
+                scores = scores.masked_fill(~causal, float("-inf"))
+            if attn_mask is not None and attn_mask.dtype == lib.bool:
+                scores = scores.masked_fill(~attn_mask, float("-inf"))
+            elif attn_mask is not None:
+                scores = scores + attn_mask
+            return dropout(lib.softmax(scores, -1), dropout_p) @ v
+
         functions = dict(randn=randn, rand=rand, randn_like=randn_like, rand_like=rand_like,
                          randint=randint, randperm=randperm)
         found = [(lib, k, v) for k, v in functions.items()]
         found.append((lib.nn.functional, "dropout", dropout))
+        found.append((lib.nn.functional, "scaled_dot_product_attention",
+                      scaled_dot_product_attention))
         data = sys.modules[lib.__name__ + ".utils.data"]
         if hasattr(data, "randperm"):  # tapegrad's samplers hold their own binding
             found.append((data, "randperm", randperm))
@@ -251,6 +269,7 @@ class _Recorder:
     def __init__(self, lib, states, filename):
         self.lib, self.states, self.filename = lib, states, filename
         self.values, self.seen, self.depth, self.loading = [], {}, 0, lib is not torch
+        self.from_file = {}  # modules the program loaded from a checkpoint keep their state
 
     def _from_program(self):
         return sys._getframe(2).f_code.co_filename.startswith(self.filename)
@@ -258,10 +277,16 @@ class _Recorder:
     def patches(self):
         lib, rec = self.lib, self
         Module, Tensor = lib.nn.Module, lib.Tensor
-        call, item, backward = Module.__call__, Tensor.item, Tensor.backward
+        call, item, backward, load = Module.__call__, Tensor.item, Tensor.backward, lib.load
+
+        def _load(*args, **kwargs):
+            obj = load(*args, **kwargs)
+            for module in obj.modules() if isinstance(obj, Module) else ():
+                rec.from_file[id(module)] = module
+            return obj
 
         def __call__(module, *args, **kwargs):
-            if rec.depth == 0 and id(module) not in rec.seen:
+            if rec.depth == 0 and id(module) not in rec.seen and id(module) not in rec.from_file:
                 rec.seen[id(module)] = module  # kept alive so that ids stay unique
                 index = len(rec.seen) - 1
                 if rec.loading:
@@ -288,11 +313,11 @@ class _Recorder:
             return backward(self, *args, **kwargs)
 
         return [(Module, "__call__", __call__), (Tensor, "item", _item),
-                (Tensor, "backward", _backward)]
+                (Tensor, "backward", _backward), (lib, "load", _load)]
 
 
 def _load_program(name):
-    folder = PROGRAMS / name
+    folder = PROGRAMS / name.split("-")[0]  # program-variant: one folder, other arguments
     files = {p.stem: p.read_text() for p in sorted(folder.glob("*.py"))}
     return files, folder
 
@@ -324,10 +349,13 @@ def _run_program(lib, files, main, argv, states, workdir):
     fake = _fake_torchvision(lib, np.random.default_rng(1))
     saved_modules = {k: sys.modules.get(k) for k in [*files, *fake]}
     saved_argv, saved_cwd = sys.argv, os.getcwd()
+    saved_env = os.environ.get("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
     prev = lib.get_default_dtype()
     try:
         sys.modules.update(fake)
         os.chdir(workdir)
+        # the programs torch.load whole models they saved, as before PyTorch 2.6
+        os.environ["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] = "1"
         sys.argv = [f"{main}.py", *argv]
         lib.set_default_dtype(lib.float64)
         with _patched(_SharedRandomness(lib).patches() + recorder.patches()), \
@@ -346,6 +374,10 @@ def _run_program(lib, files, main, argv, states, workdir):
         lib.set_default_dtype(prev)
         sys.argv = saved_argv
         os.chdir(saved_cwd)
+        if saved_env is None:
+            os.environ.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+        else:
+            os.environ["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] = saved_env
         for k, v in saved_modules.items():
             if v is None:
                 sys.modules.pop(k, None)
@@ -371,12 +403,16 @@ PORTED_PROGRAMS = {
                        "--log-interval", "1"], None, 10, 1e-12),
     "vae": ("main", ["--epochs", "2", "--batch-size", "12", "--log-interval", "1"], None, 10,
             1e-12),
+    **{f"word_language_model-{m}": ("main", [
+        "--data", "corpus", "--model", m, "--emsize", "16", "--nhid", "16", "--bptt", "7",
+        "--batch_size", "4", "--epochs", "2", "--dropout", "0", "--log-interval", "2"],
+        _word_corpus, 10, 1e-12) for m in ("LSTM", "GRU", "Transformer")},
 }
 
 
 def _enabled(name):
     main = PORTED_PROGRAMS[name][0]
-    return not (PROGRAMS / name / f"{main}.py").read_text().startswith("# BLOCKED:")
+    return not (PROGRAMS / name.split("-")[0] / f"{main}.py").read_text().startswith("# BLOCKED:")
 
 
 @pytest.mark.parametrize("name", [n for n in PORTED_PROGRAMS if _enabled(n)])
