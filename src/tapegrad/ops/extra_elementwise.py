@@ -1,0 +1,239 @@
+"""More elementwise ops: inverse and hyperbolic trigonometry, ``atan2``/``hypot``, base-2 and
+base-10 logs, ``logaddexp``, ``xlogy``, ``heaviside``, ``frac``, ``nan_to_num``, and the
+fused-looking composites ``lerp``/``addcmul``/``addcdiv``.
+
+Each op's gradient rule sits under it and uses only Python operators and registered ops, so
+it runs on raw arrays and, with ``create_graph``, on Tensors (second order for free).
+"""
+import math
+
+from tapegrad.ops import registry
+from tapegrad.ops.elementwise import _floating, sqrt, where_op, zeros_like_grad, sign, sigmoid
+from tapegrad.ops.registry import op, xp
+
+
+def _unary(name, forward, doc, flops=10):
+    """A float unary op ``forward(x)`` (integers become the default float dtype)."""
+
+    def fwd(a):
+        return forward(_floating(a))
+
+    fwd.__name__, fwd.__doc__ = name, doc
+    return op(flops=flops, float_only=True, name=name)(fwd)
+
+
+tan = _unary("tan", xp.tan, "As ``torch.tan``.")
+asin = _unary("asin", xp.arcsin, "As ``torch.asin`` (``arcsin``).")
+acos = _unary("acos", xp.arccos, "As ``torch.acos`` (``arccos``).")
+atan = _unary("atan", xp.arctan, "As ``torch.atan`` (``arctan``).")
+sinh = _unary("sinh", xp.sinh, "As ``torch.sinh``.")
+cosh = _unary("cosh", xp.cosh, "As ``torch.cosh``.")
+asinh = _unary("asinh", xp.arcsinh, "As ``torch.asinh`` (``arcsinh``).")
+acosh = _unary("acosh", xp.arccosh, "As ``torch.acosh`` (``arccosh``).")
+atanh = _unary("atanh", xp.arctanh, "As ``torch.atanh`` (``arctanh``).")
+log2 = _unary("log2", xp.log2, "As ``torch.log2``.")
+log10 = _unary("log10", xp.log10, "As ``torch.log10``.")
+exp2 = _unary("exp2", xp.exp2, "As ``torch.exp2``: ``2 ** x``.")
+deg2rad = _unary("deg2rad", lambda a: a * a.dtype.type(math.pi / 180), "As ``torch.deg2rad``.", 1)
+rad2deg = _unary("rad2deg", lambda a: a * a.dtype.type(180 / math.pi), "As ``torch.rad2deg``.", 1)
+
+_LN2, _LN10 = math.log(2.0), math.log(10.0)
+
+tan.grad(lambda g, out, a: g * (1 + tan(a) * tan(a)))
+asin.grad(lambda g, out, a: g / sqrt(1 - a * a))
+acos.grad(lambda g, out, a: -g / sqrt(1 - a * a))
+atan.grad(lambda g, out, a: g / (1 + a * a))
+sinh.grad(lambda g, out, a: g * cosh(a))
+cosh.grad(lambda g, out, a: g * sinh(a))
+asinh.grad(lambda g, out, a: g / sqrt(a * a + 1))
+acosh.grad(lambda g, out, a: g / sqrt(a * a - 1))
+atanh.grad(lambda g, out, a: g / (1 - a * a))
+log2.grad(lambda g, out, a: g / (a * _LN2))
+log10.grad(lambda g, out, a: g / (a * _LN10))
+exp2.grad(lambda g, out, a: g * exp2(a) * _LN2)
+deg2rad.grad(lambda g, out, a: g * (math.pi / 180))
+rad2deg.grad(lambda g, out, a: g * (180 / math.pi))
+
+
+@op(flops=2, saves="none")
+def frac(a):
+    """As ``torch.frac``: ``x - trunc(x)`` (the sign of ``x`` kept); gradient 1."""
+    if a.dtype.kind in "iub":
+        raise RuntimeError(f"frac: not implemented for integer dtype {a.dtype} (as PyTorch)")
+    return a - xp.trunc(a)
+
+
+@frac.grad
+def _(g, out, a):
+    return g
+
+
+# --- binary -----------------------------------------------------------------------------
+@op(flops=20, elementwise=True, float_only=True, needs=True)
+def atan2(a, b):
+    """As ``torch.atan2(input, other)``: the angle of the point (other, input)."""
+    return xp.arctan2(a, b)
+
+
+@atan2.grad
+def _(g, out, a, b, needs=(True, True)):
+    scale = g / (a * a + b * b)
+    return scale * b if needs[0] else None, -scale * a if needs[1] else None
+
+
+@op(flops=4, saves="both", elementwise=True, float_only=True, needs=True)
+def hypot(a, b):
+    """As ``torch.hypot``: ``sqrt(a**2 + b**2)`` without overflow."""
+    if a.dtype.kind in "iub":
+        raise RuntimeError(f"hypot: not implemented for integer dtype {a.dtype}")
+    return xp.hypot(a, b)
+
+
+@hypot.grad
+def _(g, out, a, b, needs=(True, True)):
+    scale = g / out
+    return scale * a if needs[0] else None, scale * b if needs[1] else None
+
+
+@op(flops=12, elementwise=True, float_only=True, needs=True)
+def logaddexp(a, b):
+    """As ``torch.logaddexp``: ``log(exp(a) + exp(b))`` without overflow."""
+    return xp.logaddexp(a, b)
+
+
+@logaddexp.grad
+def _(g, out, a, b, needs=(True, True)):
+    wa = sigmoid(a - b)  # exp(a) / (exp(a) + exp(b))
+    return g * wa if needs[0] else None, g * (1 - wa) if needs[1] else None
+
+
+@op(flops=12, elementwise=True, float_only=True, needs=True)
+def logaddexp2(a, b):
+    """As ``torch.logaddexp2``: ``log2(2**a + 2**b)``."""
+    return xp.logaddexp2(a, b)
+
+
+@logaddexp2.grad
+def _(g, out, a, b, needs=(True, True)):
+    wa = sigmoid((a - b) * _LN2)
+    return g * wa if needs[0] else None, g * (1 - wa) if needs[1] else None
+
+
+@op(flops=3, elementwise=True, float_only=True, needs=True)
+def xlogy(a, b):
+    """As ``torch.xlogy``: ``a * log(b)``, 0 where ``a == 0`` (unless ``b`` is NaN)."""
+    with xp.errstate(divide="ignore", invalid="ignore"):
+        out = a * xp.log(b)
+    return xp.where((a == 0) & ~xp.isnan(b), xp.zeros((), out.dtype), out)
+
+
+@xlogy.grad
+def _(g, out, a, b, needs=(True, True)):
+    ga = where_op((a == 0) & (b <= 0), 0.0, xlogy(g, b)) if needs[0] else None
+    return ga, g * a / b if needs[1] else None
+
+
+@op(flops=1, saves="none")
+def heaviside(a, values):
+    """As ``torch.heaviside(input, values)``: ``values`` where ``input`` is 0, else
+    ``input > 0`` (NaN gives 0, as PyTorch's kernel); no derivative, as in PyTorch."""
+    if a.dtype != values.dtype:
+        raise TypeError(f"heaviside is not yet implemented for tensors with different dtypes "
+                        f"({a.dtype} and {values.dtype})")
+    return xp.where(a == 0, values, a > 0).astype(a.dtype, copy=False)
+
+
+@heaviside.grad
+def _(g, out, a, values):
+    raise RuntimeError("heaviside: the derivative is not implemented (as in PyTorch)")
+
+
+@op(flops=1, saves="both", elementwise=True, float_only=True, needs=True)
+def copysign(a, b):
+    """As ``torch.copysign``: ``|a|`` with ``b``'s sign (a float result)."""
+    return xp.copysign(a, b)
+
+
+@copysign.grad
+def _(g, out, a, b, needs=(True, True)):
+    # d|a|*s/da = sign(a) * sign(out), 0 at a == 0 (PyTorch's rule)
+    ga = where_op(a == 0, 0.0, g * sign(a) * sign(out)) if needs[0] else None
+    return ga, zeros_like_grad(g) if needs[1] else None
+
+
+# --- composites: one op each, rules recordable ------------------------------------------------
+def _check_floating(name, *ts):
+    for t in ts:
+        if isinstance(t, registry.Tensor) and t._data.dtype.kind in "iub":
+            raise RuntimeError(f"{name}: expected a floating-point tensor, got {t.dtype} "
+                               f"(shape {tuple(t.shape)})")
+
+
+def lerp(input, end, weight):
+    """As ``torch.lerp``: ``input + weight * (end - input)``, computed from whichever end is
+    nearer, as PyTorch does (exact at both ends).
+
+    >>> tapegrad.lerp(tapegrad.zeros(2), tapegrad.ones(2), 0.25)     # tensor([0.25, 0.25])
+    """
+    _check_floating("lerp", input, end, weight)
+    if isinstance(weight, (int, float)):
+        if abs(weight) < 0.5:
+            return input + weight * (end - input)
+        return end - (end - input) * (1 - weight)
+    near = abs(weight) < 0.5
+    return where_op(near, input + weight * (end - input), end - (end - input) * (1 - weight))
+
+
+def addcmul(input, tensor1, tensor2, *, value=1):
+    """As ``torch.addcmul``: ``input + value * tensor1 * tensor2``."""
+    return input + (tensor1 * value) * tensor2 if value != 1 else input + tensor1 * tensor2
+
+
+def addcdiv(input, tensor1, tensor2, *, value=1):
+    """As ``torch.addcdiv``: ``input + value * tensor1 / tensor2`` (integer division refused,
+    as in PyTorch)."""
+    def integral(t):
+        return not isinstance(t, registry.Tensor) or t._data.dtype.kind in "iub"
+
+    if integral(tensor1) and integral(tensor2):
+        raise RuntimeError("addcdiv: integer division with addcdiv is no longer supported, and "
+                           "in a future release addcdiv will perform a true division of tensor1 "
+                           "and tensor2. Use addcmul(input, tensor1, 1 / tensor2) instead.")
+    return input + (tensor1 * value) / tensor2 if value != 1 else input + tensor1 / tensor2
+
+
+@op(flops=3, elementwise=False, saves="inputs")
+def nan_to_num_op(a, nan=0.0, posinf=None, neginf=None):
+    return xp.nan_to_num(a, nan=nan, posinf=posinf, neginf=neginf)
+
+
+@nan_to_num_op.grad
+def _(g, out, a, nan=0.0, posinf=None, neginf=None):
+    return where_op(xp.isfinite(_data(a)), g, 0.0)
+
+
+def _data(a):
+    return a._data if isinstance(a, registry.Tensor) else a
+
+
+def nan_to_num(input, nan=0.0, posinf=None, neginf=None):
+    """As ``torch.nan_to_num``: NaN to ``nan``, infinities to ``posinf``/``neginf`` (default:
+    the dtype's largest/lowest finite value); the gradient is zero where replaced."""
+    if input._data.dtype.kind in "iub":
+        from tapegrad.creation import clone
+
+        return clone(input)
+    return nan_to_num_op(input, nan=nan, posinf=posinf, neginf=neginf)
+
+
+arcsin, arccos, arctan, arcsinh, arccosh, arctanh = asin, acos, atan, asinh, acosh, atanh
+arctan2 = atan2
+
+__all__ = ["tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "arcsin",
+           "arccos", "arctan", "arcsinh", "arccosh", "arctanh", "log2", "log10", "exp2",
+           "deg2rad", "rad2deg", "frac", "atan2", "arctan2", "hypot", "logaddexp", "logaddexp2",
+           "xlogy", "heaviside", "copysign", "lerp", "addcmul", "addcdiv", "nan_to_num"]
+TENSOR_METHODS = __all__[:]
+# Tensor.<name>_ for these (lerp_, addcmul_, addcdiv_ are Tensor's own)
+INPLACE = [n for n in __all__ if n not in ("lerp", "addcmul", "addcdiv", "logaddexp",
+                                           "logaddexp2")]
