@@ -28,6 +28,9 @@ from tapegrad import cuda, accelerator, backends, distributed  # noqa: F401,E402
 globals().update(_TENSOR_TYPES)  # FloatTensor, DoubleTensor, LongTensor, ...
 from tapegrad import autograd, nn, optim, utils, profiler  # noqa: F401
 from tapegrad.io import save, load  # noqa: F401,E402
+from tapegrad import sparse  # noqa: F401,E402  (sparse COO tensors, issue 10)
+from tapegrad.sparse import (layout, strided, sparse_coo, sparse_coo_tensor,  # noqa: F401,E402
+                             spmm)
 from tapegrad import io, safetensors, serialization  # noqa: F401,E402
 from tapegrad.runtime import (set_num_threads, get_num_threads, set_num_interop_threads,  # noqa
                               get_num_interop_threads, empty_cache)

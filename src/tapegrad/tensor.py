@@ -185,6 +185,25 @@ class Tensor:
     def _is_view(self) -> bool:
         return self._data.base is not None
 
+    @property
+    def layout(self):
+        """As ``Tensor.layout``: ``tapegrad.strided`` (sparse tensors: ``sparse_coo``)."""
+        return _sparse.strided
+
+    @property
+    def is_sparse(self) -> bool:
+        """As ``Tensor.is_sparse``: False for dense tensors."""
+        return False
+
+    def to_sparse(self, sparse_dim=None, *, layout=None, blocksize=None, dense_dim=None):
+        """As ``Tensor.to_sparse()``: the nonzero entries as a sparse_coo tensor."""
+        return _sparse.to_sparse(self, sparse_dim, layout=layout, blocksize=blocksize,
+                                 dense_dim=dense_dim)
+
+    def to_dense(self, dtype=None, *, masked_grad=None):
+        """As ``Tensor.to_dense()``: a dense tensor is returned as it is."""
+        return self if dtype is None else self.to(dtype)
+
     def element_size(self) -> int:
         return self._data.itemsize
 
@@ -1435,3 +1454,4 @@ Tensor.sub = _E.sub_alpha
 Tensor.T = property(lambda self: _M.permute_op(self, dims=tuple(range(self.ndim))[::-1]))
 Tensor.mT = property(lambda self: _M.transpose(self, -2, -1))
 Tensor.__getitem__ = _M.tensor_getitem
+from tapegrad import sparse as _sparse  # noqa: E402  (layouts, sparse_coo tensors)

@@ -75,6 +75,25 @@ def _(g, out, a, b, needs=(True, True)):
     return ga, gb
 
 
+_sparse = None  # (sparse tensor class, its product), set by tapegrad.sparse.coo
+
+
+class _MatmulOp(_registry.Op):
+    """matmul's record: a call with a sparse_coo operand goes to tapegrad.sparse (that product
+    is not this op's forward); dense calls go on to dispatch unchanged."""
+
+    __slots__ = ()
+
+    def __call__(self, *args, **params):
+        if _sparse is not None and len(args) == 2 and (
+                type(args[0]) is _sparse[0] or type(args[1]) is _sparse[0]):
+            return _sparse[1](*args, name="matmul")
+        return _registry.Op.__call__(self, *args, **params)
+
+
+matmul.__class__ = _MatmulOp
+
+
 def _unlift(grad, lifted, shape):
     if tuple(grad.shape) != lifted:
         grad = sum_to(grad, shape=lifted)  # batch dims the operand was broadcast over
@@ -288,6 +307,8 @@ def _same_dtype(name, a, b):
 
 def mm(input, mat2):
     """As ``torch.mm``: the product of two 2-D matrices (no broadcasting)."""
+    if _sparse is not None and (type(input) is _sparse[0] or type(mat2) is _sparse[0]):
+        return _sparse[1](input, mat2, name="mm")
     if input.ndim != 2 or mat2.ndim != 2:
         raise RuntimeError(f"mm: expected 2-D matrices, got shapes {tuple(input.shape)} and "
                            f"{tuple(mat2.shape)}")
