@@ -15,6 +15,7 @@ from tapegrad.ops.elementwise import where, sqrt, to_dtype, exp, log, expm1, log
 from tapegrad.ops.linalg import matmul
 from tapegrad.ops.movement import reshape_op, permute_op, broadcast_to, pad  # noqa: F401
 from tapegrad.ops.movement import _dim  # the one dim normaliser (negative dims, range error)
+from tapegrad.ops.movement import out_of_range  # the one index range check
 from tapegrad.ops.reduce import sum_op
 from tapegrad.tensor import Tensor
 
@@ -377,7 +378,7 @@ def _class_targets(name, input, target, weight, ignore_index):
     valid = t != ignore_index
     everything = bool(valid.all())
     picked = t if everything else t[valid]
-    if picked.size and (picked.min() < 0 or picked.max() >= n_classes):
+    if out_of_range(picked, n_classes) is not None:
         bad = picked[(picked < 0) | (picked >= n_classes)]
         raise IndexError(f"{name}: Target {int(bad[0])} is out of bounds ({n_classes} classes)")
     if weight is not None and weight.requires_grad and grad_state.enabled:
@@ -423,7 +424,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
             and target.shape[0] == input.shape[0]):
         t = target._data  # the common case: one node, no one-hot target
         c = input.shape[1]
-        if t.size and not (t.min() >= 0 and t.max() < c):  # else check what is not ignored
+        if out_of_range(t, c) is not None:  # then check what is not ignored
             safe = t[t != ignore_index]
             bad = safe[(safe < 0) | (safe >= c)]
             if bad.size:
@@ -748,11 +749,10 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
         if num == 0:
             raise RuntimeError(f"embedding: index_select(): self indexing axis dim should be "
                                f"positive (weight {tuple(weight.shape)} has no rows)")
-        lo, hi = idx.min(), idx.max()
-        if lo < 0 or hi >= num:  # PyTorch's index_select: RuntimeError if weight is empty
+        bad = out_of_range(idx, num)
+        if bad is not None:  # PyTorch's index_select: RuntimeError if weight is empty
             raise (RuntimeError if weight.shape[1] == 0 else IndexError)(
-                f"embedding: index out of range in self (index "
-                f"{int(lo) if lo < 0 else int(hi)}, weight has {num} rows)")
+                f"embedding: index out of range in self (index {bad}, weight has {num} rows)")
     if max_norm is not None:
         _embedding_renorm(weight, idx, max_norm, norm_type)
     scale = None

@@ -365,6 +365,21 @@ def _index_array(index, name):
 
 
 def _out_of_bounds(idx, n):
+def out_of_range(idx, n):
+    """The first index of an integer array outside [0, n) (the smallest if any is negative,
+    else the largest), or None. The one range check of the index-taking ops: a single
+    reduction when all are in range, since a negative int viewed as unsigned is >= 2**63."""
+    if idx.size == 0:
+        return None
+    if idx.dtype.kind == "i":
+        if idx.view(f"u{idx.dtype.itemsize}").max() < n:
+            return None
+    elif idx.max() < n:
+        return None
+    lo = idx.min()
+    return int(lo) if lo < 0 else int(idx.max())
+
+
     """The first index in ``idx`` outside [-n, n), or None."""
     if idx.size == 0:
         return None
@@ -743,11 +758,8 @@ def _check_index_shape(input, d, idx, name):
 
 
 def _check_gather_bounds(idx, n, d, name):
-    if not idx.size:
-        return
-    lo, hi = idx.min(), idx.max()
-    if lo < 0 or hi >= n:
-        bad = int(lo) if lo < 0 else int(hi)
+    bad = out_of_range(idx, n)
+    if bad is not None:
         raise RuntimeError(f"{name}(): index {bad} is out of bounds for dimension {d} with "
                            f"size {n}")
 
@@ -802,13 +814,13 @@ def index_select(input, dim, index):
             raise RuntimeError(f"index_select(): self indexing axis dim should be positive "
                                f"(dimension {d} of input {tuple(input.shape)} has size 0, index "
                                f"has {idx.size} entries)")
-        lo, hi = idx.min(), idx.max()
-        if lo < 0 or hi >= n:
+        bad = out_of_range(idx, n)
+        if bad is not None:
             # PyTorch's CPU kernels raise IndexError, but RuntimeError on their dim-1 and
             # empty-input paths
             exc = RuntimeError if input.ndim > 1 and (d == 1 or input.numel() == 0) else \
                 IndexError
-            raise exc(f"index_select(): index {int(lo) if lo < 0 else int(hi)} is out of range "
+            raise exc(f"index_select(): index {bad} is out of range "
                       f"for dimension {d} with size {n}")
     if input.ndim == 0:
         return reshape_op(index_op(reshape_op(input, shape=(1,)), index=(idx, Ellipsis)),
@@ -847,7 +859,7 @@ def take_along_dim(input, indices, dim=None):
                            f"{d}") from None
     idx = xp.broadcast_to(idx, idx_shape)
     n = input.shape[d]
-    if idx.size and (idx.min() < 0 or idx.max() >= n):
+    if out_of_range(idx, n) is not None:
         if n == 0:
             raise RuntimeError(f"take_along_dim(): ZeroDivisionError: indices {tuple(idx.shape)} "
                                f"taken modulo the size 0 of dimension {d} of input "
