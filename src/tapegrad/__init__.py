@@ -34,5 +34,13 @@ from tapegrad.sparse import (layout, strided, sparse_coo, sparse_coo_tensor,  # 
 from tapegrad import io, safetensors, serialization  # noqa: F401,E402
 from tapegrad.runtime import (set_num_threads, get_num_threads, set_num_interop_threads,  # noqa
                               get_num_interop_threads, empty_cache)
+# mixed precision (issue 10): torch.autocast, torch.amp, torch.cpu.amp, torch.cuda.amp
+from tapegrad import amp, cpu  # noqa: F401,E402
+import tapegrad.cuda.amp  # noqa: F401,E402
+from tapegrad.amp.autocast_mode import (  # noqa: F401,E402
+    autocast, is_autocast_enabled, set_autocast_enabled, get_autocast_dtype, set_autocast_dtype,
+    is_autocast_cpu_enabled, set_autocast_cpu_enabled, get_autocast_cpu_dtype,
+    set_autocast_cpu_dtype, is_autocast_cache_enabled, set_autocast_cache_enabled,
+    clear_autocast_cache, autocast_increment_nesting, autocast_decrement_nesting)
 
 __version__ = "0.1.0"

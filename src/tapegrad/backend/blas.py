@@ -141,6 +141,10 @@ def _work(a, b):
 
 def matmul(a, b):
     """``xp.matmul(a, b)``, with the BLAS at one thread when each product is small."""
+    if a.dtype.itemsize == 2 and a.dtype.kind in "fV" and a.dtype == b.dtype:
+        # bfloat16/float16: a float32 GEMM rounded once, as PyTorch's CPU kernels accumulate
+        # (numpy's bfloat16 matmul returns float32; its float16 one has no BLAS)
+        return matmul(a.astype(xp.float32), b.astype(xp.float32)).astype(a.dtype)
     if LIBRARY is None or not OPENBLAS_SERIAL_WORK < _work(a, b) < SERIAL_WORK:
         return xp.matmul(a, b)
     with _lock:

@@ -17,6 +17,7 @@ from tapegrad.ops.movement import reshape_op, permute_op, broadcast_to, pad  # n
 from tapegrad.ops.movement import _dim  # the one dim normaliser (negative dims, range error)
 from tapegrad.ops.movement import out_of_range  # the one index range check
 from tapegrad.ops.reduce import sum_op
+from tapegrad.amp.autocast_mode import autocast_composite  # PyTorch's autocast lists
 from tapegrad.tensor import Tensor
 
 
@@ -47,6 +48,7 @@ def _tuple(value, n, name, what):
 
 
 # --- linear and activations ------------------------------------------------------------
+@autocast_composite
 def linear(input, weight, bias=None):
     """As ``F.linear``: ``input @ weight.T + bias``; ``weight`` is (out_features, in_features).
 
@@ -56,6 +58,7 @@ def linear(input, weight, bias=None):
     return N.linear(input, weight, bias) if bias is not None else N.linear(input, weight)
 
 
+@autocast_composite
 def linear_relu(input, weight, bias=None):
     """``relu(linear(input, weight, bias))`` as one fused node (a tapegrad extension; in
     PyTorch ``F.relu(F.linear(input, weight, bias))``): one recorded op, one backward."""
@@ -401,6 +404,7 @@ def _class_targets(name, input, target, weight, ignore_index):
     return onehot, wy, wvec, valid, cdim
 
 
+@autocast_composite
 def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
              reduction="mean"):
     """As ``F.nll_loss``: ``-weight[t] * input[n, t]``, averaged by the summed weights."""
@@ -410,6 +414,7 @@ def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, r
     return _reduce(loss, reduction, float(wy.sum()))
 
 
+@autocast_composite
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100,
                   reduce=None, reduction="mean", label_smoothing=0.0):
     """As ``F.cross_entropy``: logits (N, C) or (N, C, d1, ...) with class indices or class
@@ -466,6 +471,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     return _reduce(loss, reduction, float(wy.sum()))
 
 
+@autocast_composite
 def mse_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
     """As ``F.mse_loss``: ``(input - target) ** 2`` reduced (mean by default)."""
     reduction = _reduction(size_average, reduce, reduction)
@@ -493,6 +499,7 @@ def _abs(d):
     return d * _const((s > 0).astype(s.dtype) - (s < 0).astype(s.dtype))
 
 
+@autocast_composite
 def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
     """As ``F.l1_loss``: ``|input - target|`` reduced (mean by default)."""
     reduction = _reduction(size_average, reduce, reduction)
@@ -500,6 +507,7 @@ def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", wei
     return _weighted_reduce("l1_loss", _abs(input - target), input, reduction, weight)
 
 
+@autocast_composite
 def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mean", beta=1.0):
     """As ``F.smooth_l1_loss``: ``0.5 d**2 / beta`` where ``|d| < beta``, else ``|d| - beta/2``."""
     reduction = _reduction(size_average, reduce, reduction)
@@ -514,6 +522,7 @@ def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mea
     return _reduce(where(ad < beta, 0.5 * d * d / beta, ad - 0.5 * beta), reduction)
 
 
+@autocast_composite
 def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None,
                          reduction="mean"):
     """As ``F.binary_cross_entropy``: probabilities in [0, 1]; each log clamped at -100."""
@@ -541,6 +550,7 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
     return _reduce(loss, reduction)
 
 
+@autocast_composite
 def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None,
                                      reduce=None, reduction="mean", pos_weight=None):
     """As ``F.binary_cross_entropy_with_logits``: ``(1 - t) x - w_p log sigmoid(x)``, stable."""
@@ -562,6 +572,7 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
     return _reduce(loss, reduction)
 
 
+@autocast_composite
 def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
     """As ``F.huber_loss``: ``0.5 d**2`` where ``|d| < delta``, else ``delta (|d| - delta/2)``."""
     reduction = _reduction(None, None, reduction)
@@ -580,6 +591,7 @@ def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
     return _reduce(loss, reduction)
 
 
+@autocast_composite
 def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_target=False):
     """As ``F.kl_div``: ``target * (log(target) - input)`` (input in log space); ``reduction=
     'batchmean'`` divides by the batch size."""
@@ -611,6 +623,7 @@ def _clamp_min0(x):
     return clamp(x, min=0)
 
 
+@autocast_composite
 def margin_ranking_loss(input1, input2, target, margin=0.0, size_average=None, reduce=None,
                         reduction="mean"):
     """As ``F.margin_ranking_loss``: ``max(0, -y (x1 - x2) + margin)``."""
@@ -622,6 +635,7 @@ def margin_ranking_loss(input1, input2, target, margin=0.0, size_average=None, r
     return _reduce(_clamp_min0(-target * (input1 - input2) + margin), reduction)
 
 
+@autocast_composite
 def hinge_embedding_loss(input, target, margin=1.0, size_average=None, reduce=None,
                          reduction="mean"):
     """As ``F.hinge_embedding_loss``: ``x`` where y == 1, ``max(0, margin - x)`` where y == -1."""
@@ -630,6 +644,7 @@ def hinge_embedding_loss(input, target, margin=1.0, size_average=None, reduce=No
     return _reduce(loss, reduction)
 
 
+@autocast_composite
 def soft_margin_loss(input, target, size_average=None, reduce=None, reduction="mean"):
     """As ``F.soft_margin_loss``: ``log(1 + exp(-y x))``."""
     reduction = _reduction(size_average, reduce, reduction)
@@ -648,6 +663,7 @@ def multilabel_soft_margin_loss(input, target, weight=None, size_average=None, r
     return _reduce(loss, reduction)
 
 
+@autocast_composite
 def cosine_embedding_loss(input1, input2, target, margin=0.0, size_average=None, reduce=None,
                           reduction="mean"):
     """As ``F.cosine_embedding_loss``: ``1 - cos`` where y == 1, ``max(0, cos - margin)`` where
@@ -665,6 +681,7 @@ def cosine_embedding_loss(input1, input2, target, margin=0.0, size_average=None,
     return _reduce(loss, reduction)
 
 
+@autocast_composite
 def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2, eps=1e-6, swap=False,
                         size_average=None, reduce=None, reduction="mean"):
     """As ``F.triplet_margin_loss``: ``max(d(a, p) - d(a, n) + margin, 0)``."""
@@ -684,6 +701,7 @@ def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2, eps=1e-6, s
     return _reduce(_clamp_min0(margin + d_pos - d_neg), reduction)
 
 
+@autocast_composite
 def poisson_nll_loss(input, target, log_input=True, full=False, size_average=None, eps=1e-8,
                      reduce=None, reduction="mean"):
     """As ``F.poisson_nll_loss``: ``exp(x) - t x`` (or ``x - t log(x + eps)``), plus Stirling's
@@ -1001,11 +1019,13 @@ def _convnd(name, input, weight, bias, stride, padding, dilation, groups, n):
     return out if batched else _reshape(out, out.shape[1:])
 
 
+@autocast_composite
 def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """As ``F.conv1d``: (N, C, L) with (O, C/groups, K); padding int, 'same' or 'valid'."""
     return _convnd("conv1d", input, weight, bias, stride, padding, dilation, groups, 1)
 
 
+@autocast_composite
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """As ``F.conv2d``: (N, C, H, W) with (O, C/groups, KH, KW); strided views and one matmul.
 
@@ -1014,6 +1034,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     return _convnd("conv2d", input, weight, bias, stride, padding, dilation, groups, 2)
 
 
+@autocast_composite
 def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1,
                      dilation=1):
     """As ``F.conv_transpose2d``: the gradient of conv2d with respect to its input; weight is
@@ -1161,6 +1182,7 @@ def _identity_kernel(c, kernel, dtype):
         c * k, 1, *kernel))
 
 
+@autocast_composite
 def unfold(input, kernel_size, dilation=1, padding=0, stride=1):
     """As ``F.unfold`` (im2col): (N, C, H, W) to (N, C*KH*KW, L); a grouped conv2d with an
     identity kernel, so gradients of every order come from conv2d's rules."""
@@ -1363,6 +1385,7 @@ def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corne
 
 
 # --- attention ---------------------------------------------------------------------------
+@autocast_composite
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, scale=None, enable_gqa=False):
     """As ``F.scaled_dot_product_attention``: ``softmax(q k^T * scale + mask) @ v`` (fused).

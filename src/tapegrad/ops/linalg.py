@@ -10,6 +10,7 @@ from tapegrad.ops.registry import op, xp
 from tapegrad.backend.blas import matmul as blas_matmul  # xp.matmul, small ones on 1 thread
 from tapegrad.ops.movement import sum_to, broadcast_to_op, reshape_op as reshape, index_op
 from tapegrad.ops import elementwise as _E
+from tapegrad.amp.autocast_mode import autocast_composite  # PyTorch's autocast lists
 
 
 def _matmul_shapes_error(a, b):
@@ -107,6 +108,9 @@ _LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 @op(flops=2, needs=True, name="einsum")
 def einsum_op(arrays, equation):
     """``xp.einsum`` on an explicit equation whose operands have no repeated subscripts."""
+    if arrays and arrays[0].dtype.kind == "V":  # bfloat16: numpy's einsum has no loop for it
+        return einsum_op.forward([a.astype(xp.float32) for a in arrays],
+                                 equation).astype(arrays[0].dtype)
     return xp.einsum(equation, *arrays, optimize=len(arrays) > 2 or _work(equation, arrays) > 32768)
 
 
@@ -278,6 +282,7 @@ def _diagonal(x, term, unique):
     return index_op(x, index=tuple(grids[c] for c in term) + (Ellipsis,), accumulate=False)
 
 
+@autocast_composite
 def einsum(equation, *operands):
     """As ``torch.einsum``: ``einsum('bij,bjk->bik', a, b)``, implicit output (``'ij,jk'``),
     ``...`` broadcasting, repeated subscripts (``'ii->i'``), operands as a list, and the
@@ -305,6 +310,7 @@ def _same_dtype(name, a, b):
                            f"{a.dtype} and {b.dtype}")
 
 
+@autocast_composite
 def mm(input, mat2):
     """As ``torch.mm``: the product of two 2-D matrices (no broadcasting)."""
     if _sparse is not None and (type(input) is _sparse[0] or type(mat2) is _sparse[0]):
@@ -320,6 +326,7 @@ def mm(input, mat2):
     return matmul(input, mat2)
 
 
+@autocast_composite
 def bmm(input, mat2):
     """As ``torch.bmm``: batched products of 3-D tensors with equal batch sizes."""
     if input.ndim != 3 or mat2.ndim != 3:
@@ -334,6 +341,7 @@ def bmm(input, mat2):
     return matmul(input, mat2)
 
 
+@autocast_composite
 def dot(input, tensor):
     """As ``torch.dot``: the inner product of two 1-D tensors of equal length and dtype."""
     if input.ndim != 1 or tensor.ndim != 1:
@@ -347,6 +355,7 @@ def dot(input, tensor):
     return matmul(input, tensor)
 
 
+@autocast_composite
 def outer(input, vec2):
     """As ``torch.outer``: ``out[i, j] = input[i] * vec2[j]`` (dtypes promote)."""
     if input.ndim != 1 or vec2.ndim != 1:

@@ -14,6 +14,7 @@ from tapegrad import dtypes
 from tapegrad.ops import elementwise as _E
 from tapegrad.ops.registry import op, xp
 from tapegrad.ops import registry as _registry
+from tapegrad.amp.autocast_mode import autocast_composite  # PyTorch's autocast lists
 
 
 @op(saves="none", view=True, name="broadcast_to")
@@ -582,6 +583,7 @@ def _joined_inputs(tensors, name):
     return [x if x._data.dtype is dt.np else _E.to_dtype(x, dtype=dt) for x in tensors]
 
 
+@autocast_composite
 def cat(tensors, dim=0):
     """As ``torch.cat``: ``cat([x, y], dim=1)``; mixed dtypes promote as in PyTorch."""
     tensors = _joined_inputs(tensors, "cat")
@@ -611,6 +613,7 @@ def cat(tensors, dim=0):
 concat = concatenate = cat
 
 
+@autocast_composite
 def stack(tensors, dim=0):
     """As ``torch.stack``: join equal-shaped tensors along a new dim."""
     tensors = _joined_inputs(tensors, "stack")
@@ -883,6 +886,7 @@ def _pad_source(n, lo, hi, mode):
     return p % n
 
 
+@autocast_composite
 def pad(input, pad, mode="constant", value=None):
     """As ``torch.nn.functional.pad``: ``pad=(left, right, top, bottom, ...)`` pads the last
     dim first. Modes ``constant`` (negative widths crop), ``reflect``, ``replicate``,

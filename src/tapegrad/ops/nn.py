@@ -81,8 +81,10 @@ _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 def gelu(x, approximate="none"):
     """Exact ``x * Phi(x)`` or the tanh approximation, as ``torch.nn.functional.gelu``."""
     if approximate == "tanh":
-        return 0.5 * x * (1 + xp.tanh(_GELU_BETA * (x + _GELU_KAPPA * x * x * x)))
-    return x * 0.5 * (1 + erf(x * _SQRT1_2))
+        out = 0.5 * x * (1 + xp.tanh(_GELU_BETA * (x + _GELU_KAPPA * x * x * x)))
+    else:
+        out = x * 0.5 * (1 + erf(x * _SQRT1_2))
+    return out.astype(x.dtype, copy=False)  # numpy makes bfloat16 * Python float a float32
 
 
 @gelu.grad
@@ -108,10 +110,10 @@ def gelu_backward(g, x, approximate="none"):
         left = 0.5 * x
         right = 1 + t
         dright = left * (1 - t * t) * _GELU_BETA * (1 + 3 * _GELU_KAPPA * x * x)
-        return g * (0.5 * right + dright)
+        return (g * (0.5 * right + dright)).astype(g.dtype, copy=False)
     cdf = 0.5 * (1 + erf(x * _SQRT1_2))
     pdf = xp.exp(-0.5 * x * x) * _INV_SQRT_2PI
-    return g * (cdf + x * pdf)
+    return (g * (cdf + x * pdf)).astype(g.dtype, copy=False)  # bfloat16 * Python float
 
 
 @gelu_backward.grad
@@ -630,6 +632,7 @@ def scaled_dot_product_attention(q, k, v, bias=None, scale=1.0, keep=None):
     s = blas_matmul(q, xp.swapaxes(k, -1, -2)) * scale
     if bias is not None:
         s = s + bias
+    s = s.astype(q.dtype, copy=False)  # numpy makes bfloat16 * Python float a float32
     p = softmax.forward(s, -1)
     if keep is not None:
         p = p * keep
@@ -638,6 +641,7 @@ def scaled_dot_product_attention(q, k, v, bias=None, scale=1.0, keep=None):
 
 @scaled_dot_product_attention.grad
 def _(g, out, q, k, v, bias=None, scale=1.0, keep=None, needs=(True,) * 4):
+    scale = xp.asarray(scale, np_dtype(q.dtype))  # keeps bfloat16 (a Python float would not)
     s = matmul(q, k.mT) * scale
     if bias is not None:
         s = s + bias
