@@ -464,14 +464,16 @@ def test_serialization_path():
     assert s.save is tapegrad.save and s.load is tapegrad.load
 
 
-def test_distributed_and_parallel_before_their_backend():
+def test_distributed_and_parallel_without_a_process_group():
+    import importlib.util
     import tapegrad.distributed as dist
     from tapegrad.nn.parallel import DistributedDataParallel, DataParallel
 
-    assert dist.is_available() is False and dist.is_initialized() is False
-    with pytest.raises(RuntimeError, match="not available yet"):
-        dist.init_process_group(backend="mpi")
-    with pytest.raises(RuntimeError, match="not available yet"):
+    assert dist.is_available() is (importlib.util.find_spec("mpi4py") is not None)
+    assert dist.is_initialized() is False
+    with pytest.raises(ValueError, match="Default process group has not been initialized"):
+        dist.get_rank()
+    with pytest.raises(ValueError, match="Default process group has not been initialized"):
         DistributedDataParallel(tapegrad.nn.Linear(2, 2))
     assert tapegrad.nn.DataParallel is DataParallel
 

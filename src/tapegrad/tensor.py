@@ -695,6 +695,20 @@ class Tensor:
         self._hooks.append(hook)
         return engine._Handle(self._hooks, hook)
 
+    def register_post_accumulate_grad_hook(self, hook):
+        """As ``Tensor.register_post_accumulate_grad_hook``: ``hook(tensor)`` runs once per
+        backward pass, after this leaf's ``.grad`` holds all of the pass's gradient.
+
+        >>> w.register_post_accumulate_grad_hook(lambda p: print(p.grad))
+        """
+        if not self.requires_grad:
+            raise RuntimeError(
+                "cannot register a hook on a tensor that doesn't require gradient")
+        if self.grad_fn is not None:
+            raise RuntimeError(
+                "post accumulate grad hooks cannot be registered on non-leaf tensors")
+        return engine.add_post_accumulate_hook(self, hook)
+
 
 def softmax(input, dim, dtype=None):
     """As ``torch.softmax(x, dim)`` / ``x.softmax(dim)``: ``nn.functional.softmax``."""

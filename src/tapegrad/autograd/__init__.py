@@ -1,5 +1,6 @@
 """``tapegrad.autograd``: backward, grad, user Functions, gradcheck, anomaly detection."""
 from tapegrad.backend import xp
+from tapegrad.autograd import engine
 from tapegrad.autograd.engine import Node, run_backward, toposort
 from tapegrad.autograd.grad_mode import (no_grad, enable_grad, set_grad_enabled,
                                          inference_mode, is_grad_enabled)
@@ -73,6 +74,8 @@ def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False, 
                 t._grad = _wrap(xp.array(g))
             else:
                 t._grad._data += g
+            if engine.POST_HOOKS and t.grad_fn is None:
+                engine.run_post_accumulate_hooks(t)
         return
     run_backward(tensors, grads, retain_graph, create_graph)
 

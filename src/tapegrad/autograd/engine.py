@@ -7,6 +7,7 @@ DAG of plain references, freed by reference counting the moment its output goes.
 """
 import itertools
 import threading
+import weakref
 from heapq import heappop, heappush
 
 from tapegrad.autograd.grad_mode import state as grad_state
@@ -215,6 +216,60 @@ class _Handle:
             self.hooks.remove(self.fn)
 
 
+# Post-accumulate-grad hooks (Tensor.register_post_accumulate_grad_hook), by id of the leaf:
+# (weakref to the leaf, hooks). Kept here, not on the Tensor, so the hot path pays nothing
+POST_HOOKS = {}
+
+
+def add_post_accumulate_hook(leaf, hook):
+    key = id(leaf)
+    entry = POST_HOOKS.get(key)
+    if entry is None or entry[0]() is not leaf:
+        entry = POST_HOOKS[key] = (weakref.ref(leaf, lambda _, k=key: POST_HOOKS.pop(k, None)),
+                                   [])
+    entry[1].append(hook)
+    return _Handle(entry[1], hook)
+
+
+def run_post_accumulate_hooks(leaf):
+    entry = POST_HOOKS.get(id(leaf))
+    if entry is not None and entry[0]() is leaf:
+        for hook in list(entry[1]):
+            hook(leaf)
+
+
+def _post_schedule(roots):
+    """For the leaves with post-accumulate hooks below ``roots``: [(seq, leaf)], ascending,
+    where seq is that of the oldest Node feeding the leaf. Nodes are replayed newest first, so
+    once the next Node is older than seq, the leaf's gradient is complete."""
+    oldest, stack, seen = {}, [r.grad_fn for r in roots if r.grad_fn is not None], set()
+    for r in roots:
+        if r.grad_fn is None and id(r) in POST_HOOKS:
+            oldest[id(r)] = (-1, r)
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        for p in node.parents:
+            if type(p) is Node:
+                stack.append(p)
+            elif p is not None and id(p) in POST_HOOKS:
+                k = id(p)
+                if k not in oldest or oldest[k][0] > node.seq:
+                    oldest[k] = (node.seq, p)
+    return sorted(oldest.values(), key=lambda e: e[0]), set()
+
+
+def _fire_post(post, older_than):
+    """Run the hooks of the scheduled leaves complete before a Node of seq ``older_than``."""
+    schedule, reached = post
+    while schedule and schedule[-1][0] > older_than:
+        leaf = schedule.pop()[1]
+        if id(leaf) in reached:
+            run_post_accumulate_hooks(leaf)
+
+
 def toposort(roots):
     """Nodes reachable from ``roots``, each before its inputs' nodes. Iterative, not recursive."""
     order, visited = [], set()
@@ -259,6 +314,10 @@ def run_backward(roots, root_grads, retain_graph=False, create_graph=False, inpu
     otherwise accumulates into the ``.grad`` of leaves (and of tensors that retain grad).
     Gradients are raw arrays unless ``create_graph``, when they are Tensors with a graph.
     """
+    if grad_state.modes and not create_graph:  # the compiler's tracer records the rules
+        for m in reversed(grad_state.modes):
+            if hasattr(m, "trace_backward"):
+                return m.trace_backward(roots, root_grads, retain_graph, inputs)
     capture = None
     if inputs is not None:
         capture = {}
@@ -273,9 +332,12 @@ def run_backward(roots, root_grads, retain_graph=False, create_graph=False, inpu
     # further contributions are added in place. A rule's output or a caller's gradient may
     # be held elsewhere (returned twice by add's rule, passed to backward()): never owned.
     owned = set()
+    post = _post_schedule(roots) if POST_HOOKS and capture is None else None
     for r, g in zip(roots, root_grads):
         if r.grad_fn is None:
             _accumulate_leaf(r, g, create_graph, capture)
+            if post is not None:
+                post[1].add(id(r))
             continue
         node = r.grad_fn
         if node in pending:
@@ -288,6 +350,8 @@ def run_backward(roots, root_grads, retain_graph=False, create_graph=False, inpu
     grad_state.enabled = create_graph
     try:
         while heap:
+            if post is not None and post[0] and post[0][-1][0] > -heap[0][0]:
+                _fire_post(post, -heap[0][0])
             node = heappop(heap)[1]
             g = pending.pop(node)
             if owned:
@@ -341,6 +405,10 @@ def run_backward(roots, root_grads, retain_graph=False, create_graph=False, inpu
                     if gd.shape != pd.shape or gd.dtype != pd.dtype:
                         raise _shape_error(node, i, parent, gi)
                     _accumulate_leaf(parent, gi, create_graph, capture)
+                    if post is not None:
+                        post[1].add(id(parent))
+        if post is not None:
+            _fire_post(post, -2)
     finally:
         grad_state.enabled = prev_enabled
     if capture is not None:

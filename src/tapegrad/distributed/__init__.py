@@ -1,38 +1,29 @@
-"""``tapegrad.distributed`` as ``torch.distributed``, before its backend exists.
+"""``tapegrad.distributed`` as ``torch.distributed``, on MPI (mpi4py and an MPI library).
 
-Importing works and ``is_available()`` is False, so programs that guard their distributed code
-(``if dist.is_available() and dist.is_initialized():``) run in one process. Setting up a
-process group raises a RuntimeError saying the backend is not available yet.
+    # python -m tapegrad.distributed.run --nproc-per-node 2 train.py   (or mpiexec -n 2 ...)
+    import tapegrad.distributed as dist
+    dist.init_process_group(backend="mpi")
+    t = tapegrad.ones(3) * dist.get_rank()
+    dist.all_reduce(t)                       # every rank: 0 + 1 + ...
+
+``is_available()`` is True when ``mpi4py`` is installed (``pip install 'tapegrad[distributed]'``
+brings it and the ``mpich`` library). Importing tapegrad never initialises MPI; the first
+``init_process_group`` does. See ``distributed_c10d`` for timeouts and failure handling.
 """
+from tapegrad.distributed.distributed_c10d import (  # noqa: F401
+    Backend, DistBackendError, DistError, GroupMember, ProcessGroup, RankFailedError, ReduceOp,
+    Work, all_gather, all_gather_into_tensor, all_gather_object, all_reduce, barrier, broadcast,
+    broadcast_object_list, default_pg_timeout, destroy_process_group, gather, get_backend,
+    get_global_rank, get_group_rank, get_process_group_ranks, get_rank, get_world_size, group,
+    init_process_group, irecv, is_available, is_gloo_available, is_initialized,
+    is_mpi_available, is_nccl_available, is_torchelastic_launched, isend, new_group, recv,
+    reduce, reduce_scatter_tensor, scatter, send)
 
-
-def is_available() -> bool:
-    """As ``torch.distributed.is_available()``: False (no distributed backend yet)."""
-    return False
-
-
-def is_initialized() -> bool:
-    """As ``torch.distributed.is_initialized()``: False (no process group can exist)."""
-    return False
-
-
-def _not_available(name):
-    def f(*args, **kwargs):
-        raise RuntimeError(f"distributed.{name}: tapegrad's distributed backend is not "
-                           "available yet (tapegrad.distributed.is_available() is False)")
-
-    f.__name__ = f.__qualname__ = name
-    f.__doc__ = f"``torch.distributed.{name}``: raises until the distributed backend exists."
-    return f
-
-
-init_process_group = _not_available("init_process_group")
-destroy_process_group = _not_available("destroy_process_group")
-get_rank = _not_available("get_rank")
-get_world_size = _not_available("get_world_size")
-barrier = _not_available("barrier")
-all_reduce = _not_available("all_reduce")
-broadcast = _not_available("broadcast")
-all_gather = _not_available("all_gather")
-reduce = _not_available("reduce")
-new_group = _not_available("new_group")
+__all__ = [
+    "Backend", "DistBackendError", "DistError", "GroupMember", "ProcessGroup", "ReduceOp",
+    "Work", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "barrier",
+    "broadcast", "broadcast_object_list", "destroy_process_group", "gather", "get_backend",
+    "get_global_rank", "get_group_rank", "get_process_group_ranks", "get_rank",
+    "get_world_size", "group", "init_process_group", "irecv", "is_available",
+    "is_initialized", "is_mpi_available", "isend", "new_group", "recv", "reduce",
+    "reduce_scatter_tensor", "scatter", "send"]

@@ -17,7 +17,8 @@ from tapegrad.tensor import Tensor
 
 __all__ = ["Dataset", "IterableDataset", "TensorDataset", "ConcatDataset", "Subset",
            "random_split", "Sampler", "SequentialSampler", "RandomSampler", "BatchSampler",
-           "DataLoader", "default_collate", "default_convert", "get_worker_info"]
+           "DataLoader", "default_collate", "default_convert", "get_worker_info",
+           "DistributedSampler"]
 
 
 class Dataset:
@@ -198,6 +199,69 @@ class RandomSampler(Sampler):
 
     def __len__(self):
         return self.num_samples
+
+
+class DistributedSampler(Sampler):
+    """As ``torch.utils.data.distributed.DistributedSampler(dataset, num_replicas=None,
+    rank=None, shuffle=True, seed=0, drop_last=False)``: rank ``rank`` of ``num_replicas``
+    (default: the process group's) gets every ``num_replicas``-th index, from ``rank`` on, of
+    the (shuffled) indices padded by repeating their head to a multiple of ``num_replicas``
+    (or cut to one with ``drop_last``). Shuffling draws a permutation from a Generator seeded
+    with ``seed + epoch`` (tapegrad's permutation, not PyTorch's): call ``set_epoch`` each epoch.
+
+    >>> sampler = DistributedSampler(ds); loader = DataLoader(ds, batch_size=32, sampler=sampler)
+    """
+
+    def __init__(self, dataset, num_replicas=None, rank=None, shuffle=True, seed=0,
+                 drop_last=False):
+        if num_replicas is None or rank is None:
+            from tapegrad import distributed as dist
+
+            if not dist.is_available():
+                raise RuntimeError("Requires distributed package to be available")
+            num_replicas = dist.get_world_size() if num_replicas is None else num_replicas
+            rank = dist.get_rank() if rank is None else rank
+        if rank >= num_replicas or rank < 0:
+            raise ValueError(f"Invalid rank {rank}, rank should be in the interval "
+                             f"[0, {num_replicas - 1}]")
+        self.dataset = dataset
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.epoch = 0
+        self.drop_last = drop_last
+        if drop_last and len(dataset) % num_replicas != 0:
+            self.num_samples = math.ceil((len(dataset) - num_replicas) / num_replicas)
+        else:
+            self.num_samples = math.ceil(len(dataset) / num_replicas)
+        self.total_size = self.num_samples * num_replicas
+        self.shuffle = shuffle
+        self.seed = seed
+
+    def __iter__(self):
+        n = len(self.dataset)
+        if self.shuffle:
+            from tapegrad.random import Generator
+
+            g = Generator().manual_seed(self.seed + self.epoch)
+            indices = randperm(n, generator=g).tolist()
+        else:
+            indices = list(range(n))
+        if not self.drop_last:
+            padding = self.total_size - len(indices)
+            if padding <= len(indices):
+                indices += indices[:padding]
+            else:
+                indices += (indices * math.ceil(padding / len(indices)))[:padding]
+        else:
+            indices = indices[:self.total_size]
+        return iter(indices[self.rank:self.total_size:self.num_replicas])
+
+    def __len__(self):
+        return self.num_samples
+
+    def set_epoch(self, epoch: int) -> None:
+        """Seed the next ``__iter__``'s shuffle with ``seed + epoch`` (the same on every rank)."""
+        self.epoch = epoch
 
 
 class BatchSampler(Sampler):

@@ -1,8 +1,8 @@
 """``tapegrad.nn.parallel`` as ``torch.nn.parallel``.
 
 ``DataParallel`` behaves as PyTorch's does without GPUs: it wraps the module (state_dict keys
-gain the ``module.`` prefix) and calls it directly. ``DistributedDataParallel`` needs the
-distributed backend, which tapegrad does not have yet: creating one raises.
+gain the ``module.`` prefix) and calls it directly. ``DistributedDataParallel`` (in
+``distributed.py``) trains one replica per MPI rank.
 """
 from tapegrad.nn.module import Module
 
@@ -23,13 +23,7 @@ class DataParallel(Module):
         return self.module(*inputs, **kwargs)
 
 
-class DistributedDataParallel(Module):
-    """``torch.nn.parallel.DistributedDataParallel``: not available yet (raises)."""
-
-    def __init__(self, module, *args, **kwargs):
-        raise RuntimeError(
-            "DistributedDataParallel: tapegrad's distributed backend is not available yet "
-            "(tapegrad.distributed.is_available() is False); train in a single process.")
+from tapegrad.nn.parallel.distributed import DistributedDataParallel  # noqa: E402
 
 
 __all__ = ["DataParallel", "DistributedDataParallel"]
