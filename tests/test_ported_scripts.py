@@ -350,8 +350,9 @@ def _run_program(lib, files, main, argv, states, workdir):
     saved_modules = {k: sys.modules.get(k) for k in [*files, *fake]}
     saved_argv, saved_cwd = sys.argv, os.getcwd()
     saved_env = os.environ.get("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
-    prev = lib.get_default_dtype()
+    prev, threads = lib.get_default_dtype(), torch.get_num_threads()
     try:
+        torch.set_num_threads(1)  # tiny ops: torch's thread pool only contends on a shared box
         sys.modules.update(fake)
         os.chdir(workdir)
         # the programs torch.load whole models they saved, as before PyTorch 2.6
@@ -372,6 +373,7 @@ def _run_program(lib, files, main, argv, states, workdir):
             exec(compile(sources[main], f"{filename} {main}.py>", "exec"), namespace)
     finally:
         lib.set_default_dtype(prev)
+        torch.set_num_threads(threads)
         sys.argv = saved_argv
         os.chdir(saved_cwd)
         if saved_env is None:
@@ -395,6 +397,14 @@ def _word_corpus(workdir):
         (workdir / "corpus" / f"{split}.txt").write_text(text + "\n")
 
 
+def _sine_waves(workdir):  # time_sequence_prediction/generate_sine_wave.py, 5 x 24 samples
+    rng = np.random.RandomState(2)
+    T, L, N = 20, 24, 5
+    x = np.empty((N, L), 'int64')
+    x[:] = np.array(range(L)) + rng.randint(-4 * T, 4 * T, N).reshape(N, 1)
+    torch.save(np.sin(x / 1.0 / T).astype('float64'), open(workdir / 'traindata.pt', 'wb'))
+
+
 # program folder -> (main file, command-line arguments, data set-up, minimum values recorded,
 # rtol: 1e-12 unless the training dynamics amplify rounding, as regression's SGD on x^4 does)
 PORTED_PROGRAMS = {
@@ -407,6 +417,8 @@ PORTED_PROGRAMS = {
         "--data", "corpus", "--model", m, "--emsize", "16", "--nhid", "16", "--bptt", "7",
         "--batch_size", "4", "--epochs", "2", "--dropout", "0", "--log-interval", "2"],
         _word_corpus, 10, 1e-12) for m in ("LSTM", "GRU", "Transformer")},
+    "time_sequence_prediction": ("train", ["--steps", "1", "--device", "cpu"], _sine_waves, 20,
+                                 1e-12),
 }
 
 
