@@ -1405,17 +1405,17 @@ registry.make = make
 # --- operators and methods: each delegates to an op --------------------------------------
 from tapegrad.ops import elementwise as _E, reduce as _R, movement as _M, linalg as _L  # noqa: E402
 from tapegrad.ops import selection as _S  # noqa: E402
-from tapegrad.ops import extra_elementwise as _X  # noqa: E402
+from tapegrad.ops import extra_elementwise as _X, extra_reduce as _XR  # noqa: E402
 from tapegrad import creation as _C  # noqa: E402  (clone, copy_op, factories)
 
 def _method(fn):
     return fn  # plain functions and ops (Op.__get__) both bind as methods
 
 
-for _module in (_E, _R, _M, _L, _S, _X):
+for _module in (_E, _R, _M, _L, _S, _X, _XR):
     for _name in _module.TENSOR_METHODS:
         setattr(Tensor, _name, _method(getattr(_module, _name)))
-for _name in _X.INPLACE:  # acos_, atan2_, ... written back in place
+for _name in _X.INPLACE + _XR.INPLACE:  # acos_, atan2_, scatter_, ... written back in place
     setattr(Tensor, _name + "_", _generic_inplace(_name))
 
 
