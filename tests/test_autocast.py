@@ -4,7 +4,6 @@ Each case is written once as ``fn(T, F, r)`` and run with ``T = tapegrad`` and `
 inside ``T.autocast("cpu", dtype=...)``; ``r(shape, dtype)`` builds the same random input in
 both. Output dtypes must agree; values must agree to the lower precision's rounding.
 """
-import copy
 import pickle
 import threading
 import warnings
@@ -153,3 +152,229 @@ def test_output_dtype_as_torch(name):
         e = expected.detach().float().numpy()
         g = got.detach().float().numpy()
         np.testing.assert_allclose(g, e, rtol=2 ** -7, atol=2 ** -7 * np.abs(e).max())
+
+
+# --- behaviour of the region ------------------------------------------------------------------
+def test_state_functions_and_nesting():
+    assert not tapegrad.is_autocast_enabled("cpu")
+    assert tapegrad.get_autocast_dtype("cpu") is tapegrad.bfloat16
+    assert tapegrad.get_autocast_dtype("cuda") is tapegrad.float16
+    x = tapegrad.randn(3, 4)
+    with tapegrad.autocast("cpu"):
+        assert tapegrad.is_autocast_enabled("cpu") and not tapegrad.is_autocast_enabled()
+        assert (x @ x.T).dtype is tapegrad.bfloat16
+        with tapegrad.autocast("cpu", enabled=False):
+            assert not tapegrad.is_autocast_enabled("cpu")
+            assert (x @ x.T).dtype is tapegrad.float32
+            with tapegrad.autocast("cpu", dtype=tapegrad.float16):
+                assert (x @ x.T).dtype is tapegrad.float16
+        assert (x @ x.T).dtype is tapegrad.bfloat16
+    assert not tapegrad.is_autocast_enabled("cpu")
+    assert (x @ x.T).dtype is tapegrad.float32
+
+
+def test_decorator_and_deprecated_spellings():
+    @tapegrad.autocast("cpu")
+    def f(x):
+        return x @ x.T
+
+    x = tapegrad.randn(3, 4)
+    assert f(x).dtype is tapegrad.bfloat16
+    with pytest.warns(FutureWarning, match="torch.cpu.amp.autocast"):
+        ctx = tapegrad.cpu.amp.autocast()
+    with ctx:
+        assert tapegrad.is_autocast_enabled("cpu")
+    with pytest.warns(FutureWarning, match="torch.cuda.amp.autocast"):
+        with pytest.warns(UserWarning, match="CUDA is not available"):
+            ctx = tapegrad.cuda.amp.autocast()
+    assert ctx._enabled is False
+    with pytest.warns(UserWarning, match="target dtype is not supported"):
+        assert tapegrad.autocast("cpu", dtype=tapegrad.float32)._enabled is False
+    with pytest.raises(ValueError, match="device_type"):
+        tapegrad.autocast(1)
+
+
+def test_per_thread():
+    seen = {}
+    x = tapegrad.randn(3, 4)
+    go, done = threading.Event(), threading.Event()
+
+    def other():
+        go.wait()
+        seen["enabled"] = tapegrad.is_autocast_enabled("cpu")
+        seen["dtype"] = (x @ x.T).dtype
+        done.set()
+
+    t = threading.Thread(target=other)
+    t.start()
+    with tapegrad.autocast("cpu"):
+        go.set()
+        done.wait()
+        assert (x @ x.T).dtype is tapegrad.bfloat16
+    t.join()
+    assert seen == {"enabled": False, "dtype": tapegrad.float32}
+
+
+def test_prioritize_error_and_float64_untouched():
+    with tapegrad.autocast("cpu"):
+        h = tapegrad.randn(3).half()
+        with pytest.raises(RuntimeError, match="cat: Unexpected floating ScalarType"):
+            tapegrad.cat([h, h])
+        d = tapegrad.randn(3, 3, dtype=tapegrad.float64)
+        assert (d @ d).dtype is tapegrad.float64
+
+
+def test_gradients_flow_back_in_input_dtypes_and_weight_cache():
+    r = _inputs(torch)
+    xt, wt = r((4, 3)).requires_grad_(), r((5, 3)).requires_grad_()
+    r = _inputs(tapegrad)
+    xg, wg = r((4, 3)).requires_grad_(), r((5, 3)).requires_grad_()
+    for T, F, x, w in ((torch, torch.nn.functional, xt, wt), (tapegrad, tF, xg, wg)):
+        with T.autocast("cpu"):
+            y = F.linear(x, w)
+            z = F.linear(x * 2, w)  # the cached cast of w: one node, two uses
+            loss = F.mse_loss(y + z, T.zeros(4, 5))
+        loss.backward()
+    assert xg.grad.dtype is tapegrad.float32 and wg.grad.dtype is tapegrad.float32
+    np.testing.assert_allclose(xg.grad.numpy(), xt.grad.numpy(), rtol=1e-2, atol=1e-2)
+    np.testing.assert_allclose(wg.grad.numpy(), wt.grad.numpy(), rtol=1e-2, atol=1e-2)
+    with tapegrad.autocast("cpu"):
+        a = tF.linear(xg, wg)
+        b = tF.linear(xg, wg)
+    assert a.grad_fn.parents[1] is b.grad_fn.parents[1]  # the same cast Node of the weight
+
+
+# --- training against PyTorch ---------------------------------------------------------------
+def _mlp(T):
+    T.manual_seed(0)
+    nn = T.nn
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.GELU(),
+                         nn.Linear(16, 3))
+
+
+def _cnn(T):
+    nn = T.nn
+    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(4, 6, 3), nn.ReLU(), nn.Flatten(), nn.Linear(6, 3))
+
+
+def _train(T, model, x, y, steps=20):
+    opt = T.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        with T.autocast("cpu", dtype=T.bfloat16):
+            out = model(x)
+            loss = T.nn.functional.cross_entropy(out, y)
+        assert out.dtype is T.bfloat16 and loss.dtype is T.float32
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("build,shape", [(_mlp, (32, 8)), (_cnn, (16, 1, 6, 6))])
+def test_training_matches_torch(build, shape):
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal(shape).astype(np.float32), rng.integers(0, 3, shape[0])
+    tm = build(torch)
+    gm = build(tapegrad)
+    gm.load_state_dict({k: tapegrad.tensor(v.detach().numpy()) for k, v in
+                        tm.state_dict().items()})
+    lt, st = _train(torch, tm, torch.tensor(x), torch.tensor(y))
+    lg, sg = _train(tapegrad, gm, tapegrad.tensor(x), tapegrad.tensor(y))
+    assert lg[-1] < lg[0]
+    # bfloat16 keeps 8 bits: the runs may differ by a rounding flip, never drift apart
+    np.testing.assert_allclose(lg, lt, rtol=2e-2, atol=2e-2)
+    for k in st:
+        np.testing.assert_allclose(sg[k], st[k], rtol=5e-2, atol=5e-2, err_msg=k)
+
+
+# --- GradScaler -------------------------------------------------------------------------------
+def _scaler_run(T, scaler, steps=14):
+    """A tiny float32 model whose loss is multiplied by a huge factor on some steps (inf/NaN
+    gradients after scaling), with unscale_ + clipping on others."""
+    T.manual_seed(0)
+    w = T.nn.Parameter(T.tensor([[0.5, -0.25], [0.125, 1.0]]))
+    b = T.nn.Parameter(T.tensor([0.1, -0.1]))
+    opt = T.optim.SGD([w, b], lr=0.01)
+    x = T.tensor([[1.0, 2.0], [3.0, -1.0]])
+    log = []
+    for i in range(steps):
+        opt.zero_grad()
+        loss = ((x @ w.T + b) ** 2).sum() * (3e38 if i in (2, 3, 9) else 1.0)
+        scaler.scale(loss).backward()
+        if i % 4 == 1:
+            scaler.unscale_(opt)
+            T.nn.utils.clip_grad_norm_([w, b], 1.0)
+        scaler.step(opt)
+        scaler.update()
+        log.append((scaler.get_scale(), scaler._get_growth_tracker(),
+                    w.detach().numpy().copy(), b.detach().numpy().copy()))
+    return log
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the overflows it provokes
+def test_grad_scaler_matches_torch():
+    kw = dict(init_scale=2.0 ** 10, growth_factor=1.7, backoff_factor=0.3, growth_interval=3)
+    lt = _scaler_run(torch, torch.amp.GradScaler("cpu", **kw))
+    lg = _scaler_run(tapegrad, tapegrad.amp.GradScaler("cpu", **kw))
+    scales = [s for s, *_ in lt]
+    assert len(set(scales)) > 3  # backed off and grew
+    for (st, gt, wt, bt), (sg, gg, wg, bg) in zip(lt, lg):
+        assert sg == st and gg == gt  # the scale and tracker exactly
+        np.testing.assert_allclose(wg, wt, rtol=1e-6)  # float32 clipping and SGD: to rounding
+        np.testing.assert_allclose(bg, bt, rtol=1e-6)
+
+
+def test_grad_scaler_state_machine_and_state_dict():
+    for T in (torch, tapegrad):
+        scaler = T.amp.GradScaler("cpu", init_scale=8.0, growth_interval=2)
+        w = T.nn.Parameter(T.ones(2))
+        opt = T.optim.SGD([w], lr=0.1)
+        scaler.scale((w * 2).sum()).backward()
+        scaler.unscale_(opt)
+        with pytest.raises(RuntimeError, match="unscale_\\(\\) has already been called"):
+            scaler.unscale_(opt)
+        scaler.step(opt)
+        with pytest.raises(RuntimeError, match="step\\(\\) has already been called"):
+            scaler.step(opt)
+        with pytest.raises(RuntimeError, match="unscale_\\(\\) is being called after step"):
+            scaler.unscale_(opt)
+        with pytest.raises(RuntimeError, match="Closure use"):
+            scaler.step(opt, closure=lambda: 0)
+        scaler.update()
+        sd = scaler.state_dict()
+        assert sd == {"scale": 8.0, "growth_factor": 2.0, "backoff_factor": 0.5,
+                      "growth_interval": 2, "_growth_tracker": 1}
+        other = T.amp.GradScaler("cpu")
+        other.load_state_dict(sd)
+        assert other.state_dict() == sd
+        clone = pickle.loads(pickle.dumps(scaler))
+        assert clone.state_dict() == sd
+        fresh = T.amp.GradScaler("cpu")
+        with pytest.raises(AssertionError, match="Attempted step but _scale is None"):
+            fresh.step(opt)
+        off = T.amp.GradScaler("cpu", enabled=False)
+        assert off.state_dict() == {} and off.get_scale() == 1.0
+        loss = (w * 2).sum()
+        assert off.scale(loss) is loss
+        with pytest.raises(RuntimeError, match="source state dict is empty"):
+            T.amp.GradScaler("cpu").load_state_dict({})
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the overflows it provokes
+def test_grad_scaler_without_cuda_disables_itself():
+    with pytest.warns(UserWarning, match="CUDA is not available.  Disabling"):
+        assert not tapegrad.amp.GradScaler().is_enabled()
+    with pytest.warns(FutureWarning, match="torch.cuda.amp.GradScaler"):
+        with pytest.warns(UserWarning, match="Disabling"):
+            assert not tapegrad.cuda.amp.GradScaler().is_enabled()
+    with pytest.warns(FutureWarning, match="torch.cpu.amp.GradScaler"):
+        assert tapegrad.cpu.amp.GradScaler().is_enabled()
+    with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients"):
+        scaler = tapegrad.amp.GradScaler("cpu")
+        w = tapegrad.nn.Parameter(tapegrad.ones(2).half())
+        opt = tapegrad.optim.SGD([w], lr=0.1)
+        scaler.scale(w.float().sum()).backward()
+        scaler.step(opt)
