@@ -71,7 +71,8 @@ _SCRIPT = re.compile(r"^(Any|Await|Bool|Class|Complex|DeviceObj|Dict|Enum|Float|
                      r"PyTorchFileWriter|BufferDict|ModuleDict|ParameterDict|LoggerBase|"
                      r"LockingLogger|NoopLogger|AggregationType|AVG|SUM|BenchmarkConfig|"
                      r"BenchmarkExecutionStats|ThroughputBenchmark|compiled_with_cxx11_abi|"
-                     r"while_loop|cond|fork|wait|Future|import_ir_module|import_ir_module_from_buffer|"
+                     r"while_loop|cond|fork|wait|Future|import_ir_module|"
+                     r"import_ir_module_from_buffer|"
                      r"merge_type_from_type_comment|parse_ir|parse_schema|parse_type_comment|"
                      r"unify_type_list|Tag|get_file_path|prepare_multiprocessing_environment|"
                      r"classproperty)$")
