@@ -1,0 +1,13 @@
+"""tapegrad's compiler: trace -> graph IR -> passes -> generated code (``tapegrad.compile``).
+
+- ``trace(fn, *args)``: the printable Graph of one call (tracer.py, ir.py)
+- passes.py: dead-node elimination, CSE, constant folding, simplification, fusion, each a
+  function graph -> graph, with a value-check mode naming the pass that changed a result
+- codegen.py: readable Python source over numpy, fused pointwise chains as one function
+- api.py: ``compile(fn_or_module, ...)`` with guards, a cache and graph breaks; ``explain``
+"""
+from tapegrad.compiler.ir import Graph, Node, Value, evaluate  # noqa: F401
+from tapegrad.compiler.tracer import GraphBreak, trace  # noqa: F401
+from tapegrad.compiler.api import (compile, explain, CompiledFunction,  # noqa: F401,E402
+                                   CompiledModule)
+from tapegrad.compiler import passes, codegen  # noqa: F401,E402

@@ -1,0 +1,436 @@
+"""``tapegrad.compile``: trace on the first call, optimise, generate code; guards and a cache.
+
+Each call checks the cached entries' guards (argument shapes, dtypes and requires_grad;
+non-tensor arguments by value; the shapes of tensors the graph reads by reference; whether
+each gradient it reads or writes exists; grad mode; the training flags of the modules it
+can see). A hit runs the generated code; a miss traces again (that call runs eagerly while
+it is recorded, so its result is exact), up to ``cache_size_limit`` entries per function,
+then the function runs eagerly with a warning. A call whose trace hits a graph break runs
+to the end eagerly; further calls with the same argument types run eagerly at once.
+"""
+import os
+import sys
+import time
+import warnings
+
+import numpy as np
+
+from tapegrad.autograd.grad_mode import state as grad_state
+from tapegrad.compiler import codegen, passes
+from tapegrad.compiler.ir import Graph, Input, Value
+from tapegrad.compiler.tracer import GraphBreak, trace_call, unflatten
+from tapegrad.tensor import Tensor
+
+cache_size_limit = 8  # as torch._dynamo.config.cache_size_limit
+DEBUG = os.environ.get("TAPEGRAD_COMPILE_DEBUG", "") not in ("", "0")
+
+
+def _modules_of(fn, args):
+    """The nn.Modules a function can reach directly (for the training-flag guard)."""
+    from tapegrad.nn.module import Module
+
+    found = []
+    seen = set()
+
+    def add(o):
+        if isinstance(o, Module) and id(o) not in seen:
+            seen.add(id(o))
+            found.extend(m for m in o.modules())
+        elif isinstance(o, (list, tuple)):
+            for x in o[:64]:
+                add(x)
+
+    for a in args:
+        add(a)
+    target = getattr(fn, "__self__", None)
+    if target is not None:
+        add(target)
+        for v in list(vars(target).values())[:256] if hasattr(target, "__dict__") else ():
+            add(v)
+    func = getattr(fn, "__func__", fn)
+    if isinstance(fn, Module):
+        add(fn)
+        func = type(fn).forward
+    code = getattr(func, "__code__", None)
+    for cell in getattr(func, "__closure__", None) or ():
+        try:
+            add(cell.cell_contents)
+        except ValueError:
+            pass
+    if code is not None:
+        g = getattr(func, "__globals__", {})
+        for name in code.co_names:
+            if name in g:
+                add(g[name])
+    uniq, ids = [], set()
+    for m in found:
+        if id(m) not in ids:
+            ids.add(id(m))
+            uniq.append(m)
+    return uniq
+
+
+def _spec(args, kwargs):
+    """The call's argument types: the eager-after-break key and part of every guard."""
+    out = []
+    for a in args:
+        if isinstance(a, Tensor):
+            d = a._data
+            out.append(("T", d.shape, d.dtype.str, a._requires_grad))
+        else:
+            try:
+                hash(a)
+                out.append(("V", type(a), a))
+            except TypeError:
+                out.append(("O", id(a)))
+    for k in sorted(kwargs):
+        v = kwargs[k]
+        out.append(("K", k, ("T", v._data.shape, v._data.dtype.str) if isinstance(v, Tensor)
+                    else (type(v), v if _hashable(v) else id(v))))
+    return tuple(out)
+
+
+def _hashable(v):
+    try:
+        hash(v)
+        return True
+    except TypeError:
+        return False
+
+
+class Entry:
+    """One compiled graph and the guards under which it is valid."""
+
+    def __init__(self, spec, grad_mode, training, graph, tracer):
+        self.spec = spec
+        self.grad_mode = grad_mode
+        self.training = training
+        self.refs = [src.ref if src.kind in ("ref", "grad") else None
+                     for _, src in graph.inputs]
+        checks = []
+        for kind, obj, expected in tracer.guards:
+            if kind == "tensor" and obj.kind == "ref":
+                checks.append(("ref", obj.ref, expected))
+            elif kind == "grad":
+                checks.append(("grad", obj, expected))
+        self.checks = checks
+        self.writes = [t for _, t, _, _ in graph.writes]
+        self.graph = graph
+        self.log = []
+        self.source = None
+        self.run = None
+        self.joint = None
+
+    def check(self, spec, training):
+        if spec != self.spec or grad_state.enabled != self.grad_mode or \
+                training != self.training:
+            return False
+        for kind, t, expected in self.checks:
+            if kind == "ref":
+                d = t._data
+                if d.shape != expected[0] or d.dtype != expected[1] or \
+                        t._requires_grad != expected[2]:
+                    return False
+            else:
+                g = t.grad
+                if (g is None) != (expected is None):
+                    return False
+                if g is not None and (g._data.shape != expected[0] or
+                                      g._data.dtype != expected[1]):
+                    return False
+        return True
+
+
+def _check_inputs(graph, args):
+    arrays = []
+    for v, src in graph.inputs:
+        if src.kind == "arg":
+            arrays.append(np.array(args[src.index]._data))
+        elif src.kind == "ref":
+            arrays.append(np.array(src.ref._data))
+        elif src.kind == "grad" and src.ref.grad is not None:
+            arrays.append(np.array(src.ref.grad._data))
+        else:
+            arrays.append(np.ones(v.shape, v.dtype))
+    return arrays
+
+
+class CompiledFunction:
+    """What ``tapegrad.compile(fn)`` returns: call it as ``fn``."""
+
+    def __init__(self, fn, fullgraph=False, dynamic=False, backend="tapegrad", mode=None,
+                 check=False, passes_=None):
+        self.fn = fn
+        self.fullgraph = fullgraph
+        self.dynamic = dynamic
+        self.backend = backend
+        self.mode = mode
+        self.check = check or os.environ.get("TAPEGRAD_COMPILE_CHECK", "") not in ("", "0")
+        self.passes = passes.PASSES if passes_ is None else passes_
+        self.entries = []
+        self.eager_specs = set()
+        self.breaks = []  # GraphBreak, in the order met
+        self.compile_times = []  # seconds per trace+compile
+        self.n_calls = self.n_hits = 0
+        self._warned = False
+        self._modules = None
+        self.__wrapped__ = fn
+        self.__name__ = getattr(fn, "__name__", type(fn).__name__)
+        self.__doc__ = getattr(fn, "__doc__", None)
+
+    def _training(self, args):
+        if self._modules is None:
+            self._modules = _modules_of(self.fn, args)
+        return tuple(m.training for m in self._modules)
+
+    def __call__(self, *args, **kwargs):
+        self.n_calls += 1
+        spec = _spec(args, kwargs)
+        training = self._training(args)
+        for e in self.entries:
+            if e.check(spec, training):
+                self.n_hits += 1
+                return self._run(e, args)
+        if spec in self.eager_specs:
+            return self.fn(*args, **kwargs)
+        if len(self.entries) >= cache_size_limit:
+            if not self._warned:
+                warnings.warn(f"tapegrad.compile: {self.__name__} hit the cache size limit "
+                              f"({cache_size_limit} graphs); it now runs eagerly for new "
+                              "guard sets", RuntimeWarning, stacklevel=2)
+                self._warned = True
+            return self.fn(*args, **kwargs)
+        return self._compile(args, kwargs, spec, training)
+
+    def _compile(self, args, kwargs, spec, training):
+        t0 = time.perf_counter()
+        grad_mode = grad_state.enabled
+        result, graph, tracer = trace_call(self.fn, args, kwargs, self.fullgraph, joint=True)
+        if graph is None:
+            self.breaks.extend(tracer.breaks[:1])
+            self.eager_specs.add(spec)
+            return result
+        entry = Entry(spec, grad_mode, training, graph, tracer)
+        if tracer.joint is not None:
+            self._build_joint(entry, tracer, args)
+        else:
+            check = _check_inputs(graph, args) if self.check else None
+            entry.graph = passes.optimize(graph, self.passes, check=check, log=entry.log)
+            entry.source, entry.run = codegen.generate(entry.graph, _fname(self.__name__))
+            entry.copy_out = _aliased_outputs(entry.graph)
+        if DEBUG:
+            print(f"# tapegrad.compile: {self.__name__}\n{graph}\n# optimised:\n{entry.graph}"
+                  f"\n{entry.source}", file=sys.stderr)
+        self.entries.append(entry)
+        self.compile_times.append(time.perf_counter() - t0)
+        return result
+
+    def _run(self, e, args):
+        if e.joint is not None:
+            return e.joint(args)
+        arrays = e.run(args, e.refs, e.writes)
+        outs = [Tensor._make(np.array(a) if k in e.copy_out else a)
+                if isinstance(v, Value) else v
+                for k, (a, v) in enumerate(zip(arrays, e.graph.outputs))]
+        return unflatten(e.graph.out_tree, outs)
+
+    # --- forward graphs that need a backward (compile(model)) ---------------------------
+    def _build_joint(self, entry, tracer, args):
+        fwd_outs, sources, grads = tracer.joint
+        g = tracer.graph
+        fwd, bwd, n_saved = _partition(g, fwd_outs, grads)
+        log = entry.log
+        fwd = passes.optimize(fwd, self.passes, log=log)
+        bwd = passes.optimize(bwd, self.passes, log=log)
+        fsrc, frun = codegen.generate(fwd, _fname(self.__name__) + "_forward")
+        bsrc, brun = codegen.generate(bwd, _fname(self.__name__) + "_backward")
+        entry.graph = fwd
+        entry.backward_graph = bwd
+        entry.source = fsrc + "\n" + bsrc
+        refs = [src.ref if src.kind in ("ref", "grad") else None for _, src in fwd.inputs]
+        n_out = len(fwd_outs)
+        diff_refs = [s.ref for s in sources if s.kind == "ref"]
+        arg_pos = [s.index for s in sources if s.kind == "arg"]
+        tree = g.out_tree
+        out_values = g.outputs
+        from tapegrad.autograd.function import Function
+
+        class Compiled(Function):
+            @staticmethod
+            def forward(ctx, *tensors):
+                call_args = tensors[:len(args_box[0])]
+                arrays = frun(call_args, refs, [])
+                ctx.saved_arrays = arrays[n_out:]
+                return tuple(Tensor._make(a) for a in arrays[:n_out])
+
+            @staticmethod
+            def backward(ctx, *gouts):
+                cots = [np.zeros(v.shape, v.dtype) if gr is None else gr._data
+                        for gr, v in zip(gouts, fwd_outs)]
+                found = brun(list(ctx.saved_arrays) + cots, [None] * len(bwd.inputs), [])
+                n_args = len(args_box[0])
+                result = [None] * (n_args + len(diff_refs))
+                k = 0
+                for s, a in zip(sources, found):
+                    if s.kind == "arg":
+                        result[s.index] = Tensor._make(a)
+                    else:
+                        result[n_args + k] = Tensor._make(a)
+                        k += 1
+                return tuple(result)
+
+        Compiled.__name__ = _fname(self.__name__) + "Compiled"
+        args_box = [args]
+
+        def run(call_args):
+            args_box[0] = call_args
+            outs = Compiled.apply(*call_args, *diff_refs)
+            outs = outs if isinstance(outs, tuple) else (outs,)
+            it = iter(outs)
+            leaves = []
+            for v in out_values:
+                leaves.append(next(it) if isinstance(v, Value) else v)
+            return unflatten(tree, leaves)
+
+        del arg_pos
+        entry.joint = run
+        entry.n_saved = n_saved
+
+
+def _aliased_outputs(graph):
+    """Outputs that are inputs, constants or repeated: copied so callers own them."""
+    plain = {id(v) for v, _ in graph.inputs} | {id(v) for v in graph.consts}
+    seen, copy = set(), set()
+    for k, v in enumerate(graph.outputs):
+        if isinstance(v, Value):
+            if id(v) in plain or id(v) in seen:
+                copy.add(k)
+            seen.add(id(v))
+    return copy
+
+
+def _partition(g, fwd_outs, grads):
+    """Split a joint graph into forward and backward graphs (AOTAutograd's default partition):
+    nodes that do not depend on the output gradients run in the forward; the forward's values
+    the backward reads are saved (extra forward outputs, first inputs of the backward)."""
+    cot = {id(v) for v, src in g.inputs if src.kind == "cot"}
+    needs_cot = set(cot)
+    for n in g.nodes:
+        if any(isinstance(a, Value) and id(a) in needs_cot for a in n.inputs):
+            needs_cot.update(id(v) for v in n.outputs)
+    fwd_nodes = [n for n in g.nodes if not any(id(v) in needs_cot for v in n.outputs)]
+    bwd_nodes = [n for n in g.nodes if any(id(v) in needs_cot for v in n.outputs)]
+    made_in_bwd = {id(v) for n in bwd_nodes for v in n.outputs} | cot
+    saved, seen = [], set()
+    for v in [a for n in bwd_nodes for a in n.inputs] + list(grads):
+        if isinstance(v, Value) and id(v) not in made_in_bwd and id(v) not in seen:
+            seen.add(id(v))
+            saved.append(v)
+    fwd = Graph()
+    fwd._names = g._names
+    fwd.inputs = [(v, s) for v, s in g.inputs if s.kind != "cot"]
+    fwd.consts = dict(g.consts)
+    fwd.nodes = fwd_nodes
+    fwd.outputs = list(fwd_outs) + saved
+    bwd = Graph()
+    bwd._names = g._names
+    bwd.inputs = [(v, Input("array", index=k)) for k, v in enumerate(saved)]
+    cots = [v for v, s in g.inputs if s.kind == "cot"]
+    bwd.inputs += [(v, Input("array", index=len(saved) + k)) for k, v in enumerate(cots)]
+    bwd.consts = dict(g.consts)
+    bwd.nodes = bwd_nodes
+    bwd.outputs = list(grads)
+    return passes.dce(fwd), bwd, len(saved)
+
+
+def _fname(name):
+    return "".join(c if c.isalnum() else "_" for c in name) or "compiled"
+
+
+class CompiledModule:
+    """What ``tapegrad.compile(module)`` returns (PyTorch's ``OptimizedModule``): calling it
+    runs the compiled forward; attributes are the module's."""
+
+    def __init__(self, module, **options):
+        object.__setattr__(self, "_orig_mod", module)
+        object.__setattr__(self, "_compiled", CompiledFunction(module.__call__, **options))
+
+    def __call__(self, *args, **kwargs):
+        return self._compiled(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._orig_mod, name)
+
+    def __setattr__(self, name, value):
+        setattr(self._orig_mod, name, value)
+
+    def __repr__(self):
+        return f"CompiledModule({self._orig_mod!r})"
+
+
+def compile(model=None, *, fullgraph=False, dynamic=False, backend="tapegrad", mode=None,
+            options=None, disable=False):
+    """As ``torch.compile``: trace ``model`` (a function or an ``nn.Module``) on its first
+    call, optimise the graph and run generated code on later calls whose guards hold.
+
+    >>> step = tapegrad.compile(train_step)       # forward, backward(), optimizer.step()
+    >>> model = tapegrad.compile(model)           # forward compiled; backward a compiled graph
+    """
+    if model is None:
+        return lambda m: compile(m, fullgraph=fullgraph, dynamic=dynamic, backend=backend,
+                                 mode=mode, options=options, disable=disable)
+    if disable:
+        return model
+    if backend not in ("tapegrad", "inductor", "eager", None) and not callable(backend):
+        raise ValueError(f"tapegrad.compile: unknown backend {backend!r}; tapegrad compiles "
+                         "with its own ('tapegrad')")
+    opts = dict(options or {})
+    kw = dict(fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode,
+              check=bool(opts.get("check", False)))
+    from tapegrad.nn.module import Module
+
+    if isinstance(model, Module):
+        return CompiledModule(model, **kw)
+    if not callable(model):
+        raise TypeError(f"tapegrad.compile: expected a function or nn.Module, got "
+                        f"{type(model).__name__}")
+    return CompiledFunction(model, **kw)
+
+
+class ExplainOutput:
+    """What ``explain(fn)(*args)`` returns (as ``torch._dynamo.explain``)."""
+
+    def __init__(self, graphs, breaks, pass_log):
+        self.graphs = graphs
+        self.graph_count = len(graphs)
+        self.graph_break_count = len(breaks)
+        self.break_reasons = breaks
+        self.pass_log = pass_log
+
+    def __str__(self):
+        lines = [f"Graph Count: {self.graph_count}",
+                 f"Graph Break Count: {self.graph_break_count}"]
+        if self.break_reasons:
+            lines.append("Break Reasons:")
+            for b in self.break_reasons:
+                lines.append(f"  {b.reason}\n    at {b.where}")
+        if self.pass_log:
+            lines.append("Passes (nodes before -> after):")
+            for name, a, b in self.pass_log:
+                lines.append(f"  {name:15s} {a:5d} -> {b:5d}")
+        return "\n".join(lines)
+
+
+def explain(fn):
+    """``explain(fn)(*args)``: trace one call and report graphs, breaks and pass counts."""
+    def run(*args, **kwargs):
+        c = CompiledFunction(fn)
+        c(*args, **kwargs)
+        log = [x for e in c.entries for x in e.log]
+        return ExplainOutput([e.graph for e in c.entries], c.breaks, log)
+
+    return run
+
+
+__all__ = ["compile", "explain", "CompiledFunction", "CompiledModule", "GraphBreak",
+           "cache_size_limit"]

@@ -1,0 +1,281 @@
+"""Graph -> graph passes: DCE, CSE, constant folding, simplification, pointwise fusion.
+
+Each pass is a small function that returns a new Graph (the input graph is left as it was,
+so a pass can be checked against the printout of its input). ``optimize(graph,
+check=arrays)`` runs them in order; with ``check`` it is the value-check mode: the graph is
+evaluated before and after every pass on the same inputs and a ``PassCheckError`` names
+the first pass that changed a result (outputs, write-backs, or what effect nodes consume).
+"""
+import numpy as np
+
+from tapegrad.compiler.ir import Graph, Node, Value, call_node, evaluate
+from tapegrad.compiler.codegen import UFUNCS, UNARY_WITH_CONST
+
+# ops whose output is the elementwise image of their (same-shaped or scalar) inputs
+POINTWISE = frozenset(set(UFUNCS) | set(UNARY_WITH_CONST) | {
+    "gt", "lt", "ge", "le", "eq", "ne", "to_dtype", "sigmoid", "where", "pow", "clamp",
+    "clamp_min", "clamp_max", "reciprocal", "rsqrt", "sign", "sin", "cos", "expm1", "log1p",
+    "erf", "softplus", "silu", "gelu", "square"})
+
+
+class PassCheckError(AssertionError):
+    """Raised by the value-check mode: ``pass_name`` changed a result."""
+
+    def __init__(self, pass_name, detail):
+        super().__init__(f"pass {pass_name!r} changed a result: {detail}")
+        self.pass_name = pass_name
+
+
+def _substitute(graph, subst, drop=()):
+    """A new graph with Values replaced per ``subst`` (id -> Value) and ``drop`` nodes gone."""
+    def s(a):
+        while isinstance(a, Value) and id(a) in subst:
+            a = subst[id(a)]
+        return a
+
+    g = graph.copy()
+    nodes = []
+    for n in graph.nodes:
+        if id(n) in drop:
+            continue
+        ins = [s(a) for a in n.inputs]
+        if any(x is not y for x, y in zip(ins, n.inputs)):
+            n = Node(n.op, n.name, ins, n.params, n.outputs, n.effect, n.variadic, n.impl,
+                     n.meta)
+        nodes.append(n)
+    g.nodes = nodes
+    g.outputs = [s(v) for v in graph.outputs]
+    g.writes = [(k, t, label, s(v)) for k, t, label, v in graph.writes]
+    return g
+
+
+def _uses(graph):
+    uses = {}
+    for n in graph.nodes:
+        for a in n.inputs:
+            if isinstance(a, Value):
+                uses[id(a)] = uses.get(id(a), 0) + 1
+    for v in graph.used_values():
+        uses[id(v)] = uses.get(id(v), 0) + 1
+    return uses
+
+
+def dce(graph):
+    """Dead-node elimination: keep effect nodes and what the outputs, write-backs and
+    effects read; drop everything else (gradients nobody reads, unused forward values)."""
+    live = {id(v) for v in graph.used_values()}
+    keep = []
+    for n in reversed(graph.nodes):
+        if n.effect or any(id(v) in live for v in n.outputs):
+            keep.append(n)
+            live.update(id(a) for a in n.inputs if isinstance(a, Value))
+    g = graph.copy()
+    g.nodes = keep[::-1]
+    g.consts = {v: a for v, a in graph.consts.items() if id(v) in live}
+    return g
+
+
+def cse(graph):
+    """Common-subexpression elimination: a node equal to an earlier one (same op, same input
+    Values, same params) reuses its outputs. Effect and vjp nodes are never merged."""
+    seen, subst, drop = {}, {}, set()
+    for n in graph.nodes:
+        if n.effect or (n.impl is not None and n.name != "full"):
+            continue
+        ins = [subst.get(id(a), a) if isinstance(a, Value) else a for a in n.inputs]
+        probe = Node(n.op, n.name, ins, n.params, [], n.effect, n.variadic, n.impl)
+        k = probe.key()
+        first = seen.get(k)
+        if first is None:
+            seen[k] = n
+            continue
+        for old, new in zip(n.outputs, first.outputs):
+            subst[id(old)] = new
+        drop.add(id(n))
+    return _substitute(graph, subst, drop)
+
+
+def fold_constants(graph):
+    """Nodes without effects whose inputs are all constants are evaluated now."""
+    g = graph.copy()
+    consts = dict(graph.consts)
+    known = {id(v): a for v, a in consts.items()}
+    nodes = []
+    for n in graph.nodes:
+        vals = n.values_in()
+        pure = not n.effect and (n.impl is None or n.name == "full")
+        if pure and all(id(v) in known for v in vals):
+            outs = call_node(n, [known[id(a)] if isinstance(a, Value) else a
+                                 for a in n.inputs])
+            for v, o in zip(n.outputs, outs):
+                known[id(v)] = o
+                consts[v] = o
+            continue
+        nodes.append(n)
+    g.nodes = nodes
+    g.consts = consts
+    return g
+
+
+def _same(v, a):
+    return isinstance(a, Value) and a.shape == v.shape and a.dtype == v.dtype
+
+
+def simplify(graph):
+    """Algebraic simplification: identity reshapes, broadcasts, casts, permutes, sum_to and
+    multiplication by one become their input (each bit-identical to what it replaces)."""
+    subst = {}
+    drop = set()
+    for n in graph.nodes:
+        if n.effect or n.impl is not None or len(n.outputs) != 1:
+            continue
+        out = n.outputs[0]
+        ins = [subst.get(id(a), a) if isinstance(a, Value) else a for a in n.inputs]
+        src = None
+        if n.name in ("reshape", "broadcast_to", "sum_to", "to_dtype", "expand") and \
+                _same(out, ins[0]):
+            src = ins[0]
+        elif n.name == "permute" and tuple(n.params.get("dims", ())) == tuple(
+                range(len(out.shape))):
+            src = ins[0]
+        elif n.name == "mul" and len(ins) == 2:
+            a, b = ins
+            if _same(out, a) and not isinstance(b, Value) and type(b) in (int, float) \
+                    and b == 1 and a.dtype.kind == "f":
+                src = a
+            elif _same(out, b) and not isinstance(a, Value) and type(a) in (int, float) \
+                    and a == 1 and b.dtype.kind == "f":
+                src = b
+        if src is not None:
+            subst[id(out)] = src
+            drop.add(id(n))
+    return _substitute(graph, subst, drop)
+
+
+def fuse(graph):
+    """Fusion of pointwise chains (and trees) into single kernels: a pointwise node whose only
+    reader is the next pointwise node of the same shape joins that node's group, unless an
+    effect node lies between them. Each group becomes one ``fused`` node whose body is the
+    group's nodes in program order (codegen.py writes it as one function)."""
+    uses = _uses(graph)
+    pos = {id(n): i for i, n in enumerate(graph.nodes)}
+    effects = [i for i, n in enumerate(graph.nodes) if n.effect]
+    reader = {}
+    for n in graph.nodes:
+        for a in n.inputs:
+            if isinstance(a, Value):
+                reader[id(a)] = n
+    group = {}  # id(node) -> id(root node of its group)
+
+    def root(n):
+        r = id(n)
+        while group.get(r, r) != r:
+            r = group[r]
+        return r
+
+    def pointwise(n):
+        return (n.op is not None and n.name in POINTWISE and len(n.outputs) == 1
+                and n.outputs[0].shape != ())
+
+    for n in graph.nodes:
+        if not pointwise(n):
+            continue
+        out = n.outputs[0]
+        m = reader.get(id(out))
+        if m is None or uses.get(id(out), 0) != 1 or not pointwise(m):
+            continue
+        if m.outputs[0].shape != out.shape:
+            continue
+        lo, hi = pos[id(n)], pos[id(m)]
+        if any(lo < e < hi for e in effects):
+            continue
+        group[id(n)] = id(m)
+    members = {}
+    for n in graph.nodes:
+        if pointwise(n):
+            members.setdefault(root(n), []).append(n)
+    g = graph.copy()
+    nodes = []
+    for n in graph.nodes:
+        body = members.get(root(n)) if pointwise(n) else None
+        if body is None or len(body) == 1:
+            nodes.append(n)
+            continue
+        if n is not body[-1]:
+            continue  # placed at the group's last node
+        inner = {id(v) for m in body for v in m.outputs}
+        ins, seen = [], set()
+        for m in body:
+            for a in m.inputs:
+                if isinstance(a, Value) and id(a) not in inner and id(a) not in seen:
+                    seen.add(id(a))
+                    ins.append(a)
+        fused = Node(None, "fused", ins, {}, [body[-1].outputs[0]],
+                     impl=_fused_impl(body, ins), meta={"nodes": body})
+        nodes.append(fused)
+    g.nodes = nodes
+    return g
+
+
+def _fused_impl(body, ins):
+    """The reference evaluation of a fused group (the generated kernel is the fast one)."""
+    def fused(*arrays):
+        env = {id(v): a for v, a in zip(ins, arrays)}
+        for m in body:
+            args = [env[id(a)] if isinstance(a, Value) else a for a in m.inputs]
+            env[id(m.outputs[0])] = call_node(m, args)[0]
+        return env[id(body[-1].outputs[0])]
+
+    return fused
+
+
+PASSES = (("simplify", simplify), ("cse", cse), ("fold_constants", fold_constants),
+          ("dce", dce), ("fuse", fuse))
+
+
+def _observed(graph, arrays):
+    """Outputs, write-backs and effect-node inputs, evaluated without running effects."""
+    env = {id(v): a for (v, _), a in zip(graph.inputs, arrays)}
+    env.update({id(v): a for v, a in graph.consts.items()})
+    seen = []
+    for n in graph.nodes:
+        args = [env[id(a)] if isinstance(a, Value) else a for a in n.inputs]
+        if n.effect:
+            seen.extend(a for a in args if isinstance(a, np.ndarray))
+            outs = [np.array(a) for a in args[:len(n.outputs)]]
+        else:
+            outs = call_node(n, args)
+        for v, o in zip(n.outputs, outs):
+            env[id(v)] = o
+    seen += [env[id(v)] if isinstance(v, Value) else v for v in graph.outputs]
+    seen += [env[id(v)] for _, _, _, v in graph.writes if v is not None]
+    return seen
+
+
+def _equal(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b, equal_nan=True)
+
+
+def optimize(graph, passes=PASSES, check=None, log=None):
+    """Run ``passes`` (name, function) in order. ``check``: input arrays for the value-check
+    mode. ``log``: a list that receives ``(pass name, nodes before, nodes after)``."""
+    before = _observed(graph, check) if check is not None else None
+    for name, fn in passes:
+        n0 = len(graph.nodes)
+        graph = fn(graph)
+        if log is not None:
+            log.append((name, n0, len(graph.nodes)))
+        if check is not None:
+            after = _observed(graph, check)
+            if len(after) != len(before):
+                raise PassCheckError(name, f"{len(before)} results became {len(after)}")
+            for i, (x, y) in enumerate(zip(before, after)):
+                if not _equal(x, y):
+                    raise PassCheckError(name, f"result {i} differs")
+            before = after
+    return graph
+
+
+__all__ = ["dce", "cse", "fold_constants", "simplify", "fuse", "optimize", "PASSES",
+           "PassCheckError", "evaluate", "Graph"]

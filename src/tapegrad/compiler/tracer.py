@@ -1,0 +1,662 @@
+"""Capture: run a function eagerly under a ``DispatchMode`` and record every op into a Graph.
+
+The tracer is one more interpreter of the op records (``autograd.engine.DispatchMode``):
+every op dispatched on Tensors, including the ``to_dtype``/``broadcast_to`` a binary op
+inserts and the ops inside composites, comes to ``interpret``, which runs it eagerly (so
+shapes and dtypes are known and the call's side effects happen exactly once) and records a
+Node. ``loss.backward()`` under the tracer runs the engine with ``create_graph``, so the
+gradient rules execute as ops on Tensors and are recorded too: the joint graph is traced,
+never re-derived. A rule not audited as value-independent (``TRACEABLE_RULES``) or one that
+meets a value computed outside ops becomes one ``vjp`` node that calls the rule on arrays at
+run time, exactly as eager backward does. ``optimizer.step()`` becomes one effect node that
+runs the optimizer's own update on the live parameters and state at run time (so the LR a
+scheduler sets and Adam's step count are read each call, never baked in).
+
+What cannot be captured is a *graph break* (``GraphBreak``): reading values into Python
+(``.item()``, ``bool(t)``, ``.tolist()``, ``.numpy()``, ``float(t)``, printing), random
+draws, tensors made outside ops from data (a frozen batch would be wrong), in-place changes
+made outside ops. On a break the call finishes eagerly (its result is exact) and the break,
+with its source line, is reported.
+"""
+import gc
+import os
+import sys
+import traceback
+
+import numpy as np
+
+from tapegrad.autograd import engine
+from tapegrad.autograd.engine import DispatchMode
+from tapegrad.autograd.grad_mode import state as grad_state
+from tapegrad.compiler.ir import Graph, Input, Node, Value
+from tapegrad.ops import registry
+from tapegrad.ops.registry import REGISTRY, dispatch, _prepare_elementwise
+from tapegrad.tensor import Tensor
+
+_PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Gradient rules read by hand and found value-independent: they use only shapes, params and
+# registered ops, never a Python value computed from tensor data. Others run as vjp nodes.
+TRACEABLE_RULES = frozenset({
+    "add", "sub", "mul", "div", "neg", "matmul", "linear", "relu", "broadcast_to", "sum_to",
+    "sum", "mean", "to_dtype", "reshape", "exp", "log", "tanh", "sigmoid", "softmax",
+    "log_softmax", "sqrt", "where", "gelu", "layer_norm", "embedding",
+})
+
+
+class GraphBreak(Exception):
+    """A point the tracer cannot capture; ``reason`` and ``where`` (the user's source line)."""
+
+    def __init__(self, reason, where=""):
+        super().__init__(f"{reason}" + (f" (at {where})" if where else ""))
+        self.reason = reason
+        self.where = where
+
+
+def user_frame():
+    """``file:line`` of the innermost frame outside tapegrad (the user's code), and its text."""
+    for fs in reversed(traceback.extract_stack()):
+        if not os.path.abspath(fs.filename).startswith(_PKG):
+            return f"{fs.filename}:{fs.lineno}: {(fs.line or '').strip()}"
+    return ""
+
+
+def active():
+    """The tracer active in this thread, if any."""
+    for m in reversed(grad_state.modes):
+        if isinstance(m, Tracer):
+            return m
+    return None
+
+
+# --- tensors seen by the trace: reading their values into Python is a graph break --------
+_READS = ("item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__",
+          "__array__", "__repr__", "__str__", "__format__")
+_INPLACE = {"add_": "add", "sub_": "sub", "mul_": "mul"}
+_traced_classes = {}
+
+
+def _reader(name):
+    base = getattr(Tensor, name)
+
+    def method(self, *args, **kwargs):
+        tr = active()
+        if tr is not None:
+            tr.graph_break(f"Tensor.{name.strip('_')}() reads a tensor's value into Python")
+        return base(self, *args, **kwargs)
+
+    method.__name__ = name
+    return method
+
+
+def _inplace_method(name):
+    base = getattr(Tensor, name)
+
+    def method(self, other, *args, **kwargs):
+        tr = active()
+        if tr is None or tr.broken:
+            return base(self, other, *args, **kwargs)
+        return tr.inplace(self, name, base, other, *args, **kwargs)
+
+    method.__name__ = name
+    return method
+
+
+def _traced_class(cls):
+    """``cls`` with the value-reading methods and in-place fast paths seen by the tracer
+    (the same layout, so ``__class__`` can be swapped for the trace and back)."""
+    t = _traced_classes.get(cls)
+    if t is None:
+        body = {"__slots__": (), "__module__": cls.__module__}
+        for name in _READS:
+            body[name] = _reader(name)
+        for name in _INPLACE:
+            body[name] = _inplace_method(name)
+        t = type(cls.__name__, (cls,), body)
+        _traced_classes[cls] = t
+    return t
+
+
+class _RuleProxy:
+    """Stands in for a Node's op during a traced backward: records its gradient rule."""
+
+    def __init__(self, op, tracer):
+        self._op = op
+        self._tracer = tracer
+
+    def __getattr__(self, name):
+        return getattr(self._op, name)
+
+    def rule(self, g, out, *saved, **params):
+        tr, op = self._tracer, self._op
+        if tr.broken:
+            return op.rule(g, out, *saved, **params)
+        if op.name in TRACEABLE_RULES:
+            outer = tr.dirty
+            tr.dirty = False
+            tr.rule_depth += 1
+            try:
+                grads = op.rule(g, out, *saved, **params)
+            finally:
+                tr.rule_depth -= 1
+            dirty, tr.dirty = tr.dirty, outer
+            if not dirty or tr.broken:
+                return grads
+        return tr.opaque_rule(op, g, out, saved, params)
+
+
+class _Shape:
+    """What a rule reads of an input nobody saved: shape and dtype (a literal of the graph)."""
+
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    def __repr__(self):
+        return f"shape{list(self.shape)}"
+
+
+def _vjp_impl(rule, has_out, pick):
+    def vjp(g, *rest, **params):
+        out, saved = (rest[0], rest[1:]) if has_out else (None, rest)
+        grads = rule(g, out, *saved, **params)
+        if type(grads) not in (tuple, list):
+            grads = (grads,)
+        return tuple(grads[i] for i in pick)
+
+    return vjp
+
+
+class Tracer(DispatchMode):
+    """Records the ops of one eager call into ``self.graph`` (see the module docstring)."""
+
+    def __init__(self, args):
+        self.graph = Graph()
+        self.tmap = {}  # id(Tensor) -> [Tensor, Value, version]
+        self.amap = {}  # id(array) -> Value, for Tensors that wrap a traced array (detach, out)
+        self.broken = None  # the first GraphBreak, once the trace gave up
+        self.breaks = []
+        self.rule_depth = 0
+        self.dirty = False
+        self.fullgraph = False
+        self.guards = []  # (kind, object, expected) checked before a cached graph runs
+        self.mutated = {}  # id(external Tensor) -> Tensor changed in place by traced code
+        self.stepped = {}  # id(param) -> param updated by an optimizer_step node
+        self.optimizers = []
+        self.swapped = []  # (Tensor, original class)
+        self.held = []  # keeps arrays and tensors alive so ids stay unique
+        self.n_backward = 0
+        self.args = args
+        self.joint = None  # (forward outputs, differentiable sources, their gradients)
+        # the census: tensors alive before the call (state the graph reads by reference)
+        from tapegrad import random as _random
+        objs, gens = [], []
+        for o in gc.get_objects():
+            if isinstance(o, Tensor):
+                objs.append(o)
+            elif isinstance(o, _random.Generator):
+                gens.append(o)
+        self.census = {id(t): (t, t._version[0], t.grad, None if t.grad is None else
+                               t.grad._version[0]) for t in objs}
+        self.grad_owner = {id(t.grad): t for t in objs if t.grad is not None}
+        gens = gens or [_random.default_generator]
+        self.rng = [(gen, gen._rng.bit_generator.state) for gen in gens]
+        for i, a in enumerate(args):
+            if isinstance(a, Tensor):
+                self._add_input(a, Input("arg", index=i), f"a{i}")
+
+    # --- values -------------------------------------------------------------------------
+    def _bind(self, t, v):
+        self.tmap[id(t)] = [t, v, t._version[0]]
+        self.amap[id(t._data)] = v
+        self.held.append(t)
+        cls = type(t)
+        if cls is Tensor or cls is _parameter():
+            self.swapped.append((t, cls))
+            t.__class__ = _traced_class(cls)
+
+    def _add_input(self, t, src, hint):
+        d = t._data
+        v = self.graph.new_value(d.shape, d.dtype, hint)
+        self.graph.inputs.append((v, src))
+        self.guards.append(("tensor", src, (d.shape, d.dtype, t._requires_grad)))
+        self._bind(t, v)
+        return v
+
+    def value_of(self, t):
+        """The Value a Tensor (or array) argument stands for; lifts external state."""
+        if isinstance(t, Tensor):
+            e = self.tmap.get(id(t))
+            if e is not None and e[0] is t:
+                if t._version[0] != e[2]:
+                    self.graph_break("a tensor was modified in place outside ops")
+                return e[1]
+            v = self.amap.get(id(t._data))
+            if v is not None:  # a detach(), or a saved output the engine re-wrapped
+                self._bind(t, v)
+                return v
+            c = self.census.get(id(t))
+            if c is not None and c[0] is t:
+                if t._version[0] != c[1]:
+                    self.graph_break("a tensor was modified in place outside ops")
+                owner = self.grad_owner.get(id(t))
+                if owner is not None and owner.grad is t:
+                    return self._add_input(t, Input("grad", ref=owner, label=_label(owner)),
+                                           "g")
+                return self._add_input(t, Input("ref", ref=t, label=_label(t)), "p")
+            return self._constant(t._data, t)
+        if isinstance(t, np.ndarray):
+            v = self.amap.get(id(t))
+            return v if v is not None else self._constant(t, None)
+        return t  # a Python scalar, None, ...: a literal of the graph
+
+    def _constant(self, array, t):
+        if self.rule_depth:
+            self.dirty = True  # the rule becomes a vjp node; this constant is dead code
+        else:
+            self.graph_break("a tensor computed outside ops (its values would be frozen into "
+                             "the graph)")
+        v = self.graph.new_value(array.shape, array.dtype, "c")
+        self.graph.consts[v] = array
+        self.held.append(array)
+        if t is not None:
+            self._bind(t, v)
+        return v
+
+    # --- breaks -------------------------------------------------------------------------
+    def graph_break(self, reason):
+        brk = GraphBreak(reason, user_frame())
+        self.breaks.append(brk)
+        if self.broken is None:
+            self.broken = brk
+            if self.fullgraph:
+                raise brk
+
+    # --- ops ----------------------------------------------------------------------------
+    def interpret(self, o, args, params):
+        if self.broken:
+            return dispatch(o, args, params)
+        if o.elementwise:  # its to_dtype/broadcast_to are ops of the graph too
+            modes = grad_state.modes
+            grad_state.modes = modes + [self]
+            try:
+                args = _prepare_elementwise(o, args)
+            finally:
+                grad_state.modes = modes
+        variadic = type(args[0]) is list
+        flat = args[0] if variadic else args
+        ins = [self.value_of(a) for a in flat]
+        for k, p in params.items():
+            if isinstance(p, (np.ndarray, Tensor)) or (
+                    isinstance(p, (tuple, list)) and any(isinstance(x, (np.ndarray, Tensor))
+                                                         for x in p)):
+                if self.rule_depth:
+                    self.dirty = True
+                else:
+                    self.graph_break(f"{o.name}: an array-valued parameter {k}= computed "
+                                     "outside ops")
+        out = dispatch(o, args, params)
+        if self.broken:
+            return out
+        d = out._data
+        v = self.graph.new_value(d.shape, d.dtype)
+        self.graph.nodes.append(Node(o, o.name, ins, params, [v], variadic=variadic))
+        self._bind(out, v)
+        return out
+
+    def record(self, name, impl, inputs, params, arrays, effect=False, meta=None):
+        """Record a compiler-level node whose outputs are ``arrays``; returns their Values."""
+        outs = [self.graph.new_value(a.shape, a.dtype) for a in arrays]
+        self.graph.nodes.append(Node(None, name, inputs, params, outs, effect=effect,
+                                     impl=impl, meta=meta))
+        return outs
+
+    # --- backward -----------------------------------------------------------------------
+    def trace_backward(self, roots, root_grads, retain_graph, inputs):
+        """Called by ``engine.run_backward``: rerun it with the rules recorded as ops."""
+        if self.broken:
+            return self._untraced_backward(roots, root_grads, retain_graph, inputs)
+        self.n_backward += 1
+        grads = []
+        for r, g in zip(roots, root_grads):
+            if isinstance(g, Tensor):
+                grads.append(g)
+                continue
+            g = np.asarray(g)
+            t = Tensor._make(g)
+            v = self.amap.get(id(g))
+            if v is None:
+                flat = g.reshape(-1)
+                if flat.size and (flat == flat[0]).all():  # the implicit ones of backward()
+                    fill = flat[0].item()
+                    (v,) = self.record("full", _full, [], {"shape": g.shape, "fill": fill,
+                                                           "dtype": g.dtype}, [g])
+                else:
+                    v = self._constant(g, None)
+            self._bind(t, v)
+            grads.append(t)
+        nodes = engine.toposort([r.grad_fn for r in roots if r.grad_fn is not None])
+        ops = [(n, n.op) for n in nodes]
+        for n, op in ops:
+            n.op = _RuleProxy(op, self)
+        try:
+            found = engine.run_backward(roots, grads, retain_graph, True, inputs)
+            if found is not None:  # autograd.grad / backward(inputs=): the caller wants arrays
+                found = [g._data if isinstance(g, Tensor) else g for g in found]
+            return found
+        finally:
+            for n, op in ops:
+                n.op = op
+
+    def _untraced_backward(self, roots, root_grads, retain_graph, inputs):
+        modes = grad_state.modes
+        grad_state.modes = [m for m in modes if m is not self]
+        try:
+            return engine.run_backward(roots, root_grads, retain_graph, False, inputs)
+        finally:
+            grad_state.modes = modes
+
+    def opaque_rule(self, op, g, out, saved, params):
+        """A gradient rule as one vjp node: the rule runs on arrays, as eager backward does."""
+        ins = [self.value_of(g)]
+        arr = [g._data if isinstance(g, Tensor) else g]
+        has_out = out is not None
+        out_arr = None
+        if has_out:
+            ins.append(self.value_of(out))
+            out_arr = out._data if isinstance(out, Tensor) else out
+        for s in saved:
+            if isinstance(s, Tensor):
+                ins.append(self.value_of(s))
+                arr.append(s._data)
+            elif isinstance(s, (engine.Node, engine.Meta)):
+                shp = _Shape(s.shape, s.dtype)
+                ins.append(shp)
+                arr.append(shp)
+            else:
+                ins.append(s)
+                arr.append(s)
+        grads = op.rule(arr[0], out_arr, *arr[1:], **params)
+        if type(grads) not in (tuple, list):
+            grads = (grads,)
+        pick = tuple(i for i, x in enumerate(grads) if x is not None)
+        arrays = [np.asarray(grads[i]) for i in pick]
+        impl = _vjp_impl(op.rule, has_out, pick)
+        vals = self.record(f"vjp_{op.name}", impl, ins, params, arrays)
+        result = [None] * len(grads)
+        for i, v, a in zip(pick, vals, arrays):
+            t = Tensor._make(a)
+            self._bind(t, v)
+            result[i] = t
+        return tuple(result)
+
+    # --- in-place fast paths and the optimizer ------------------------------------------
+    def inplace(self, t, name, base, other, *args, **kwargs):
+        """``t.add_/sub_/mul_(other)`` outside grad mode: the same arithmetic through ops,
+        the tensor then maps to the new value (external ones are written back)."""
+        alpha = (args[0] if args else kwargs.get("alpha", 1)) if name != "mul_" else 1
+        tracked = grad_state.enabled and (t._requires_grad or isinstance(other, Tensor)
+                                          and other._requires_grad)
+        same = isinstance(other, Tensor) and other._data.dtype == t._data.dtype \
+            or isinstance(other, (int, float)) and t._data.dtype.kind == "f"
+        if tracked or not same or (name == "mul_" and (args or kwargs)):
+            self.graph_break(f"Tensor.{name} outside the traced forms")
+            return base(t, other, *args, **kwargs)
+        self.value_of(t)
+        prev_enabled = grad_state.enabled
+        grad_state.enabled = False
+        try:
+            o = other
+            if alpha != 1:
+                o = REGISTRY["mul"](other, alpha) if isinstance(other, Tensor) else other * alpha
+            new = REGISTRY[_INPLACE[name]](t, o)
+        finally:
+            grad_state.enabled = prev_enabled
+        if self.broken or new._data.shape != t._data.shape:
+            self.graph_break(f"Tensor.{name}: the result does not keep the tensor's shape")
+            return base(t, other, *args, **kwargs)
+        np.copyto(t._data, new._data)
+        t._version[0] += 1
+        v = self.tmap[id(new)][1]
+        self.tmap[id(t)] = [t, v, t._version[0]]
+        c = self.census.get(id(t))
+        if c is not None and c[0] is t:
+            self.mutated[id(t)] = t
+        return t
+
+    def optimizer_step(self, opt, original):
+        """``opt.step()`` under the tracer: one effect node running the real update."""
+        if self.broken:
+            return original(opt)
+        groups = [[p for p in g["params"] if p.grad is not None] for g in opt.param_groups]
+        params = [p for ps in groups for p in ps]
+        ins = [self.value_of(p) for p in params] + [self.value_of(p.grad) for p in params]
+        if self.broken:
+            return original(opt)
+        original(opt)
+        for p in params:
+            self.stepped[id(p)] = p
+        impl = _optimizer_impl(opt, original, params)
+        outs = self.record("optimizer_step", impl, ins, {"optimizer": type(opt).__name__},
+                           [p._data for p in params], effect=True, meta={"optimizer": opt})
+        for p, v in zip(params, outs):
+            self.tmap[id(p)] = [p, v, p._version[0]]
+        return None
+
+    def joint_backward(self, result):
+        """For a forward whose outputs need grad (``compile(model)``): trace the backward of
+        its outputs w.r.t. the differentiable inputs, with the output gradients as inputs
+        (kind "cot"). Leaves ``.grad`` alone (``autograd.grad``'s capture)."""
+        leaves, _ = _flatten(result)
+        outs = [t for t in leaves if isinstance(t, Tensor)]
+        if not outs or any(not t._requires_grad or t._data.dtype.kind != "f" for t in outs):
+            return None
+        diff = [(v, src) for v, src in self.graph.inputs
+                if src.kind in ("arg", "ref") and self._source_tensor(src).requires_grad]
+        if not diff:
+            return None
+        cots = []
+        for k, t in enumerate(outs):
+            ct = Tensor._make(np.ones_like(t._data))
+            self._add_input(ct, Input("cot", index=k), "ct")
+            cots.append(ct)
+        tensors = [self._source_tensor(src) for _, src in diff]
+        found = self.trace_backward(outs, cots, True, tensors)
+        if self.broken:
+            return None
+        grads = []
+        for t, g in zip(tensors, found):
+            if g is None:
+                g = np.zeros_like(t._data)
+                (v,) = self.record("full", _full, [], {"shape": g.shape, "fill": 0.0,
+                                                       "dtype": g.dtype}, [g])
+            else:
+                v = self.amap[id(g)]
+            grads.append(v)
+        return [self.tmap[id(t)][1] for t in outs], [src for _, src in diff], grads
+
+    def _source_tensor(self, src):
+        return self.args[src.index] if src.kind == "arg" else src.ref
+
+    # --- the end ------------------------------------------------------------------------
+    def finish(self, result):
+        """Outputs, write-backs and the checks only the end can make; restores classes."""
+        g = self.graph
+        try:
+            if not self.broken:
+                self._check_rng()
+            if not self.broken:
+                leaves, tree = _flatten(result)
+                g.out_tree = tree
+                g.outputs = [self.value_of(x) if isinstance(x, Tensor) else x for x in leaves]
+                self._writes()
+        finally:
+            for t, cls in self.swapped:
+                t.__class__ = cls
+            self.swapped = []
+            if self.n_backward:  # eager leaves own plain gradients, not create_graph ones
+                for t, _, grad, _ in self.census.values():
+                    gr = t.grad
+                    if gr is not grad and gr is not None and (gr.grad_fn is not None or
+                                                              gr._requires_grad):
+                        t.grad = Tensor._make(np.array(gr._data))
+        return g
+
+    def _check_rng(self):
+        for gen, state in self.rng:
+            if gen._rng.bit_generator.state != state:
+                self.graph_break("random numbers were drawn (dropout, rand...): each call "
+                                 "needs fresh ones")
+                return
+
+    def _writes(self):
+        g = self.graph
+        for key, (t, version, grad, grad_version) in self.census.items():
+            if t._version[0] != version and key not in self.mutated and key not in \
+                    self.stepped:
+                self.graph_break(f"tensor {_label(t)} was modified in place outside ops")
+                return
+            if t.grad is not grad or (grad is not None and grad._version[0] != grad_version
+                                      and id(grad) not in self.mutated):
+                if t.grad is None:
+                    g.writes.append(("grad", t, _label(t), None))
+                else:
+                    v = self.value_of(t.grad)
+                    if self.broken:
+                        return
+                    g.writes.append(("grad", t, _label(t), v))
+                self.guards.append(("grad", t, None if grad is None else
+                                    (grad._data.shape, grad._data.dtype)))
+        for key, t in self.mutated.items():
+            g.writes.append(("data", t, _label(t), self.tmap[key][1]))
+        for v, src in g.inputs:
+            if src.kind == "grad":
+                gr = src.ref.grad
+                self.guards.append(("grad", src.ref, None if gr is None else
+                                    (gr._data.shape, gr._data.dtype)))
+
+
+def _parameter():
+    from tapegrad.nn.parameter import Parameter
+
+    return Parameter
+
+
+def _label(t):
+    return f"{type(t).__name__}{list(t.shape)}@{id(t) % 10007}"
+
+
+def _full(shape, fill, dtype):
+    return np.full(shape, fill, dtype=dtype)
+
+
+def _optimizer_impl(opt, original, params):
+    from tapegrad.tensor import Tensor as T
+
+    wanted = {id(p) for p in params}
+
+    def optimizer_step(*arrays, optimizer=None):
+        n = len(params)
+        others = [(p, p.grad) for grp in opt.param_groups for p in grp["params"]
+                  if id(p) not in wanted and p.grad is not None]
+        for p, _ in others:
+            p.grad = None
+        for p, gr in zip(params, arrays[n:]):
+            p.grad = T._make(gr)
+        try:
+            original(opt)
+        finally:
+            for p, gr in others:
+                p.grad = gr
+        return tuple(p._data for p in params)
+
+    return optimizer_step
+
+
+def _flatten(obj):
+    """Leaves (Tensors and other values) and a tree to rebuild ``obj`` from new leaves."""
+    leaves = []
+
+    def walk(o):
+        if isinstance(o, Tensor):
+            leaves.append(o)
+            return ("leaf", len(leaves) - 1)
+        if isinstance(o, (tuple, list)) and type(o) in (tuple, list):
+            return (type(o), [walk(x) for x in o])
+        if type(o) is dict:
+            return (dict, [(k, walk(x)) for k, x in o.items()])
+        leaves.append(o)
+        return ("leaf", len(leaves) - 1)
+
+    return leaves, walk(obj)
+
+
+def unflatten(tree, leaves):
+    kind, body = tree
+    if kind == "leaf":
+        return leaves[body]
+    if kind is dict:
+        return {k: unflatten(x, leaves) for k, x in body}
+    return kind(unflatten(x, leaves) for x in body)
+
+
+# --- optimizer.step() and backward() come to the tracer ----------------------------------
+def _install():
+    from tapegrad.optim.optimizer import Optimizer
+
+    if getattr(Optimizer.step, "_compiler_hook", False):
+        return
+    original = Optimizer.step
+
+    def step(self, closure=None):
+        tr = active() if grad_state.modes else None
+        if tr is None or closure is not None or type(self).step is not step:
+            return original(self, closure)
+        return tr.optimizer_step(self, original)
+
+    step.__doc__ = original.__doc__
+    step.__name__ = "step"
+    step._compiler_hook = True
+    Optimizer.step = step
+
+
+def trace_call(fn, args, kwargs=None, fullgraph=False, joint=False):
+    """Run ``fn(*args, **kwargs)`` under a Tracer: ``(result, graph or None, tracer)``."""
+    _install()
+    tr = Tracer(args)
+    tr.fullgraph = fullgraph
+    try:
+        with tr:
+            result = fn(*args, **(kwargs or {}))
+            if joint and not tr.broken and grad_state.enabled and not tr.n_backward and \
+                    not any(n.effect for n in tr.graph.nodes):
+                tr.joint = tr.joint_backward(result)
+        graph = tr.finish(result)
+    except BaseException:
+        for t, cls in tr.swapped:
+            t.__class__ = cls
+        tr.swapped = []
+        raise
+    if tr.broken and fullgraph:
+        raise tr.broken
+    return result, (None if tr.broken else graph), tr
+
+
+def trace(fn, *args, **kwargs):
+    """As ``torch.fx.symbolic_trace``/``jax.make_jaxpr``: run ``fn(*args)`` once (eagerly,
+    side effects included) and return its graph (``print(graph)`` reads it).
+
+    >>> g = tapegrad.compiler.trace(lambda x: (x * 2).sum(), tapegrad.ones(3))
+    >>> print(g)
+    """
+    _, graph, tr = trace_call(fn, args, kwargs, fullgraph=True)
+    return graph
+
+
+if sys.version_info < (3, 9):  # pragma: no cover
+    raise ImportError("tapegrad.compiler needs Python 3.9+")
