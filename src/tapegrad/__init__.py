@@ -45,3 +45,5 @@ from tapegrad.amp.autocast_mode import (  # noqa: F401,E402
     clear_autocast_cache, autocast_increment_nesting, autocast_decrement_nesting)
 
 __version__ = "0.1.0"
+from tapegrad import compiler  # noqa: F401,E402  (issue 9: trace, passes, codegen)
+from tapegrad.compiler import compile  # noqa: F401,E402
