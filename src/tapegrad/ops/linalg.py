@@ -95,6 +95,14 @@ class _MatmulOp(_registry.Op):
 matmul.__class__ = _MatmulOp
 
 
+@matmul.costs
+def _(arrays, out, params):
+    # one multiply-add per (output element, contracted index): 2*M*N*K, times the batch
+    a = arrays[0]
+    return (2 * _registry.numel(out) * a.shape[-1], _registry.read_bytes(arrays),
+            _registry.written_bytes(out))
+
+
 def _unlift(grad, lifted, shape):
     if tuple(grad.shape) != lifted:
         grad = sum_to(grad, shape=lifted)  # batch dims the operand was broadcast over
@@ -112,6 +120,29 @@ def einsum_op(arrays, equation):
         return einsum_op.forward([a.astype(xp.float32) for a in arrays],
                                  equation).astype(arrays[0].dtype)
     return xp.einsum(equation, *arrays, optimize=len(arrays) > 2 or _work(equation, arrays) > 32768)
+
+
+@einsum_op.costs
+def _(arrays, out, params):
+    # contracted left to right: each step multiplies over the union of its two terms' letters
+    # (a multiply-add, 2 FLOPs, where a letter is summed away; else 1); one operand: its sums
+    operands = arrays[0]
+    inputs, output = _split_equation(params["equation"])
+    sizes = {}
+    for term, a in zip(inputs, operands):
+        sizes.update(zip(term, a.shape))
+    flops, current = 0, set(inputs[0])
+    if len(inputs) == 1 and current - set(output):
+        flops = _registry.numel(operands[0])
+    for i in range(1, len(inputs)):
+        union = current | set(inputs[i])
+        later = set(output).union(*inputs[i + 1:])
+        n = 1
+        for c in union:
+            n *= sizes[c]
+        flops += n * (2 if union - later else 1)
+        current = union & later
+    return flops, _registry.read_bytes(arrays), _registry.written_bytes(out)
 
 
 def _work(equation, arrays):

@@ -64,6 +64,9 @@ def _(g, out, a, shape):
     return broadcast_to_op(g, shape=a.shape)
 
 
+_registry.per_input_element(sum_to)  # a reduction: FLOPs per input element
+
+
 @op(saves="none", view=True, name="reshape")
 def reshape_op(a, shape):
     try:

@@ -10,6 +10,7 @@ import math
 
 from tapegrad.backend import reduce_axis
 from tapegrad.ops.registry import op, xp
+from tapegrad.ops import registry as _registry
 from tapegrad.ops.elementwise import exp, log, sqrt, tanh, sigmoid, erf, where_op as where
 from tapegrad.ops.elementwise import np_dtype
 from tapegrad.ops.movement import reshape_op as reshape, sum_to
@@ -68,6 +69,19 @@ def linear_relu(x, w, b=None):
 @linear_relu.grad
 def _(g, out, x, w, b=None, needs=(True, True, True)):
     return linear.rule(g * (out > 0), None, x, w, b, needs=needs)
+
+
+def _contraction(flops):
+    """A cost rule whose FLOPs are ``flops(arrays, out)`` (a multiply-add counts 2, as in
+    ``torch.utils.flop_counter``; bias adds and attention's softmax are not counted, as there)."""
+    return lambda arrays, out, params: (flops(arrays, out), _registry.read_bytes(arrays),
+                                        _registry.written_bytes(out))
+
+
+_numel = _registry.numel
+# x (..., in) against w (out, in): 2 * rows * out * in
+linear.costs(_contraction(lambda a, out: 2 * _numel(out) * a[0].shape[-1]))
+linear_relu.costs(_contraction(lambda a, out: 2 * _numel(out) * a[0].shape[-1]))
 
 
 # --- activations -------------------------------------------------------------------------
@@ -292,6 +306,11 @@ def _(g, out, x, t, needs=(True, True)):
     return gx, gt
 
 
+# these reduce: their FLOPs are per element of the input, not of the (smaller) output
+for _reducing in (l2_norm, softmax_cross_entropy, cross_entropy_index, nll_loss):
+    _registry.per_input_element(_reducing)
+
+
 # --- normalisation -----------------------------------------------------------------------
 def _norm_forward(x, w=None, b=None, *, axes, eps, param_shape):
     if x.size == 0:  # an empty batch: nothing to standardise (and no mean of nothing)
@@ -497,6 +516,13 @@ def _(gg, out, x, g, kernel, stride, padding, dilation, groups, needs=(True, Tru
     return dx, dg
 
 
+# each is one GEMM over im2col patches: 2 * (output positions) * (one filter's taps), the
+# filter's taps being (C/groups) * KH * KW; the two gradients are the same-size products
+conv2d.costs(_contraction(lambda a, out: 2 * _numel(out) * _numel(a[1]) // a[1].shape[0]))
+conv2d_input.costs(_contraction(lambda a, out: 2 * _numel(a[0]) * _numel(a[1]) // a[1].shape[0]))
+conv2d_weight.costs(_contraction(lambda a, out: 2 * _numel(a[1]) * _numel(out) // out.shape[0]))
+
+
 # --- pooling -----------------------------------------------------------------------------
 @op(differentiable=False)
 def max_pool2d_indices(x, kernel, stride, padding, dilation, out_size):
@@ -662,6 +688,15 @@ def _(g, out, q, k, v, bias=None, scale=1.0, keep=None, needs=(True,) * 4):
         if bias is not None and needs[3]:
             gb = _sum_to(gs, bias.shape)
     return gq, gk, gv, gb
+
+
+@scaled_dot_product_attention.costs
+def _(arrays, out, params):
+    # q k^T and p v: 2 * L * S * (E + Ev) per batch entry (out is (..., L, Ev))
+    q, k, v = arrays[:3]
+    batch = _numel(out) // (q.shape[-2] * v.shape[-1])
+    flops = 2 * batch * q.shape[-2] * k.shape[-2] * (q.shape[-1] + v.shape[-1])
+    return flops, _registry.read_bytes(arrays), _registry.written_bytes(out)
 
 
 def _sum_to(a, shape):

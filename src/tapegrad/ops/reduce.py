@@ -592,6 +592,11 @@ def _logical_public(name, logical_op):
 all = _logical_public("all", all_op)
 any = _logical_public("any", any_op)
 
+# reductions count their FLOPs per element of the input, not of the (smaller) output
+for _reduction in (sum_op, mean_op, var_op, std_op, prod_op, logsumexp_op, norm_op, all_op,
+                   any_op):
+    registry.per_input_element(_reduction)
+
 
 __all__ = ["sum", "mean", "var", "std", "max", "min", "amax", "amin", "argmax", "argmin",
            "prod", "logsumexp", "norm", "cumsum", "all", "any"]

@@ -38,7 +38,7 @@ class Op:
 
     __slots__ = ("name", "forward", "rule", "flops", "saves", "save_inputs", "save_out",
                  "elementwise", "float_only", "differentiable", "view", "fused", "needs",
-                 "keep", "__wrapped__")
+                 "keep", "cost_rule", "__wrapped__")
 
     def __init__(self, forward, name, flops, saves, elementwise, float_only, differentiable,
                  view, fused, needs, uses=None):
@@ -67,6 +67,7 @@ class Op:
             n = len(uses)
             self.keep = [tuple(any(m >> j & 1 and i in uses[j] for j in range(n))
                                for i in range(n)) for m in range(1 << n)]
+        self.cost_rule = None  # (arrays, out, params) -> (flops, read, written); see cost()
         self.__wrapped__ = forward
 
     @property
@@ -77,6 +78,29 @@ class Op:
         """Register the gradient rule ``rule(g, out, *inputs, **params) -> grads``."""
         self.rule = rule
         return rule
+
+    def costs(self, rule):
+        """Register the op's cost rule ``rule(arrays, out, params) -> (flops, bytes_read,
+        bytes_written)``, for ops whose FLOPs are not ``flops`` per output element."""
+        self.cost_rule = rule
+        return rule
+
+    def cost(self, arrays, out, params=None):
+        """``(flops, bytes_read, bytes_written)`` of one call: the numbers the profiler, the
+        roofline and the compiler read.
+
+        ``arrays``: the forward's positional arguments (arrays, or anything with ``shape``
+        and ``dtype`` such as a ``Meta``; a list for variadic ops; Python scalars count 0
+        bytes); ``out``: its output (or a tuple of outputs). A view costs nothing. Otherwise,
+        unless a cost rule is registered (contractions, reductions), FLOPs are ``flops`` per
+        output element; bytes read are each input's distinct bytes (a broadcast input's stride-0
+        dims are read once), bytes written the output's.
+        """
+        if self.cost_rule is not None:
+            return self.cost_rule(arrays, out, params or {})
+        if self.view:
+            return 0, 0, 0
+        return self.flops * numel(out), read_bytes(arrays), written_bytes(out)
 
     def __repr__(self):
         return f"<op {self.name}>"
@@ -94,6 +118,50 @@ class Op:
     def __get__(self, obj, objtype=None):
         # an op stored on a class (Tensor.__mul__ = mul) binds like a function
         return self if obj is None else MethodType(self, obj)
+
+
+def numel(a):
+    """Elements of an array, of a shape-and-dtype stand-in, or of a tuple of arrays."""
+    if isinstance(a, (tuple, list)):
+        return sum(numel(x) for x in a)
+    shape = getattr(a, "shape", None)
+    if shape is None:
+        return 0
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def read_bytes(arrays):
+    """Distinct bytes of the array arguments: dims of stride 0 (a broadcast) count once."""
+    total = 0
+    for a in arrays:
+        if isinstance(a, (tuple, list)):
+            total += read_bytes(a)
+            continue
+        shape = getattr(a, "shape", None)
+        if shape is None:
+            continue
+        strides = getattr(a, "strides", None) or (1,) * len(shape)
+        n = 1
+        for d, st in zip(shape, strides):
+            if st != 0:
+                n *= d
+        total += n * a.dtype.itemsize
+    return total
+
+
+def written_bytes(out):
+    if isinstance(out, (tuple, list)):
+        return sum(written_bytes(o) for o in out)
+    return numel(out) * out.dtype.itemsize if hasattr(out, "dtype") else 0
+
+
+def per_input_element(o):
+    """Give ``o`` the cost of a reduction or scan: ``o.flops`` per element of its input."""
+    return o.costs(lambda arrays, out, params: (
+        o.flops * numel(arrays[0]), read_bytes(arrays), written_bytes(out)))
 
 
 def op(flops=0, saves="inputs", elementwise=False, float_only=False, differentiable=True,
@@ -228,4 +296,5 @@ def _watched(o, args, params):
 
 
 # re-exported for ops modules
-__all__ = ["op", "Op", "REGISTRY", "dispatch", "xp", "Meta"]
+__all__ = ["op", "Op", "REGISTRY", "dispatch", "xp", "Meta", "numel", "read_bytes",
+           "written_bytes", "per_input_element"]
