@@ -70,6 +70,10 @@ class RankFailedError(DistBackendError):
         self.failed_rank = failed_rank
 
 
+for _cls in (DistError, DistBackendError, RankFailedError):
+    _cls.__module__ = "tapegrad.distributed"
+
+
 class RedOpType:
     """One reduction (``ReduceOp.SUM`` ...); compares equal to its name's ``ReduceOp`` member."""
 
