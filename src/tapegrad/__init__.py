@@ -33,6 +33,10 @@ from tapegrad import sparse  # noqa: F401,E402  (sparse COO tensors, issue 10)
 from tapegrad.sparse import (layout, strided, sparse_coo, sparse_coo_tensor,  # noqa: F401,E402
                              spmm)
 from tapegrad import io, safetensors, serialization  # noqa: F401,E402
+from tapegrad import linalg  # noqa: F401,E402  (torch.linalg; det, trace, kron, cdist...)
+globals().update(linalg.TOPLEVEL)
+from tapegrad import special  # noqa: F401,E402  (torch.special; erfc, lgamma, i0... below)
+globals().update(special.TOPLEVEL)
 from tapegrad.runtime import (set_num_threads, get_num_threads, set_num_interop_threads,  # noqa
                               get_num_interop_threads, empty_cache)
 # mixed precision (issue 10): torch.autocast, torch.amp, torch.cpu.amp, torch.cuda.amp

@@ -554,9 +554,10 @@ def norm(input, p="fro", dim=None, keepdim=False, dtype=None):
                            f"input. Got {input.dtype}")
     if isinstance(p, str):
         ndims = input.ndim if dim is None else 1 if isinstance(dim, int) else len(dim)
-        if p != "fro" or ndims > 2:
-            raise RuntimeError(f"norm: p={p!r} over {ndims} dims is a matrix norm, which "
-                               "tapegrad does not implement (vector norms and 'fro' only)")
+        if p != "fro" or ndims > 2:  # as torch.norm: a matrix norm (over 2 dims, else raises)
+            from tapegrad.linalg import matrix_norm
+            return matrix_norm(input, p, tuple(range(input.ndim)) if dim is None else dim,
+                               keepdim)
         p = 2
     p = 2.0 if p is None else builtins.float(p)
     if input._data.size == 0 and (p < 0 or p == math.inf):  # max/min/1/x: no identity
