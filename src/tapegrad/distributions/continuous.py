@@ -81,16 +81,17 @@ class Normal(Distribution):
 class Uniform(Distribution):
     """As ``torch.distributions.Uniform(low, high)``: ``[low, high)``."""
 
-    arg_constraints = {"low": constraints.dependent(is_discrete=False, event_dim=0),
-                       "high": constraints.dependent(is_discrete=False, event_dim=0)}
     has_rsample = True
+
+    @property
+    def arg_constraints(self):
+        return {"low": constraints.less_than(self.high),
+                "high": constraints.greater_than(self.low)}
 
     def __init__(self, low, high, validate_args=None):
         self.low, self.high = broadcast_all(low, high)
         batch_shape = () if _numbers(low, high) else self.low.shape
         super().__init__(batch_shape, validate_args=validate_args)
-        if self._validate_args and not bool(xp.all(self.low._data < self.high._data)):
-            raise ValueError("Uniform is not defined when low>= high")
 
     def expand(self, batch_shape, _instance=None):
         return _expand_params(self, Uniform, batch_shape, ("low", "high"), _instance)

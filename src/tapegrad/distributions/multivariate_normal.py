@@ -108,8 +108,11 @@ class MultivariateNormal(Distribution):
 
     @lazy_property
     def precision_matrix(self):
+        # (L L^T)^-1 through a re-factorisation of L L^T: the gradient treats L as a full
+        # matrix, as PyTorch's cholesky_inverse does
         L = self._unbroadcasted_scale_tril
         n = L.shape[-1]
+        L = cholesky(tapegrad.matmul(L, L.mT))
         L_inv = solve_triangular(L, _eye_like(n, L).expand(tuple(L.shape)), upper=False)
         return tapegrad.matmul(L_inv.mT, L_inv).expand(self._full())
 
