@@ -1,0 +1,417 @@
+"""tapegrad.compile and tapegrad.compiler (issue 9): trace/IR, passes, codegen, guards, breaks.
+
+Compiled results are compared with eager tapegrad bitwise (no kernel here reorders
+arithmetic) and, for the training steps, with PyTorch eager at 1e-12 in float64.
+"""
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import tapegrad as tg
+import tapegrad.nn as nn
+import tapegrad.nn.functional as F
+from tapegrad.bench.spiral import init_params, spiral_data
+from tapegrad.compiler import api, passes
+from tapegrad.compiler.ir import Graph, Input, Node, Value
+from tapegrad.ops.registry import REGISTRY
+
+
+def _mlp(T, sizes=(2, 32, 3), seed=0):
+    ps = init_params(sizes, seed=seed)
+    layers = []
+    for k in range(0, len(ps), 2):
+        lin = T.nn.Linear(ps[k].shape[1], ps[k].shape[0]).double()
+        with T.no_grad():
+            lin.weight.copy_(T.tensor(ps[k]))
+            lin.bias.copy_(T.tensor(ps[k + 1]))
+        layers += [lin, T.nn.ReLU()]
+    return T.nn.Sequential(*layers[:-1])
+
+
+def _step_fn(T, model, opt, sched=None):
+    F_ = T.nn.functional
+
+    def step(x, t):
+        opt.zero_grad()
+        loss = F_.cross_entropy(model(x), t)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return step
+
+
+def _same_params(m1, m2):
+    for p, q in zip(m1.parameters(), m2.parameters()):
+        assert np.array_equal(p.detach().numpy(), q.detach().numpy())
+
+
+# --- trace and IR -----------------------------------------------------------------------
+def test_trace_prints_ssa_values_with_shapes_and_dtypes():
+    x = tg.ones(2, 3, dtype=tg.float64)
+    g = tg.compiler.trace(lambda x: (x * 2.0).exp().sum(dim=1), x)
+    text = str(g)
+    assert [n.name for n in g.nodes] == ["mul", "exp", "sum"]
+    assert "%a00: f64[2, 3]" in text and "mul(%a00, 2.0)" in text
+    assert "f64[2] = sum(" in text and text.strip().endswith("}")
+    assert g.print_readable() == text
+
+
+def test_trace_records_joint_graph_with_backward_and_optimizer_effect():
+    model = _mlp(tg)
+    opt = tg.optim.SGD(model.parameters(), lr=0.1)
+    X, y = spiral_data(16)
+    g = tg.compiler.trace(_step_fn(tg, model, opt), tg.tensor(X), tg.tensor(y))
+    names = [n.name for n in g.nodes]
+    assert names[:4] == ["linear", "relu", "linear", "cross_entropy_index"]
+    assert "matmul" in names and "vjp_cross_entropy_index" in names  # rules traced as ops
+    assert names[-1] == "optimizer_step" and g.nodes[-1].effect
+    assert [k for k, *_ in g.writes] == ["grad"] * 4
+    assert sum(src.kind == "ref" for _, src in g.inputs) == 4  # parameters by reference
+
+
+def test_trace_fullgraph_break_names_source_line():
+    x = tg.ones(3, dtype=tg.float64)
+
+    def f(x):
+        s = (x * 2).sum()
+        if s.item() > 0:  # a break: Python control flow on a value
+            return s
+        return -s
+
+    with pytest.raises(tg.compiler.GraphBreak) as e:
+        tg.compiler.trace(f, x)
+    assert "item" in str(e.value) and "test_compiler.py" in e.value.where
+    assert "s.item() > 0" in e.value.where
+
+
+# --- passes -----------------------------------------------------------------------------
+def _graph(build):
+    """A small graph by hand: build(g, inp) -> outputs."""
+    g = Graph()
+    x = g.new_value((4,), np.float64, "x")
+    g.inputs.append((x, Input("array", index=0)))
+    g.outputs = build(g, x)
+    return g, x
+
+
+def _node(g, name, ins, **params):
+    op = REGISTRY[name]
+    arrays = [np.ones(a.shape, a.dtype) if isinstance(a, Value) else a for a in ins]
+    out = np.asarray(op.forward(*arrays, **params))
+    v = g.new_value(out.shape, out.dtype)
+    g.nodes.append(Node(op, name, ins, params, [v]))
+    return v
+
+
+def test_dce_removes_exactly_the_dead_nodes():
+    keep = {}
+
+    def build(g, x):
+        a = _node(g, "exp", [x])
+        _node(g, "log", [a])  # dead
+        d = _node(g, "tanh", [x])
+        _node(g, "mul", [d, 2.0])  # dead
+        keep["out"] = _node(g, "add", [a, d])
+        return [keep["out"]]
+
+    g, _ = _graph(build)
+    out = passes.dce(g)
+    assert [n.name for n in out.nodes] == ["exp", "tanh", "add"]
+    assert len(g.nodes) == 5  # the input graph is left as it was
+
+
+def test_cse_merges_exactly_the_duplicates():
+    def build(g, x):
+        a = _node(g, "exp", [x])
+        b = _node(g, "exp", [x])  # duplicate of a
+        c = _node(g, "mul", [a, 2.0])
+        d = _node(g, "mul", [b, 2.0])  # duplicate of c once b is a
+        e = _node(g, "mul", [b, 3.0])  # a different param: kept
+        return [_node(g, "add", [c, d]), e]
+
+    g, x = _graph(build)
+    out = passes.cse(g)
+    assert [n.name for n in out.nodes] == ["exp", "mul", "mul", "add"]
+    add = out.nodes[-1]
+    assert add.inputs[0] is add.inputs[1]
+    arr = [np.linspace(-1, 1, 4)]
+    assert all(np.array_equal(a, b) for a, b in
+               zip(passes.evaluate(g, arr)[0], passes.evaluate(out, arr)[0]))
+
+
+def test_fold_and_simplify():
+    def build(g, x):
+        c = g.new_value((4,), np.float64, "c")
+        g.consts[c] = np.arange(4.0)
+        k = _node(g, "exp", [c])  # constant: folded
+        r = _node(g, "reshape", [x], shape=(4,))  # identity: removed
+        m = _node(g, "mul", [r, 1])  # times one: removed
+        return [_node(g, "add", [m, k])]
+
+    g, x = _graph(build)
+    s = passes.simplify(g)
+    assert [n.name for n in s.nodes] == ["exp", "add"]
+    assert s.nodes[-1].inputs[0] is x
+    f = passes.fold_constants(s)
+    assert [n.name for n in f.nodes] == ["add"]
+    arr = [np.linspace(-1, 1, 4)]
+    assert np.array_equal(passes.evaluate(g, arr)[0][0], passes.evaluate(f, arr)[0][0])
+
+
+def test_fusion_groups_pointwise_chains():
+    def build(g, x):
+        a = _node(g, "exp", [x])
+        b = _node(g, "mul", [a, 2.0])
+        c = _node(g, "tanh", [b])  # exp -> mul -> tanh: one kernel
+        s = _node(g, "sum", [c], dims=(0,))  # a reduction ends the group
+        d = _node(g, "neg", [x])
+        e = _node(g, "add", [d, c])  # c has two readers: not fused into e's group
+        return [s, e]
+
+    g, x = _graph(build)
+    out = passes.fuse(g)
+    names = [n.name for n in out.nodes]
+    assert names == ["fused", "sum", "fused"]
+    assert [m.name for m in out.nodes[0].meta["nodes"]] == ["exp", "mul", "tanh"]
+    assert [m.name for m in out.nodes[2].meta["nodes"]] == ["neg", "add"]
+    arr = [np.linspace(-1, 1, 4)]
+    src, run = tg.compiler.codegen.generate(out)
+    got = run([arr[0]], [None], [])
+    want = passes.evaluate(g, arr)[0]
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))
+    assert "def fused_0(" in src and "out=" in src  # buffers reused inside the kernel
+
+
+def test_value_check_names_a_broken_pass():
+    def build(g, x):
+        return [_node(g, "mul", [_node(g, "exp", [x]), 2.0])]
+
+    g, _ = _graph(build)
+
+    def broken(graph):  # "simplifies" x * 2 to x
+        return passes._substitute(graph, {id(graph.nodes[1].outputs[0]):
+                                          graph.nodes[0].outputs[0]}, {id(graph.nodes[1])})
+
+    arr = [np.linspace(-1, 1, 4)]
+    passes.optimize(g, check=arr)  # the real passes keep every value
+    with pytest.raises(passes.PassCheckError) as e:
+        passes.optimize(g, (("cse", passes.cse), ("broken", broken)), check=arr)
+    assert e.value.pass_name == "broken"
+
+
+# --- compile: training steps --------------------------------------------------------------
+def test_spiral_sgd_step_compiled_equals_eager_and_torch_over_100_steps():
+    X, y = spiral_data(512)
+    m_eager, m_comp, m_torch = _mlp(tg), _mlp(tg), _mlp(torch)
+    eager = _step_fn(tg, m_eager, tg.optim.SGD(m_eager.parameters(), lr=0.5))
+    comp = tg.compile(_step_fn(tg, m_comp, tg.optim.SGD(m_comp.parameters(), lr=0.5)))
+    ref = _step_fn(torch, m_torch, torch.optim.SGD(m_torch.parameters(), lr=0.5))
+    Xt, yt, Xr, yr = tg.tensor(X), tg.tensor(y), torch.tensor(X), torch.tensor(y)
+    for i in range(100):
+        le, lc, lr_ = eager(Xt, yt).item(), comp(Xt, yt).item(), ref(Xr, yr).item()
+        assert le == lc, i
+        assert abs(lc - lr_) <= 1e-12 * abs(lr_), i
+    _same_params(m_eager, m_comp)
+    assert len(comp.entries) == 2 and comp.n_hits == 98  # grads absent, then present
+    for p, q in zip(m_comp.parameters(), m_torch.parameters()):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-11,
+                                   atol=1e-13)
+        np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-10, atol=1e-13)
+
+
+def test_step_with_new_batches_each_call():
+    """Targets and inputs are read each call (a frozen first batch would diverge)."""
+    m1, m2 = _mlp(tg), _mlp(tg)
+    s1 = _step_fn(tg, m1, tg.optim.SGD(m1.parameters(), lr=0.3, momentum=0.9))
+    s2 = tg.compile(_step_fn(tg, m2, tg.optim.SGD(m2.parameters(), lr=0.3, momentum=0.9)))
+    rng = np.random.default_rng(1)
+    for i in range(20):
+        X = tg.tensor(rng.standard_normal((64, 2)))
+        y = tg.tensor(rng.integers(0, 3, 64))
+        assert s1(X, y).item() == s2(X, y).item(), i
+    _same_params(m1, m2)
+    assert s2.n_hits == 18
+
+
+def test_adam_with_lr_scheduler_compiled_equals_eager():
+    X, y = spiral_data(128)
+    Xt, yt = tg.tensor(X), tg.tensor(y)
+    runs = []
+    for compiled in (False, True):
+        model = _mlp(tg, (2, 16, 16, 3))
+        opt = tg.optim.Adam(model.parameters(), lr=0.01)
+        sched = tg.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=30)
+        step = _step_fn(tg, model, opt)
+        if compiled:
+            step = tg.compile(step)
+        losses = []
+        for _ in range(30):
+            losses.append(step(Xt, yt).item())
+            sched.step()  # a new LR each step: read at run time, never baked in
+        runs.append((losses, model, step))
+    assert runs[0][0] == runs[1][0]
+    _same_params(runs[0][1], runs[1][1])
+    assert len(runs[1][2].entries) == 2
+
+
+def test_compiled_module_forward_and_backward_node():
+    X, y = spiral_data(64)
+    m1, m2 = _mlp(tg), _mlp(tg)
+    cm = tg.compile(m2)
+    o1, o2 = tg.optim.SGD(m1.parameters(), lr=0.2), tg.optim.SGD(m2.parameters(), lr=0.2)
+    Xt, yt = tg.tensor(X), tg.tensor(y)
+    for i in range(5):
+        for m, o in ((m1, o1), (cm, o2)):
+            o.zero_grad()
+            loss = F.cross_entropy(m(Xt), yt)
+            loss.backward()
+            o.step()
+    _same_params(m1, m2)
+    e = cm._compiled.entries[-1]
+    assert e.joint is not None and cm._compiled.n_hits >= 3
+    out = cm(Xt)
+    assert out.grad_fn is not None  # one node on the tape for the compiled backward
+    assert cm.training and cm._orig_mod is m2
+
+
+# --- guards, recompiles, breaks -------------------------------------------------------------
+def test_guards_recompile_on_shape_dtype_requires_grad_and_grad_mode():
+    f = tg.compile(lambda x: (x * x + 1).sum(dim=0))
+    a = tg.ones(3, 2, dtype=tg.float64)
+    f(a), f(a)
+    assert len(f.entries) == 1 and f.n_hits == 1
+    f(tg.ones(4, 2, dtype=tg.float64))
+    f(tg.ones(3, 2, dtype=tg.float32))
+    assert len(f.entries) == 3
+    r = tg.ones(3, 2, dtype=tg.float64, requires_grad=True)
+    out = f(r)
+    out.sum().backward()
+    np.testing.assert_array_equal(r.grad.numpy(), 2 * np.ones((3, 2)))
+    with tg.no_grad():
+        f(r)
+    assert len(f.entries) == 5
+    x = tg.tensor(np.linspace(-2, 2, 6).reshape(3, 2))
+    np.testing.assert_array_equal(f(x).numpy(), (x.numpy() ** 2 + 1).sum(0))
+
+
+def test_training_flag_is_guarded():
+    model = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.5)).double()
+    f = tg.compile(lambda x: model(x))
+    x = tg.ones(2, 3, dtype=tg.float64)
+    model.eval()
+    with tg.no_grad():
+        f(x), f(x)
+    assert len(f.entries) == 1
+    model.train()
+    tg.manual_seed(0)
+    with tg.no_grad():
+        a = f(x)  # dropout draws random numbers: a graph break, eager result
+        tg.manual_seed(0)
+        b = model(x)
+    np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert len(f.entries) == 1 and len(f.breaks) == 1 and "random" in f.breaks[0].reason
+
+
+def test_dropout_masks_are_fresh_each_call():
+    model = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5)).double()
+    f = tg.compile(model)
+    x = tg.ones(4, 8, dtype=tg.float64)
+    tg.manual_seed(3)
+    outs = [f(x).detach().numpy().copy() for _ in range(3)]
+    tg.manual_seed(3)
+    want = [model(x).detach().numpy().copy() for _ in range(3)]
+    for a, b in zip(outs, want):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(outs[0], outs[1])
+
+
+def test_cache_limit_then_eager_with_a_warning(monkeypatch):
+    monkeypatch.setattr(api, "cache_size_limit", 2)
+    f = tg.compile(lambda x, k: x * k)
+    x = tg.ones(2, dtype=tg.float64)
+    f(x, 1.0), f(x, 2.0)
+    with pytest.warns(RuntimeWarning, match="cache size limit"):
+        out = f(x, 3.0)
+    np.testing.assert_array_equal(out.numpy(), [3.0, 3.0])
+    assert len(f.entries) == 2
+
+
+@pytest.mark.parametrize("read", ["item", "bool", "tolist", "numpy"])
+def test_graph_breaks_give_correct_results(read):
+    def f(x):
+        s = (x * 3).sum()
+        if read == "item":
+            v = s.item()
+        elif read == "bool":
+            v = 1.0 if bool(s > 0) else -1.0
+        elif read == "tolist":
+            v = s.tolist()
+        else:
+            v = float(s.detach().numpy())
+        return x * v
+
+    c = tg.compile(f)
+    for k in (1.0, -2.0, 0.5):
+        x = tg.tensor([k, 2 * k], dtype=tg.float64)
+        np.testing.assert_array_equal(c(x).numpy(), f(x).numpy())
+    assert not c.entries and len(c.breaks) == 1
+    with pytest.raises(tg.compiler.GraphBreak, match="test_compiler.py"):
+        tg.compile(f, fullgraph=True)(tg.ones(2, dtype=tg.float64))
+
+
+def test_explain_reports_graphs_breaks_and_passes():
+    model = _mlp(tg)
+    opt = tg.optim.SGD(model.parameters(), lr=0.1)
+    X, y = spiral_data(32)
+    out = tg.compiler.explain(_step_fn(tg, model, opt))(tg.tensor(X), tg.tensor(y))
+    assert out.graph_count == 1 and out.graph_break_count == 0
+    names = [name for name, _, _ in out.pass_log]
+    assert names == ["simplify", "cse", "fold_constants", "dce", "fuse"]
+    assert "Graph Count: 1" in str(out)
+
+    def bad(x):
+        return x * (x.sum().item())
+
+    out = tg.compiler.explain(bad)(tg.ones(2, dtype=tg.float64))
+    assert out.graph_count == 0 and out.graph_break_count == 1
+    assert "item" in out.break_reasons[0].reason
+
+
+def test_in_place_outside_ops_is_a_break_not_a_silent_drop():
+    w = tg.ones(3, dtype=tg.float64)
+
+    def f(x):
+        with tg.no_grad():
+            w.clamp_(max=0.5)  # an untraced in-place fast path on outside state
+        return x * w
+
+    c = tg.compile(f)
+    x = tg.ones(3, dtype=tg.float64)
+    np.testing.assert_array_equal(c(x).numpy(), [0.5] * 3)
+    assert not c.entries and c.breaks
+
+
+def test_manual_sgd_in_place_update_is_traced_and_written_back():
+    X, y = spiral_data(64)
+    Xt, yt = tg.tensor(X), tg.tensor(y)
+    ms = [_mlp(tg), _mlp(tg)]
+
+    def make(model):
+        def step(x, t):
+            loss = F.cross_entropy(model(x), t)
+            loss.backward()
+            with tg.no_grad():
+                for p in model.parameters():
+                    p.add_(p.grad, alpha=-0.5)
+                    p.grad = None
+            return loss
+        return step
+
+    s0, s1 = make(ms[0]), tg.compile(make(ms[1]))
+    for _ in range(10):
+        assert s0(Xt, yt).item() == s1(Xt, yt).item()
+    _same_params(*ms)
+    assert s1.n_hits == 9 and any(k == "data" for k, *_ in s1.entries[0].graph.writes)
