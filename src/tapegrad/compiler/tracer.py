@@ -102,6 +102,24 @@ def _inplace_method(name):
     return method
 
 
+def _aliasing(name):
+    """``detach()`` / ``.data``: a new Tensor over the same array stands for the same value."""
+    base = getattr(Tensor, name)
+    get = base.fget if isinstance(base, property) else base
+
+    def method(self, *args):
+        out = get(self, *args)
+        tr = active()
+        if tr is not None and not tr.broken and isinstance(out, Tensor):
+            e = tr.tmap.get(id(self))
+            if e is not None and e[0] is self and out._data is self._data:
+                tr._bind(out, e[1])
+        return out
+
+    method.__name__ = name
+    return property(method, base.fset) if isinstance(base, property) else method
+
+
 def _traced_class(cls):
     """``cls`` with the value-reading methods and in-place fast paths seen by the tracer
     (the same layout, so ``__class__`` can be swapped for the trace and back)."""
@@ -112,6 +130,8 @@ def _traced_class(cls):
             body[name] = _reader(name)
         for name in _INPLACE:
             body[name] = _inplace_method(name)
+        for name in ("detach", "data"):
+            body[name] = _aliasing(name)
         t = type(cls.__name__, (cls,), body)
         _traced_classes[cls] = t
     return t
@@ -196,10 +216,12 @@ class Tracer(DispatchMode):
         # the census: tensors alive before the call (state the graph reads by reference)
         from tapegrad import random as _random
         objs, gens = [], []
+        gen_cls = _random.Generator
         for o in gc.get_objects():
-            if isinstance(o, Tensor):
+            t = type(o)  # not isinstance: that reads __class__, which some objects override
+            if issubclass(t, Tensor):
                 objs.append(o)
-            elif isinstance(o, _random.Generator):
+            elif t is gen_cls:
                 gens.append(o)
         self.census = {id(t): (t, t._version[0], t.grad, None if t.grad is None else
                                t.grad._version[0]) for t in objs}
@@ -258,6 +280,8 @@ class Tracer(DispatchMode):
     def _constant(self, array, t):
         if self.rule_depth:
             self.dirty = True  # the rule becomes a vjp node; this constant is dead code
+        elif self._rng_changed():
+            self.graph_break(_RNG_BREAK)
         else:
             self.graph_break("a tensor computed outside ops (its values would be frozen into "
                              "the graph)")
@@ -507,12 +531,12 @@ class Tracer(DispatchMode):
                         t.grad = Tensor._make(np.array(gr._data))
         return g
 
+    def _rng_changed(self):
+        return any(gen._rng.bit_generator.state != state for gen, state in self.rng)
+
     def _check_rng(self):
-        for gen, state in self.rng:
-            if gen._rng.bit_generator.state != state:
-                self.graph_break("random numbers were drawn (dropout, rand...): each call "
-                                 "needs fresh ones")
-                return
+        if self._rng_changed():
+            self.graph_break(_RNG_BREAK)
 
     def _writes(self):
         g = self.graph
@@ -539,6 +563,9 @@ class Tracer(DispatchMode):
                 gr = src.ref.grad
                 self.guards.append(("grad", src.ref, None if gr is None else
                                     (gr._data.shape, gr._data.dtype)))
+
+
+_RNG_BREAK = "random numbers were drawn (dropout, rand...): each call needs fresh ones"
 
 
 def _parameter():
