@@ -51,3 +51,4 @@ from tapegrad.amp.autocast_mode import (  # noqa: F401,E402
 __version__ = "0.1.0"
 from tapegrad import compiler  # noqa: F401,E402  (issue 9: trace, passes, codegen)
 from tapegrad.compiler import compile  # noqa: F401,E402
+from tapegrad import distributions  # noqa: F401,E402  (issue 10: torch.distributions)
