@@ -15,6 +15,7 @@ BENCHMARKS = {
     "fusion": ("tapegrad.bench.fusion", "fused ops vs their compositions; Adam flat vs per-param"),
     "scale": ("tapegrad.bench.scale", "H=2048 batch 4096 MLP step: user/sys, bandwidth, changes"),
     "checkpoint": ("tapegrad.bench.checkpoint", "activation checkpointing: memory vs time"),
+    "compile": ("tapegrad.bench.compile", "spiral step: tapegrad.compile vs eager vs PyTorch"),
 }
 
 
