@@ -100,6 +100,13 @@ CASES = {
                                                mode="replicate"),
     "replication_pad2d": lambda T, F, r: F.pad(r((1, 2, 5, 5), "bfloat16"), (1, 1, 2, 0),
                                                mode="replicate"),
+    "linalg_inv": lambda T, F, r: T.linalg.inv(r((3, 3), "bfloat16") + 3 * T.eye(3)),
+    "linalg_solve": lambda T, F, r: T.linalg.solve(r((3, 3), "bfloat16") + 3 * T.eye(3),
+                                                   r((3, 2), "bfloat16")),
+    "linalg_cholesky": lambda T, F, r: T.linalg.cholesky(
+        (lambda a: a @ a.mT + T.eye(3))(r((3, 3), "bfloat16"))),
+    "linalg_eigh": lambda T, F, r: T.linalg.eigh(
+        (lambda a: a @ a.mT + T.eye(3))(r((3, 3), "bfloat16")))[0],
     # promote
     "cat_mixed": lambda T, F, r: T.cat([r((3,), "bfloat16"), r((3,))]),
     "cat_lower": lambda T, F, r: T.cat([r((3,), "bfloat16"), r((3,), "bfloat16")]),
@@ -378,3 +385,14 @@ def test_grad_scaler_without_cuda_disables_itself():
         opt = tapegrad.optim.SGD([w], lr=0.1)
         scaler.scale(w.float().sum()).backward()
         scaler.step(opt)
+
+
+def test_mixed_precision_example_small():
+    from tapegrad.examples import mixed_precision
+
+    results = mixed_precision.main(["--steps", "100"])  # ~5 s
+    unscaled, scaled, bf16 = (results[m] for m in mixed_precision.MODES)
+    assert unscaled[1] > 0.9  # float16 without scaling: the hidden layers' gradients flush
+    assert scaled[1] < 0.1 and bf16[1] < 0.1
+    assert scaled[2] == 2.0 ** 16 and bf16[2] == 1.0
+    assert scaled[0][-1] < 0.5 * unscaled[0][-1] and bf16[0][-1] < 0.5 * unscaled[0][-1]

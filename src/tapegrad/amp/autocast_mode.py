@@ -208,6 +208,8 @@ POLICY = {
     "cosine_embedding_loss": FP32, "triplet_margin_loss": FP32, "poisson_nll_loss": FP32,
     "binary_cross_entropy_with_logits": FP32,
     "pad": _pad_policy,
+    "linalg_inv": FP32, "linalg_cholesky": FP32, "linalg_solve": FP32, "linalg_lstsq": FP32,
+    "linalg_qr": FP32, "linalg_qr_r": FP32, "linalg_svd": FP32, "linalg_eigh": FP32,
     # promote
     "cat": PROMOTE, "stack": PROMOTE,
     # unlisted in PyTorch, built here from listed ops
