@@ -8,6 +8,9 @@
     tapegrad coverage [--write | --check | -o PATH]
                                              names present/missing against PyTorch's API
                                              (markdown; --write regenerates docs/coverage.md)
+    tapegrad profile [--calibrate] [script.py ARGS | --example spiral|char_gpt]
+                                             op times and the roofline table (E3) of a
+                                             script or a built-in training step
 """
 import argparse
 import sys
@@ -65,7 +68,14 @@ def _coverage(argv):
     return coverage.main(argv)
 
 
-COMMANDS = {"demo": _demo, "bench": _bench, "memory": _memory, "coverage": _coverage}
+def _profile(argv):
+    from tapegrad.profiler import roofline
+
+    return roofline.main(argv)
+
+
+COMMANDS = {"demo": _demo, "bench": _bench, "memory": _memory, "coverage": _coverage,
+            "profile": _profile}
 
 
 def main(argv=None):
