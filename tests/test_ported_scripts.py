@@ -195,6 +195,9 @@ class _SharedRandomness:
         return found
 
 
+FAKE_DATA_SIZE = 24
+
+
 def _fake_torchvision(lib, rng):
     """torchvision's datasets, transforms and utils as the programs use them, on synthetic
     data: images are random uint8 arrays, labels random class indices."""
@@ -221,6 +224,7 @@ def _fake_torchvision(lib, rng):
     def FakeData(size=1000, image_size=(3, 224, 224), num_classes=10, transform=None,
                  target_transform=None, random_offset=0):
         c, h, w = image_size
+        size = min(size, FAKE_DATA_SIZE)  # torchvision's default of 1000 images is too slow here
         return _Images(rng.integers(0, 256, (size, h, w, c), dtype=np.uint8),
                        rng.integers(0, num_classes, size), transform)
 
@@ -419,6 +423,9 @@ PORTED_PROGRAMS = {
         _word_corpus, 10, 1e-12) for m in ("LSTM", "GRU", "Transformer")},
     "time_sequence_prediction": ("train", ["--steps", "1", "--device", "cpu"], _sine_waves, 20,
                                  1e-12),
+    "dcgan": ("main", ["--dataset", "fake", "--batchSize", "8", "--imageSize", "64", "--nz", "8",
+                       "--ngf", "4", "--ndf", "4", "--niter", "2", "--workers", "0",
+                       "--manualSeed", "1"], None, 40, 1e-12),
 }
 
 
