@@ -261,6 +261,28 @@ def checkpointing(depths=checkpoint.DEPTHS, repeats=3):
     return exact
 
 
+# --- (h) ---------------------------------------------------------------------------------
+def roofline_table(steps=5):
+    """Where the spiral step's time goes: each op on this machine's roofline (E3)."""
+    from tapegrad.profiler import profile, roofline
+
+    _title(f"(h) the roofline of the spiral step ({steps} steps profiled; python -m tapegrad "
+           "profile --example spiral)")
+    work = roofline._example("spiral", steps)
+    work()  # warm
+    ceilings = roofline.load_ceilings()
+    with profile(with_flops=True) as prof:
+        work()
+    result = roofline.roofline(prof, ceilings, plot=None, show=False)
+    H.out(result.table())
+    flops = sum(r.flops for r in result.rows)
+    top = result.rows[0]
+    H.out(f"{flops / steps / 1e6:.2f} MFLOP per step; the most time goes to {top.name} "
+          f"({top.bound}, {top.distance:.1f}x its roof time). x roof < 1: the operands fit in "
+          "cache, faster than the calibrated main-memory bandwidth")
+    return all(r.calls > 0 for r in result.rows) and bool(result.rows)
+
+
 def _checkpoint_is_exact():
     from tapegrad.utils.checkpoint import checkpoint_sequential
 
@@ -316,6 +338,7 @@ def _run(args, torch, threads):
                             min_time=0.0005 if args.quick else 0.002),
         "g": checkpointing(depths=(16, 64) if args.quick else checkpoint.DEPTHS,
                            repeats=1 if args.quick else 3),
+        "h": roofline_table(steps=2 if args.quick else 5),
     }
     bad = [k for k, ok in results.items() if not ok]
     H.out()
