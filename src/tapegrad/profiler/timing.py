@@ -17,6 +17,10 @@ per input that wants a gradient (exact for products: each input's gradient is a 
 the same size), bytes read the incoming gradient and what the node saved, bytes written the
 gradients. Times are wall-clock (``time.perf_counter_ns``) in microseconds, as PyTorch's
 tables; an op's time includes its dispatch (dtype promotion, broadcasting, recording).
+
+Limitation: a watcher is not shown an op call's keyword parameters; a recorded call keeps
+them on its Node, an unrecorded one (no grad) does not, so an op whose cost rule needs them
+(einsum's equation) is then counted at its ``flops`` per output element.
 """
 import enum
 import json
