@@ -167,6 +167,13 @@ class _SharedRandomness:
             keep = self._tensor(rng.random(tuple(input.shape)) >= p, input.dtype)
             return input.mul_(keep).div_(1 - p) if inplace else input * keep / (1 - p)
 
+        def dropout2d(input, p=0.5, training=True, inplace=False):  # channels: dimension 1
+            if not training or p == 0:
+                return input
+            shape = tuple(input.shape[:2]) + (1,) * (input.dim() - 2)
+            keep = self._tensor(rng.random(shape) >= p, input.dtype)
+            return input.mul_(keep).div_(1 - p) if inplace else input * keep / (1 - p)
+
         attention = lib.nn.functional.scaled_dot_product_attention
 
         def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0,
@@ -187,6 +194,7 @@ class _SharedRandomness:
                          randint=randint, randperm=randperm)
         found = [(lib, k, v) for k, v in functions.items()]
         found.append((lib.nn.functional, "dropout", dropout))
+        found.append((lib.nn.functional, "dropout2d", dropout2d))
         found.append((lib.nn.functional, "scaled_dot_product_attention",
                       scaled_dot_product_attention))
         data = sys.modules[lib.__name__ + ".utils.data"]
@@ -426,6 +434,8 @@ PORTED_PROGRAMS = {
     "dcgan": ("main", ["--dataset", "fake", "--batchSize", "8", "--imageSize", "64", "--nz", "8",
                        "--ngf", "4", "--ndf", "4", "--niter", "2", "--workers", "0",
                        "--manualSeed", "1"], None, 40, 1e-12),
+    "mnist_rnn": ("main", ["--epochs", "2", "--batch-size", "16", "--test-batch-size", "12",
+                           "--log-interval", "1"], None, 10, 1e-12),
 }
 
 
@@ -454,3 +464,32 @@ def test_public_program_ports_by_changing_imports(name, tmp_path):
     ref, got = results
     assert len(got) == len(ref) >= minimum
     np.testing.assert_allclose(got, ref, rtol=rtol, atol=0)
+
+
+# Gaps the ports revealed, tested against torch --------------------------------------------
+@pytest.mark.parametrize("name,shape", [("Dropout1d", (3, 40, 5)), ("Dropout2d", (3, 40, 2, 3)),
+                                        ("Dropout2d", (6, 40)), ("Dropout3d", (40, 2, 2, 2))])
+def test_channel_dropout_modules(name, shape):  # nn.Dropout2d: mnist_rnn
+    ours, theirs = getattr(tapegrad.nn, name)(0.4), getattr(torch.nn, name)(0.4)
+    assert repr(ours) == repr(theirs) and isinstance(ours, tapegrad.nn.Dropout)
+    assert ours.state_dict().keys() == theirs.state_dict().keys() == set()
+    with pytest.raises(ValueError, match="between 0 and 1, but got 1.5"):
+        getattr(tapegrad.nn, name)(1.5)
+    x = np.random.default_rng(0).standard_normal(shape)
+    structure = []
+    for lib, module in ((torch, theirs), (tapegrad, ours)):
+        xt = lib.tensor(x, requires_grad=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            y = module(xt)
+        y.sum().backward()
+        kept = y.detach().numpy() != 0
+        np.testing.assert_allclose(y.detach().numpy()[kept], x[kept] / 0.6, rtol=1e-15)
+        np.testing.assert_array_equal(xt.grad.numpy(), kept / 0.6)
+        lead = 1 if name == "Dropout3d" and len(shape) == 4 else 2
+        per_channel = kept.reshape(shape[:lead] + (-1,))
+        structure.append(((per_channel == per_channel[..., :1]).all(), 0 < kept.mean() < 1,
+                          len(caught) > 0))
+        module.eval()
+        np.testing.assert_array_equal(module(xt).detach().numpy(), x)
+    assert structure[0] == structure[1] == (True, True, len(shape) == 2)

@@ -2,7 +2,7 @@
 from tapegrad.nn import functional as F
 from tapegrad.nn.module import Module
 
-__all__ = ["Dropout"]
+__all__ = ["Dropout", "Dropout1d", "Dropout2d", "Dropout3d"]
 
 
 class Dropout(Module):
@@ -21,3 +21,27 @@ class Dropout(Module):
 
     def extra_repr(self) -> str:
         return f"p={self.p}, inplace={self.inplace}"
+
+
+
+class Dropout1d(Dropout):
+    """As ``torch.nn.Dropout1d``: ``F.dropout1d``, whole channels of (N, C, L) or (C, L)."""
+
+    def forward(self, input):
+        return F.dropout1d(input, self.p, self.training, self.inplace)
+
+
+class Dropout2d(Dropout):
+    """As ``torch.nn.Dropout2d``: ``F.dropout2d``, whole channels of (N, C, H, W) (other ranks
+    as PyTorch: channels are dimension 1, with its deprecation warning)."""
+
+    def forward(self, input):
+        return F.dropout2d(input, self.p, self.training, self.inplace)
+
+
+class Dropout3d(Dropout):
+    """As ``torch.nn.Dropout3d``: ``F.dropout3d``, whole channels of (N, C, D, H, W) or
+    (C, D, H, W)."""
+
+    def forward(self, input):
+        return F.dropout3d(input, self.p, self.training, self.inplace)
