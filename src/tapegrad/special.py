@@ -12,11 +12,10 @@ import math
 from tapegrad.ops import registry as _registry
 from tapegrad.ops import special_functions as _SF, elementwise as _E, reduce as _R
 from tapegrad.ops.special_functions import (erfc, ndtr, ndtri, log_ndtr, xlog1py, sinc, entr,
-                                            i0, i0e, i1, i1e, bessel_j0, bessel_j1)
+                                            i0, i0e, i1, i1e, bessel_j0, bessel_j1, digamma,
+                                            erfinv, lgamma as gammaln, polygamma)
 from tapegrad.ops.elementwise import erf, expm1, log1p, round  # noqa: F401
 from tapegrad.ops.extra_elementwise import xlogy, exp2  # noqa: F401
-from tapegrad.distributions._math import lgamma as gammaln, digamma, erfinv  # noqa: F401
-from tapegrad.distributions import _math as _gamma
 
 __all__ = ["erf", "erfc", "erfinv", "expit", "logit", "xlogy", "xlog1py", "gammaln",
            "digamma", "psi", "polygamma", "multigammaln", "i0", "i0e", "i1", "i1e", "ndtr",
@@ -35,11 +34,6 @@ def logit(input, eps=None):
     """As ``torch.special.logit``: ``log(p / (1 - p))``, with ``p`` clamped to
     ``[eps, 1 - eps]`` when ``eps`` is given (the gradient is 0 outside that range)."""
     return _SF.logit_op(input, eps=None if eps is None else float(eps))
-
-
-def polygamma(n, input):
-    """As ``torch.special.polygamma(n, x)``: the ``n``-th derivative of digamma."""
-    return _gamma.polygamma(n, input)
 
 
 def multigammaln(input, p):

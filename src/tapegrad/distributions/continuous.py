@@ -6,7 +6,8 @@ import tapegrad
 from tapegrad.autograd.grad_mode import no_grad
 from tapegrad.backend import xp
 from tapegrad.distributions import constraints
-from tapegrad.distributions._math import lgamma, digamma, erfinv, standard_gamma, xlogy
+from tapegrad.distributions._math import standard_gamma
+from tapegrad.special import digamma, erfinv, gammaln as lgamma, xlogy
 from tapegrad.distributions.distribution import Distribution
 from tapegrad.distributions.utils import (broadcast_all, _standard_normal, _uniform,
                                           _expand_params, eps_of, tiny_of)

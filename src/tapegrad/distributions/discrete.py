@@ -8,7 +8,7 @@ import tapegrad.nn.functional as F
 from tapegrad.autograd.grad_mode import no_grad
 from tapegrad.backend import xp
 from tapegrad.distributions import constraints
-from tapegrad.distributions._math import lgamma, xlogy
+from tapegrad.special import gammaln as lgamma, xlogy
 from tapegrad.distributions.distribution import Distribution
 from tapegrad.distributions.utils import (broadcast_all, lazy_property, logits_to_probs,
                                           probs_to_logits, _expand_params, _uniform, tiny_of)

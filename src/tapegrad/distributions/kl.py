@@ -8,7 +8,8 @@ from functools import total_ordering
 
 import tapegrad
 import tapegrad.nn.functional as F
-from tapegrad.distributions._math import lgamma, digamma, solve_triangular
+from tapegrad.linalg import solve_triangular
+from tapegrad.special import digamma, gammaln as lgamma
 from tapegrad.distributions.continuous import (Normal, Uniform, Exponential, Laplace, Gamma,
                                                Beta, Dirichlet)
 from tapegrad.distributions.discrete import (Bernoulli, Binomial, Categorical,

@@ -5,7 +5,7 @@ import math
 import tapegrad
 from tapegrad.backend import xp
 from tapegrad.distributions import constraints
-from tapegrad.distributions._math import cholesky, solve_triangular
+from tapegrad.linalg import cholesky, solve_triangular
 from tapegrad.distributions.distribution import Distribution
 from tapegrad.distributions.utils import lazy_property, _standard_normal
 

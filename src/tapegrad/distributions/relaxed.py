@@ -6,7 +6,7 @@ import tapegrad
 from tapegrad.distributions import constraints
 from tapegrad.distributions.discrete import Categorical, _ProbsOrLogits, _expand_probs_logits
 from tapegrad.distributions.distribution import Distribution
-from tapegrad.distributions._math import lgamma
+from tapegrad.special import gammaln as lgamma
 from tapegrad.distributions.transformed_distribution import TransformedDistribution
 from tapegrad.distributions.transforms import ExpTransform, SigmoidTransform
 from tapegrad.distributions.utils import broadcast_all, clamp_probs, _uniform

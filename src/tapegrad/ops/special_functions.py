@@ -5,15 +5,16 @@ bessel_j0/j1), each with PyTorch's gradient rule.
 scipy is optional. ``erfc``, ``ndtr``, ``logit``, ``xlog1py``, ``sinc``, ``entr``, ``zeta``
 and ``i0`` compute with numpy alone; ``i0e``, ``i1``, ``i1e``, ``ndtri``, ``log_ndtr``,
 ``bessel_j0`` and ``bessel_j1`` use scipy's Cephes kernels (PyTorch's own) and raise a
-RuntimeError saying so when scipy is not installed. The gamma family (``gammaln``,
-``digamma``, ``polygamma``, ``erfinv``) is tapegrad.distributions' numpy port of PyTorch's
-algorithms, reused as is.
+RuntimeError saying so when scipy is not installed. The gamma family (``lgamma``/``gammaln``,
+``digamma``, ``polygamma``) and ``erfinv`` are numpy ports of PyTorch's CPU algorithms
+(``lgamma`` is the C library's, as ``math.lgamma``; ``digamma``/``trigamma`` shift to x >= 10
+(6) and sum the asymptotic series; higher polygammas go through the Hurwitz zeta function), so
+float64 values agree with PyTorch to the last few bits; tapegrad.distributions uses them too.
 """
 import math
 
 from tapegrad.ops.registry import op, xp
 from tapegrad.ops.elementwise import _floating, exp, sign, where_op, log, sin, cos
-from tapegrad.distributions._math import zeta_array
 
 try:  # optional: PyTorch's Cephes kernels, as scipy ships them
     from scipy import special as _scipy
@@ -237,3 +238,189 @@ def _bessel(name):
 
 bessel_j0 = _bessel("bessel_j0")
 bessel_j1 = _bessel("bessel_j1")
+
+
+# --- the gamma family and erfinv (also used by tapegrad.distributions) ---------------------
+def _lgamma_one(v):
+    try:
+        return math.lgamma(v)
+    except ValueError:  # poles at 0, -1, -2, ...: +inf, as the C library
+        return math.inf
+
+
+_lgamma_vec = xp.frompyfunc(_lgamma_one, 1, 1)
+
+
+def lgamma_array(x):
+    """``math.lgamma`` (the C library's, as PyTorch's CPU kernel) over a float64 array."""
+    return xp.asarray(_lgamma_vec(x), dtype=xp.float64)
+
+
+@op(flops=40, float_only=True)
+def lgamma(a):
+    """As ``torch.lgamma`` / ``torch.special.gammaln``: log |Gamma(a)| (``+inf`` at the
+    poles)."""
+    return _unary(lgamma_array, a)
+
+
+@lgamma.grad
+def _(g, out, a):
+    return g * digamma(a)
+
+
+_PSI_10 = 2.25175258906672110764
+_DIGAMMA_A = (8.33333333333333333333E-2, -2.10927960927960927961E-2,
+              7.57575757575757575758E-3, -4.16666666666666666667E-3,
+              3.96825396825396825397E-3, -8.33333333333333333333E-3,
+              8.33333333333333333333E-2)
+
+
+def _polevl(z, coefficients):
+    out = xp.zeros_like(z)
+    for c in coefficients:
+        out = out * z + c
+    return out
+
+
+def digamma_array(x):
+    """PyTorch's ``calc_digamma`` on a float64 array: reflection below 0, shift to x >= 10."""
+    x = xp.asarray(x, dtype=xp.float64)
+    neg = x < 0
+    y = xp.where(neg, 1 - x, x)
+    result = xp.zeros_like(y)
+    while True:
+        small = y < 10
+        if not small.any():
+            break
+        with xp.errstate(divide="ignore"):
+            result = result - xp.where(small, 1 / xp.where(small, y, 1), 0)
+        y = xp.where(small, y + 1, y)
+    with xp.errstate(divide="ignore", invalid="ignore"):
+        z = 1.0 / (y * y)
+        tail = xp.where(y < 1e17, z * _polevl(z, _DIGAMMA_A), 0.0)
+        asym = xp.where(y == 10, _PSI_10, xp.log(y) - 0.5 / y - tail)
+        out = result + asym
+        frac = x - xp.trunc(x)
+        out = xp.where(neg, out - math.pi / xp.tan(math.pi * frac), out)
+    out = xp.where(neg & (x == xp.trunc(x)), xp.nan, out)
+    out = xp.where(x == 0, xp.copysign(xp.inf, -x), out)
+    return out
+
+
+def trigamma_array(x):
+    """PyTorch's ``calc_trigamma``: reflection below 1/2, six shifts, asymptotic series."""
+    x = xp.asarray(x, dtype=xp.float64)
+    refl = x < 0.5
+    sign_ = xp.where(refl, -1.0, 1.0)
+    with xp.errstate(divide="ignore", invalid="ignore"):
+        s = xp.sin(math.pi * x)
+        result = xp.where(refl, -(math.pi * math.pi) / (s * s), 0.0)
+        y = xp.where(refl, 1 - x, x)
+        for _ in range(6):
+            result = result + 1 / (y * y)
+            y = y + 1
+        ixx = 1 / (y * y)
+        result = result + (1 + 1 / (2 * y) + ixx * (1. / 6 - ixx * (1. / 30 - ixx * (1. / 42)))) / y
+    return sign_ * result
+
+
+_ZETA_A = (12.0, -720.0, 30240.0, -1209600.0, 47900160.0, -1.8924375803183791606e9,
+           7.47242496e10, -2.950130727918164224e12, 1.1646782814350067249e14,
+           -4.5979787224074726105e15, 1.8152105401943546773e17, -7.1661652561756670113e18)
+
+
+def zeta_array(s, q):
+    """Hurwitz zeta ``sum_k (q + k)^-s`` (Cephes' Euler-Maclaurin sum, as PyTorch's zeta)."""
+    q = xp.asarray(q, dtype=xp.float64)
+    with xp.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        total = q ** -s
+        a = q.copy()
+        for _ in range(9):
+            a = a + 1
+            total = total + a ** -s
+        w = a
+        total = total + w ** (1 - s) / (s - 1) - 0.5 * w ** -s
+        factor = 1.0
+        k = 0.0
+        for coefficient in _ZETA_A:
+            factor = factor * (s + k)
+            b = w ** -(s + k)
+            total = total + factor * b / w / coefficient
+            k += 1
+            factor = factor * (s + k)
+            k += 1
+        total = xp.where(q <= 0, xp.where(q == xp.floor(q), xp.inf, xp.nan), total)
+    return total
+
+
+def polygamma_array(n, x):
+    if n == 0:
+        return digamma_array(x)
+    if n == 1:
+        return trigamma_array(x)
+    return (-1) ** (n + 1) * math.factorial(n) * zeta_array(n + 1.0, x)
+
+
+@op(flops=60, float_only=True)
+def digamma(a):
+    """As ``torch.digamma`` / ``torch.special.digamma``: the logarithmic derivative of
+    Gamma."""
+    return _unary(digamma_array, a)
+
+
+@digamma.grad
+def _(g, out, a):
+    return g * polygamma_op(a, n=1)
+
+
+@op(flops=80, float_only=True, name="polygamma")
+def polygamma_op(a, n):
+    return _unary(lambda x: polygamma_array(n, x), a)
+
+
+@polygamma_op.grad
+def _(g, out, a, n):
+    return g * polygamma_op(a, n=n + 1)
+
+
+def polygamma(n, input):
+    """As ``torch.polygamma(n, x)`` / ``torch.special.polygamma``: the n-th derivative of
+    digamma."""
+    n = int(n)
+    if n < 0:
+        raise RuntimeError(f"polygamma: n must be non-negative, got {n}")
+    return digamma(input) if n == 0 else polygamma_op(input, n=n)
+
+
+def erfinv_array(y):
+    """Inverse error function: Giles' single-precision guess, then Newton steps on erf."""
+    from tapegrad.ops.elementwise import erf
+    y = xp.asarray(y, dtype=xp.float64)
+    with xp.errstate(divide="ignore", invalid="ignore"):
+        w = -xp.log((1.0 - y) * (1.0 + y))
+        p_small = _polevl(w - 2.5, (2.81022636e-08, 3.43273939e-07, -3.5233877e-06,
+                                    -4.39150654e-06, 0.00021858087, -0.00125372503,
+                                    -0.00417768164, 0.246640727, 1.50140941))
+        ws = xp.sqrt(w) - 3.0
+        p_large = _polevl(ws, (-0.000200214257, 0.000100950558, 0.00134934322,
+                               -0.00367342844, 0.00573950773, -0.0076224613,
+                               0.00943887047, 1.00167406, 2.83297682))
+        x = xp.where(w < 5.0, p_small, p_large) * y
+        inner = xp.isfinite(x) & (xp.abs(y) < 1)
+        for _ in range(3):
+            xs = xp.where(inner, x, 0.0)
+            step = (erf(xs) - y) / (_TWO_OVER_SQRT_PI * xp.exp(-xs * xs))
+            x = xp.where(inner, xs - step, x)
+    x = xp.where(y == 1, xp.inf, xp.where(y == -1, -xp.inf, x))
+    return xp.where(xp.abs(y) > 1, xp.nan, x)
+
+
+@op(flops=60, saves="out", float_only=True)
+def erfinv(a):
+    """As ``torch.erfinv`` / ``torch.special.erfinv``: the inverse of ``erf`` on (-1, 1)."""
+    return _unary(erfinv_array, a)
+
+
+@erfinv.grad
+def _(g, out, a):
+    return g * (math.sqrt(math.pi) / 2) * exp(out * out)
