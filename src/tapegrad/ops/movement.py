@@ -368,7 +368,6 @@ def _index_array(index, name):
     return data
 
 
-def _out_of_bounds(idx, n):
 def out_of_range(idx, n):
     """The first index of an integer array outside [0, n) (the smallest if any is negative,
     else the largest), or None. The one range check of the index-taking ops: a single
@@ -384,6 +383,7 @@ def out_of_range(idx, n):
     return int(lo) if lo < 0 else int(idx.max())
 
 
+def _out_of_bounds(idx, n):
     """The first index in ``idx`` outside [-n, n), or None."""
     if idx.size == 0:
         return None
