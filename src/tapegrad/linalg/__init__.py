@@ -73,6 +73,16 @@ def _same_float(name, a, b):
     return a, b
 
 
+def _solve_operands(name, a, b, left):
+    """``a`` and matrix ``b`` of a solve (``a x = b``, or ``x a = b`` unless ``left``) checked
+    for compatible sizes, with their batch dims broadcast together."""
+    if (b.shape[-2] if left else b.shape[-1]) != a.shape[-1]:
+        raise RuntimeError(f"{name}: Incompatible shapes of A and B for the equation "
+                           f"{'AX = B' if left else 'XA = B'} ({a.shape[-2]}x{a.shape[-1]} and "
+                           f"{b.shape[-2]}x{b.shape[-1]})")
+    return _broadcast_batch(name, a, b)
+
+
 def _is_vector_rhs(a, b):
     return b.ndim == 1 or (b.ndim == a.ndim - 1 and tuple(b.shape) == tuple(a.shape[:-1]))
 
@@ -171,12 +181,7 @@ def solve(A, B, *, left=True):
         B = _unsqueeze(B, -1)
     if B.ndim < 2:
         raise RuntimeError(f"{name}: The input tensor B must have at least 2 dimensions.")
-    n = A.shape[-1]
-    if (B.shape[-2] if left else B.shape[-1]) != n:
-        raise RuntimeError(f"{name}: Incompatible shapes of A and B for the equation "
-                           f"{'AX = B' if left else 'XA = B'} ({A.shape[-2]}x{A.shape[-1]} and "
-                           f"{B.shape[-2]}x{B.shape[-1]})")
-    A, B = _broadcast_batch(name, A, B)
+    A, B = _solve_operands(name, A, B, left)
     if left:
         X = _D.solve_op(A, B)
     else:
@@ -193,12 +198,7 @@ def solve_triangular(A, B, *, upper, left=True, unitriangular=False):
     if B.ndim < 2:
         raise RuntimeError(f"{name}: The input tensor B must have at least 2 dimensions.")
     A, B = _same_float(name, A, B)
-    n = A.shape[-1]
-    if (B.shape[-2] if left else B.shape[-1]) != n:
-        raise RuntimeError(f"{name}: Incompatible shapes of A and B for the equation "
-                           f"{'AX = B' if left else 'XA = B'} ({A.shape[-2]}x{A.shape[-1]} and "
-                           f"{B.shape[-2]}x{B.shape[-1]})")
-    A, B = _broadcast_batch(name, A, B)
+    A, B = _solve_operands(name, A, B, left)
     if left:
         return _D.solve_triangular_op(A, B, upper=upper, unitriangular=unitriangular)
     return _D.solve_triangular_op(A.mT, B.mT, upper=not upper, unitriangular=unitriangular).mT
