@@ -108,7 +108,7 @@ def _filled(name, size, value, dtype, device, requires_grad, keyword=NO_SIZE):
 
 
 # --- copies: the two ops behind clone(), contiguous() and the in-place writes -----------------
-@op(saves="none")
+@op(saves="none", linear=True)
 def clone(a):
     """As ``torch.clone``: a copy with its own (C-contiguous) storage; gradient passes through."""
     return xp.array(a, copy=True, order="C")
@@ -119,7 +119,7 @@ def _(g, out, a):
     return g
 
 
-@op(saves="none", needs=True, name="copy")
+@op(saves="none", needs=True, name="copy", linear=True)
 def copy_op(a, src):
     """``a.copy_(src)`` out of place: ``src`` broadcast to ``a``'s shape and cast to its dtype.
 

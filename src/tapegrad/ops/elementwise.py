@@ -36,7 +36,7 @@ def _is_scalar(x):
     return isinstance(x, (int, float))
 
 
-@op(saves="none")
+@op(saves="none", pointwise=True, linear=True)
 def to_dtype(a, dtype):
     """Cast to ``dtype`` (``Tensor.to(dtype)``); the gradient is cast back."""
     return a.astype(np_dtype(dtype), copy=False)
@@ -47,14 +47,14 @@ def _(g, out, a, dtype):
     return to_dtype(g, dtype=a.dtype)
 
 
-@op(saves="none", differentiable=False, name="zeros_like_grad")
+@op(saves="none", differentiable=False, name="zeros_like_grad", pointwise=True)
 def zeros_like_grad(a):
     """Zeros of ``a``'s shape and dtype: the gradient of piecewise-constant ops."""
     return xp.zeros(a.shape, a.dtype)
 
 
 # --- arithmetic -------------------------------------------------------------------------
-@op(flops=1, saves="none", elementwise=True)
+@op(flops=1, saves="none", elementwise=True, pointwise=True, linear=True)
 def add(a, b):
     return a + b
 
@@ -64,7 +64,7 @@ def _(g, out, a, b):
     return g, g
 
 
-@op(flops=1, saves="none", elementwise=True)
+@op(flops=1, saves="none", elementwise=True, pointwise=True, linear=True)
 def sub(a, b):
     return a - b
 
@@ -74,7 +74,7 @@ def _(g, out, a, b):
     return g, -g
 
 
-@op(flops=1, elementwise=True, needs=True, uses=((1,), (0,)))
+@op(flops=1, elementwise=True, needs=True, uses=((1,), (0,)), pointwise=True)
 def mul(a, b):
     """As ``torch.mul``: ``a * b`` elementwise, with broadcasting and type promotion."""
     return a * b
@@ -85,7 +85,8 @@ def _(g, out, a, b, needs=(True, True)):
     return g * b if needs[0] else None, g * a if needs[1] else None
 
 
-@op(flops=1, elementwise=True, float_only=True, name="div", needs=True, uses=((1,), (0, 1)))
+@op(flops=1, elementwise=True, float_only=True, name="div", needs=True, uses=((1,), (0, 1)),
+    pointwise=True)
 def div_op(a, b):
     return a / b
 
@@ -107,7 +108,7 @@ def _floor_divide(a, b):
     return xp.floor_divide(a, b)
 
 
-@op(flops=1, saves="none", elementwise=True, name="div_floor")
+@op(flops=1, saves="none", elementwise=True, name="div_floor", pointwise=True)
 def floor_div_op(a, b):
     """``torch.div(a, b, rounding_mode='floor')``: division rounded down (zero gradient)."""
     return _floor_divide(a, b)
@@ -118,7 +119,7 @@ def _(g, out, a, b):
     return zeros_like_grad(g), zeros_like_grad(g)
 
 
-@op(flops=1, saves="none", elementwise=True)
+@op(flops=1, saves="none", elementwise=True, pointwise=True)
 def floor_divide(a, b):
     """As ``torch.floor_divide`` / ``a // b``: division rounded down. As in PyTorch it has no
     derivative; ``div(a, b, rounding_mode='floor')`` is the same with a zero gradient."""
@@ -131,7 +132,7 @@ def _(g, out, a, b):
                        "div(a, b, rounding_mode='floor'), whose gradient is zero")
 
 
-@op(flops=1, saves="none", elementwise=True, name="trunc_divide")
+@op(flops=1, saves="none", elementwise=True, name="trunc_divide", pointwise=True)
 def trunc_divide(a, b):
     """``torch.div(a, b, rounding_mode='trunc')``: division rounded toward zero."""
     _check_int_divisor("div", a, b)
@@ -146,7 +147,7 @@ def _(g, out, a, b):
     return zeros_like_grad(g), zeros_like_grad(g)
 
 
-@op(flops=2, elementwise=True, needs=True)
+@op(flops=2, elementwise=True, needs=True, pointwise=True)
 def remainder(a, b):
     """As ``torch.remainder`` / ``a % b``: the remainder takes the divisor's sign (Python's)."""
     _check_int_divisor("remainder", a, b)
@@ -158,7 +159,7 @@ def _(g, out, a, b, needs=(True, True)):
     return g, (-g * floor_div_op(a, b) if needs[1] else None)
 
 
-@op(flops=2, elementwise=True, needs=True)
+@op(flops=2, elementwise=True, needs=True, pointwise=True)
 def fmod(a, b):
     """As ``torch.fmod``: the remainder takes the dividend's sign (C's ``fmod``)."""
     _check_int_divisor("fmod", a, b)
@@ -170,7 +171,7 @@ def _(g, out, a, b, needs=(True, True)):
     return g, (-g * trunc_divide(a, b) if needs[1] else None)
 
 
-@op(flops=1, saves="none")
+@op(flops=1, saves="none", pointwise=True, linear=True)
 def neg(a):
     """As ``torch.neg`` / ``-a``."""
     return -a
@@ -194,7 +195,7 @@ def _int_pow(a, b):
         xp.result_type(a, b), copy=False)
 
 
-@op(flops=10, saves="both", elementwise=True, needs=True)
+@op(flops=10, saves="both", elementwise=True, needs=True, pointwise=True)
 def pow(a, b):
     """As ``torch.pow``: ``a ** b`` with tensor or scalar base and exponent."""
     if (a if hasattr(a, "dtype") else b).dtype.kind in "iub":
@@ -223,7 +224,7 @@ def _(g, out, a, b, needs=(True, True)):
     return ga, gb
 
 
-@op(flops=2, elementwise=True, needs=True)
+@op(flops=2, elementwise=True, needs=True, pointwise=True)
 def maximum(a, b):
     """As ``torch.maximum``: elementwise max (NaN propagates); ties split the gradient."""
     return xp.maximum(a, b)
@@ -236,7 +237,7 @@ def _(g, out, a, b, needs=(True, True)):
             where_op(a > b, 0.0, tie) if needs[1] else None)
 
 
-@op(flops=2, elementwise=True, needs=True)
+@op(flops=2, elementwise=True, needs=True, pointwise=True)
 def minimum(a, b):
     """As ``torch.minimum``: elementwise min (NaN propagates); ties split the gradient."""
     return xp.minimum(a, b)
@@ -249,7 +250,7 @@ def _(g, out, a, b, needs=(True, True)):
             where_op(a < b, 0.0, tie) if needs[1] else None)
 
 
-@op(flops=2, elementwise=True, needs=True, name="clamp")
+@op(flops=2, elementwise=True, needs=True, name="clamp", pointwise=True)
 def clamp_op(a, lo, hi):
     return xp.minimum(xp.maximum(a, lo), hi)
 
@@ -262,7 +263,7 @@ def _(g, out, a, lo, hi, needs=(True, True, True)):
             where_op((hi < a) | (hi < lo), g, 0.0) if needs[2] else None)
 
 
-@op(flops=1, elementwise=True, needs=True)
+@op(flops=1, elementwise=True, needs=True, pointwise=True)
 def clamp_min(a, lo):
     """As ``torch.clamp_min``: ``max(a, lo)``; the gradient goes to ``a`` where ``a >= lo``."""
     return xp.maximum(a, lo)
@@ -274,7 +275,7 @@ def _(g, out, a, lo, needs=(True, True)):
             where_op(a < lo, g, 0.0) if needs[1] else None)
 
 
-@op(flops=1, elementwise=True, needs=True)
+@op(flops=1, elementwise=True, needs=True, pointwise=True)
 def clamp_max(a, hi):
     """As ``torch.clamp_max``: ``min(a, hi)``; the gradient goes to ``a`` where ``a <= hi``."""
     return xp.minimum(a, hi)
@@ -287,7 +288,7 @@ def _(g, out, a, hi, needs=(True, True)):
 
 
 # --- unary float functions --------------------------------------------------------------
-@op(flops=10, saves="out", float_only=True)
+@op(flops=10, saves="out", float_only=True, pointwise=True)
 def exp(a):
     """As ``torch.exp``."""
     return xp.exp(_floating(a))
@@ -298,7 +299,7 @@ def _(g, out, a):
     return g * out
 
 
-@op(flops=10, saves="out", float_only=True)
+@op(flops=10, saves="out", float_only=True, pointwise=True)
 def expm1(a):
     """As ``torch.expm1``: ``exp(a) - 1``, accurate near 0."""
     return xp.expm1(_floating(a))
@@ -309,7 +310,7 @@ def _(g, out, a):
     return g * (out + 1)
 
 
-@op(flops=10, float_only=True)
+@op(flops=10, float_only=True, pointwise=True)
 def log(a):
     """As ``torch.log``."""
     return xp.log(_floating(a))
@@ -320,7 +321,7 @@ def _(g, out, a):
     return g / a
 
 
-@op(flops=10, float_only=True)
+@op(flops=10, float_only=True, pointwise=True)
 def log1p(a):
     """As ``torch.log1p``: ``log(1 + a)``, accurate near 0."""
     return xp.log1p(_floating(a))
@@ -331,7 +332,7 @@ def _(g, out, a):
     return g / (a + 1)
 
 
-@op(flops=10, saves="out", float_only=True)
+@op(flops=10, saves="out", float_only=True, pointwise=True)
 def sqrt(a):
     """As ``torch.sqrt``."""
     return xp.sqrt(_floating(a))
@@ -342,7 +343,7 @@ def _(g, out, a):
     return g / (2 * out)
 
 
-@op(flops=10, saves="out", float_only=True)
+@op(flops=10, saves="out", float_only=True, pointwise=True)
 def rsqrt(a):
     """As ``torch.rsqrt``: ``1 / sqrt(a)``."""
     a = _floating(a)
@@ -354,7 +355,7 @@ def _(g, out, a):
     return -0.5 * g * out**3
 
 
-@op(flops=1, saves="out", float_only=True)
+@op(flops=1, saves="out", float_only=True, pointwise=True)
 def reciprocal(a):
     """As ``torch.reciprocal``: ``1 / a``."""
     return 1 / _floating(a)
@@ -365,7 +366,7 @@ def _(g, out, a):
     return -g * (out * out)
 
 
-@op(flops=10, float_only=True)
+@op(flops=10, float_only=True, pointwise=True)
 def sin(a):
     """As ``torch.sin``."""
     return xp.sin(_floating(a))
@@ -376,7 +377,7 @@ def _(g, out, a):
     return g * cos(a)
 
 
-@op(flops=10, float_only=True)
+@op(flops=10, float_only=True, pointwise=True)
 def cos(a):
     """As ``torch.cos``."""
     return xp.cos(_floating(a))
@@ -387,7 +388,7 @@ def _(g, out, a):
     return g * -sin(a)
 
 
-@op(flops=10, saves="out", float_only=True)
+@op(flops=10, saves="out", float_only=True, pointwise=True)
 def tanh(a):
     """As ``torch.tanh``."""
     return xp.tanh(_floating(a))
@@ -398,7 +399,7 @@ def _(g, out, a):
     return g * (1 - out * out)
 
 
-@op(flops=4, saves="out", float_only=True)
+@op(flops=4, saves="out", float_only=True, pointwise=True)
 def sigmoid(a):
     """As ``torch.sigmoid``: ``1 / (1 + exp(-a))``, without overflow."""
     a = _floating(a)
@@ -415,7 +416,7 @@ def _erf_fallback(a):
     return _math_erf(a).astype(xp.float64)
 
 
-@op(flops=20, float_only=True)
+@op(flops=20, float_only=True, pointwise=True)
 def erf(a):
     """As ``torch.erf``: the error function (scipy when importable, else ``math.erf``)."""
     a = _floating(a)
@@ -437,7 +438,7 @@ def _no_bool(name, a):
         raise RuntimeError(f"{name}: Boolean inputs are not supported (input dtype bool)")
 
 
-@op(flops=1, saves="out")
+@op(flops=1, saves="out", pointwise=True)
 def relu(a):
     """As ``torch.relu``: ``max(a, 0)``; the gradient at 0 is 0."""
     _no_bool("relu", a)
@@ -449,7 +450,7 @@ def _(g, out, a):
     return g * (out > 0)
 
 
-@op(flops=1)
+@op(flops=1, pointwise=True)
 def abs(a):
     """As ``torch.abs``; the gradient at 0 is 0 (``sign``)."""
     _no_bool("abs", a)
@@ -461,7 +462,7 @@ def _(g, out, a):
     return g * sign(a)
 
 
-@op(flops=1, saves="none")
+@op(flops=1, saves="none", pointwise=True)
 def sign(a):
     """As ``torch.sign``: -1, 0 or 1 (zero gradient)."""
     return a.copy() if a.dtype.kind == "b" else xp.sign(a)
@@ -474,25 +475,25 @@ def _zero_rule(g, out, a, **params):
 sign.grad(_zero_rule)
 
 
-@op(flops=1, saves="none")
+@op(flops=1, saves="none", pointwise=True)
 def floor(a):
     """As ``torch.floor`` (zero gradient)."""
     return a.copy() if a.dtype.kind in "iub" else xp.floor(a)
 
 
-@op(flops=1, saves="none")
+@op(flops=1, saves="none", pointwise=True)
 def ceil(a):
     """As ``torch.ceil`` (zero gradient)."""
     return a.copy() if a.dtype.kind in "iub" else xp.ceil(a)
 
 
-@op(flops=1, saves="none")
+@op(flops=1, saves="none", pointwise=True)
 def trunc(a):
     """As ``torch.trunc``: round toward zero (zero gradient)."""
     return a.copy() if a.dtype.kind in "iub" else xp.trunc(a)
 
 
-@op(flops=2, saves="none", name="round")
+@op(flops=2, saves="none", name="round", pointwise=True)
 def round_op(a, decimals=0):
     if a.dtype.kind in "iub":
         if decimals:
@@ -513,7 +514,7 @@ def _predicate(name, fn, doc):
     f = lambda a: fn(a)  # noqa: E731
     f.__name__ = name
     f.__doc__ = doc
-    return op(flops=1, saves="none", differentiable=False)(f)
+    return op(flops=1, saves="none", differentiable=False, pointwise=True)(f)
 
 
 isnan = _predicate("isnan", xp.isnan, "As ``torch.isnan``: bool, without grad.")
@@ -523,7 +524,7 @@ logical_not = _predicate("logical_not", xp.logical_not,
                          "As ``torch.logical_not``: bool, without grad.")
 
 
-@op(flops=1, saves="none", differentiable=False)
+@op(flops=1, saves="none", differentiable=False, pointwise=True)
 def bitwise_not(a):
     """As ``torch.bitwise_not`` / ``~a``: on bool and integer tensors only."""
     if a.dtype.kind not in "iub":
@@ -533,7 +534,7 @@ def bitwise_not(a):
 
 
 # --- where, comparisons, logical and bitwise ops ----------------------------------------
-@op(flops=1, elementwise=True, needs=True, name="where")
+@op(flops=1, elementwise=True, needs=True, name="where", pointwise=True)
 def where_op(cond, a, b):
     return xp.where(cond, a, b)
 
@@ -548,7 +549,7 @@ def _binary_predicate(name, fn, doc):
     f = lambda a, b: fn(a, b)  # noqa: E731
     f.__name__ = name
     f.__doc__ = doc
-    return op(flops=1, elementwise=True, differentiable=False)(f)
+    return op(flops=1, elementwise=True, differentiable=False, pointwise=True)(f)
 
 
 def _compare(name, fn):
@@ -583,7 +584,7 @@ def _bitwise(name, fn):
 
     f.__name__ = name
     f.__doc__ = f"As ``torch.{name}``: on bool and integer tensors (promoted), without grad."
-    return op(flops=1, elementwise=True, differentiable=False)(f)
+    return op(flops=1, elementwise=True, differentiable=False, pointwise=True)(f)
 
 
 bitwise_and = _bitwise("bitwise_and", xp.bitwise_and)

@@ -19,7 +19,7 @@ def _unary(name, forward, doc, flops=10):
         return forward(_floating(a))
 
     fwd.__name__, fwd.__doc__ = name, doc
-    return op(flops=flops, float_only=True, name=name)(fwd)
+    return op(flops=flops, float_only=True, name=name, pointwise=True)(fwd)
 
 
 tan = _unary("tan", xp.tan, "As ``torch.tan``.")
@@ -55,7 +55,7 @@ deg2rad.grad(lambda g, out, a: g * (math.pi / 180))
 rad2deg.grad(lambda g, out, a: g * (180 / math.pi))
 
 
-@op(flops=2, saves="none")
+@op(flops=2, saves="none", pointwise=True)
 def frac(a):
     """As ``torch.frac``: ``x - trunc(x)`` (the sign of ``x`` kept); gradient 1."""
     if a.dtype.kind in "iub":
@@ -69,7 +69,7 @@ def _(g, out, a):
 
 
 # --- binary -----------------------------------------------------------------------------
-@op(flops=20, elementwise=True, float_only=True, needs=True)
+@op(flops=20, elementwise=True, float_only=True, needs=True, pointwise=True)
 def atan2(a, b):
     """As ``torch.atan2(input, other)``: the angle of the point (other, input)."""
     return xp.arctan2(a, b)
@@ -81,7 +81,7 @@ def _(g, out, a, b, needs=(True, True)):
     return scale * b if needs[0] else None, -scale * a if needs[1] else None
 
 
-@op(flops=4, saves="both", elementwise=True, float_only=True, needs=True)
+@op(flops=4, saves="both", elementwise=True, float_only=True, needs=True, pointwise=True)
 def hypot(a, b):
     """As ``torch.hypot``: ``sqrt(a**2 + b**2)`` without overflow."""
     if a.dtype.kind in "iub":
@@ -95,7 +95,7 @@ def _(g, out, a, b, needs=(True, True)):
     return scale * a if needs[0] else None, scale * b if needs[1] else None
 
 
-@op(flops=12, elementwise=True, float_only=True, needs=True)
+@op(flops=12, elementwise=True, float_only=True, needs=True, pointwise=True)
 def logaddexp(a, b):
     """As ``torch.logaddexp``: ``log(exp(a) + exp(b))`` without overflow."""
     return xp.logaddexp(a, b)
@@ -107,7 +107,7 @@ def _(g, out, a, b, needs=(True, True)):
     return g * wa if needs[0] else None, g * (1 - wa) if needs[1] else None
 
 
-@op(flops=12, elementwise=True, float_only=True, needs=True)
+@op(flops=12, elementwise=True, float_only=True, needs=True, pointwise=True)
 def logaddexp2(a, b):
     """As ``torch.logaddexp2``: ``log2(2**a + 2**b)``."""
     return xp.logaddexp2(a, b)
@@ -119,7 +119,7 @@ def _(g, out, a, b, needs=(True, True)):
     return g * wa if needs[0] else None, g * (1 - wa) if needs[1] else None
 
 
-@op(flops=3, elementwise=True, float_only=True, needs=True)
+@op(flops=3, elementwise=True, float_only=True, needs=True, pointwise=True)
 def xlogy(a, b):
     """As ``torch.xlogy``: ``a * log(b)``, 0 where ``a == 0`` (unless ``b`` is NaN)."""
     with xp.errstate(divide="ignore", invalid="ignore"):
@@ -133,7 +133,7 @@ def _(g, out, a, b, needs=(True, True)):
     return ga, g * a / b if needs[1] else None
 
 
-@op(flops=1, saves="none")
+@op(flops=1, saves="none", pointwise=True)
 def heaviside(a, values):
     """As ``torch.heaviside(input, values)``: ``values`` where ``input`` is 0, else
     ``input > 0`` (NaN gives 0, as PyTorch's kernel); no derivative, as in PyTorch."""
@@ -148,7 +148,7 @@ def _(g, out, a, values):
     raise RuntimeError("heaviside: the derivative is not implemented (as in PyTorch)")
 
 
-@op(flops=1, saves="both", elementwise=True, float_only=True, needs=True)
+@op(flops=1, saves="both", elementwise=True, float_only=True, needs=True, pointwise=True)
 def copysign(a, b):
     """As ``torch.copysign``: ``|a|`` with ``b``'s sign (a float result)."""
     return xp.copysign(a, b)
@@ -202,7 +202,7 @@ def addcdiv(input, tensor1, tensor2, *, value=1):
     return input + (tensor1 * value) / tensor2 if value != 1 else input + tensor1 / tensor2
 
 
-@op(flops=3, elementwise=False, saves="inputs")
+@op(flops=3, elementwise=False, saves="inputs", pointwise=True)
 def nan_to_num_op(a, nan=0.0, posinf=None, neginf=None):
     return xp.nan_to_num(a, nan=nan, posinf=posinf, neginf=neginf)
 

@@ -76,6 +76,12 @@ def _(g, out, a, b, needs=(True, True)):
     return ga, gb
 
 
+@matmul.jvp
+def _(t, out, a, b):
+    ta, tb = t
+    return (matmul(ta, b) if ta is not None else 0) + (matmul(a, tb) if tb is not None else 0)
+
+
 _sparse = None  # (sparse tensor class, its product), set by tapegrad.sparse.coo
 
 
@@ -184,6 +190,18 @@ def _(g, out, *operands, equation, needs=None):
                 r = broadcast_to_op(r, shape=shape)
         grads.append(r)
     return tuple(grads)
+
+
+@einsum_op.jvp
+def _(t, out, *operands, equation):
+    # multilinear: one product per operand with a tangent, that operand replaced by it
+    total = None
+    for i, ti in enumerate(t):
+        if ti is not None:
+            term = einsum_op([ti if j == i else a for j, a in enumerate(operands)],
+                             equation=equation)
+            total = term if total is None else total + term
+    return total
 
 
 @functools.lru_cache(maxsize=512)

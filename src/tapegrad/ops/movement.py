@@ -17,7 +17,7 @@ from tapegrad.ops import registry as _registry
 from tapegrad.amp.autocast_mode import autocast_composite  # PyTorch's autocast lists
 
 
-@op(saves="none", view=True, name="broadcast_to")
+@op(saves="none", view=True, name="broadcast_to", linear=True)
 def broadcast_to_op(a, shape):
     """As ``torch.broadcast_to``. Its gradient, ``sum_to``, is the only un-broadcast rule."""
     if a.flags.c_contiguous:
@@ -46,7 +46,7 @@ def _(g, out, a, shape):
     return sum_to(g, shape=a.shape)
 
 
-@op(flops=1, saves="none")
+@op(flops=1, saves="none", linear=True)
 def sum_to(a, shape):
     """Sum ``a`` down to ``shape`` (the inverse of broadcasting)."""
     shape = tuple(shape)
@@ -67,7 +67,7 @@ def _(g, out, a, shape):
 _registry.per_input_element(sum_to)  # a reduction: FLOPs per input element
 
 
-@op(saves="none", view=True, name="reshape")
+@op(saves="none", view=True, name="reshape", linear=True)
 def reshape_op(a, shape):
     try:
         return a.reshape(shape)
@@ -81,7 +81,7 @@ def _(g, out, a, shape):
     return reshape_op(g, shape=a.shape)
 
 
-@op(saves="none", view=True, name="permute")
+@op(saves="none", view=True, name="permute", linear=True)
 def permute_op(a, dims):
     return a.transpose(dims)
 
@@ -92,7 +92,7 @@ def _(g, out, a, dims):
 
 
 # --- indexing: one key format (a tuple numpy understands, normalised by ``index_key``) ---
-@op(saves="none", view=True, name="getitem")
+@op(saves="none", view=True, name="getitem", linear=True)
 def getitem(a, index):
     """Basic indexing (ints, slices, None, Ellipsis): a view, as in numpy and PyTorch."""
     return a[index]
@@ -103,7 +103,7 @@ def _(g, out, a, index):
     return index_backward(g, shape=a.shape, index=index, accumulate=False)
 
 
-@op(saves="none", name="index")
+@op(saves="none", name="index", linear=True)
 def index_op(a, index, accumulate=True):
     """Integer-array / mask indexing (a copy). ``accumulate``: the index may repeat elements."""
     return a[index]
@@ -114,7 +114,7 @@ def _(g, out, a, index, accumulate=True):
     return index_backward(g, shape=a.shape, index=index, accumulate=accumulate)
 
 
-@op(saves="none")
+@op(saves="none", linear=True)
 def index_backward(g, shape, index, accumulate=True):
     """``zeros(shape)`` with ``g`` put at ``index``; repeated indices add (``np.add.at``)."""
     if accumulate and len(index) == 2 and index[1] is Ellipsis and g.dtype.kind == "f" \
@@ -153,7 +153,7 @@ def _take(a, index, accumulate, basic=False):
     return index_op(a, index=index, accumulate=accumulate)
 
 
-@op(saves="none", needs=True, name="index_put")
+@op(saves="none", needs=True, name="index_put", linear=True)
 def index_put_op(a, v, index, accumulate=False, basic=False):
     """A copy of ``a`` with ``a[index] = v`` (or ``+= v``, repeats adding, if ``accumulate``)."""
     out = a.copy()
@@ -192,7 +192,7 @@ def replay_view(a, chain):
     return a
 
 
-@op(saves="none", needs=True, name="copy_slices")
+@op(saves="none", needs=True, name="copy_slices", linear=True)
 def copy_slices(a, v, chain, inplace=False):
     """A copy of ``a`` with the region that its view ``replay_view(a, chain)`` covers replaced
     by ``v`` (PyTorch's ``CopySlices``: a base's history after an in-place op on one of its
@@ -218,7 +218,7 @@ def _(g, out, a, v, chain, inplace=False, needs=(True, True)):
 
 
 # --- joining, repeating and rearranging ops ----------------------------------------------
-@op(saves="none", needs=True, name="cat")
+@op(saves="none", needs=True, name="cat", linear=True)
 def cat_op(arrays, dim):
     return xp.concatenate(arrays, axis=dim)
 
@@ -234,7 +234,7 @@ def _(g, out, *inputs, dim, needs=None):
     return tuple(grads)
 
 
-@op(saves="none", needs=True, name="stack")
+@op(saves="none", needs=True, name="stack", linear=True)
 def stack_op(arrays, dim):
     return xp.stack(arrays, axis=dim)
 
@@ -246,7 +246,7 @@ def _(g, out, *inputs, dim, needs=None):
                  for i in range(len(inputs)))
 
 
-@op(saves="none", name="repeat")
+@op(saves="none", name="repeat", linear=True)
 def repeat_op(a, sizes):
     return xp.tile(a, sizes)
 
@@ -260,7 +260,7 @@ def _(g, out, a, sizes):
     return reshape_op(sum_to(reshape_op(g, shape=split), shape=ones), shape=a.shape)
 
 
-@op(saves="none", name="flip")
+@op(saves="none", name="flip", linear=True)
 def flip_op(a, dims):
     return xp.flip(a, dims).copy()  # PyTorch's flip copies: writes must not reach the input
 
@@ -270,7 +270,7 @@ def _(g, out, a, dims):
     return flip_op(g, dims=dims)
 
 
-@op(saves="none", name="roll")
+@op(saves="none", name="roll", linear=True)
 def roll_op(a, shifts, dims):
     return xp.roll(a, shifts, dims)
 
@@ -280,7 +280,7 @@ def _(g, out, a, shifts, dims):
     return roll_op(g, shifts=tuple(-s for s in shifts), dims=dims)
 
 
-@op(saves="none", name="tril")
+@op(saves="none", name="tril", linear=True)
 def tril_op(a, diagonal=0):
     return xp.tril(a, diagonal)
 
@@ -290,7 +290,7 @@ def _(g, out, a, diagonal=0):
     return tril_op(g, diagonal=diagonal)
 
 
-@op(saves="none", name="triu")
+@op(saves="none", name="triu", linear=True)
 def triu_op(a, diagonal=0):
     return xp.triu(a, diagonal)
 
@@ -323,6 +323,11 @@ def constant_pad(a, widths, value=0):
 @constant_pad.grad
 def _(g, out, a, widths, value=0):
     return constant_pad(g, widths=tuple((-lo, -hi) for lo, hi in widths), value=0)
+
+
+@constant_pad.jvp
+def _(t, out, a, widths, value=0):
+    return constant_pad(t[0], widths=widths, value=0)  # affine: the fill has no tangent
 
 
 # --- argument normalisation ----------------------------------------------------------------

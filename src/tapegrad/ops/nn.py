@@ -56,6 +56,16 @@ def _(g, out, x, w, b=None, needs=(True, True, True)):
     return gx, gw, gb
 
 
+@linear.jvp
+def _(t, out, x, w, b=None):
+    tx, tw = t[0], t[1]
+    tb = t[2] if len(t) > 2 else None
+    r = linear(tx, w, tb) if tx is not None else tb
+    if tw is not None:
+        r = linear(x, tw) if r is None else r + linear(x, tw)
+    return r
+
+
 @op(flops=3, saves="both", needs=True, fused=True, uses=((1,), (0,), ()))
 def linear_relu(x, w, b=None):
     """``relu(x @ w.T + b)`` as one node: the bias add and the ReLU run in place on the
@@ -91,7 +101,7 @@ _SQRT1_2 = 1.0 / math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
-@op(flops=20, float_only=True, fused=True)
+@op(flops=20, float_only=True, fused=True, pointwise=True)
 def gelu(x, approximate="none"):
     """Exact ``x * Phi(x)`` or the tanh approximation, as ``torch.nn.functional.gelu``."""
     if approximate == "tanh":
@@ -115,7 +125,7 @@ def _gelu_d2(x, approximate):
     return exp(-0.5 * x * x) * _INV_SQRT_2PI * (2 - x * x)
 
 
-@op(flops=25, fused=True)
+@op(flops=25, fused=True, pointwise=True)
 def gelu_backward(g, x, approximate="none"):
     """``g * gelu'(x)``: gelu's gradient, an op so that its own gradient is gelu''."""
     if approximate == "tanh":
@@ -135,7 +145,7 @@ def _(gg, out, g, x, approximate="none"):
     return gelu_backward(gg, x, approximate=approximate), gg * g * _gelu_d2(x, approximate)
 
 
-@op(flops=20, float_only=True, fused=True)
+@op(flops=20, float_only=True, fused=True, pointwise=True)
 def softplus(x, beta=1.0, threshold=20.0):
     """``log1p(exp(beta x)) / beta``, linear above ``threshold`` (as PyTorch)."""
     bx = x * beta
@@ -148,7 +158,7 @@ def _(g, out, x, beta=1.0, threshold=20.0):
     return where(bx > threshold, g, g * sigmoid(bx))
 
 
-@op(flops=10, float_only=True, fused=True)
+@op(flops=10, float_only=True, fused=True, pointwise=True)
 def elu(x, alpha=1.0):
     """``x`` above 0, ``alpha * expm1(x)`` below (expm1: exp(x) - 1 loses digits near 0)."""
     return xp.where(x > 0, x, alpha * xp.expm1(xp.minimum(x, 0)))
@@ -159,7 +169,7 @@ def _(g, out, x, alpha=1.0):
     return where(x > 0, g, g * alpha * exp(x))
 
 
-@op(flops=10, float_only=True, fused=True)
+@op(flops=10, float_only=True, fused=True, pointwise=True)
 def log_sigmoid(x):
     """``min(x, 0) - log1p(exp(-|x|))``: never overflows, never logs an underflowed 0."""
     return xp.minimum(x, 0) - xp.log1p(xp.exp(-xp.abs(x)))
@@ -197,6 +207,11 @@ def _(g, out, x, dim):
     return out * (g - sum_op(g * out, dims=(dim,), keepdim=True))
 
 
+@softmax.jvp
+def _(t, out, x, dim):
+    return out * (t[0] - sum_op(t[0] * out, dims=(dim,), keepdim=True))
+
+
 @op(flops=5, saves="out", float_only=True, fused=True)
 def log_softmax(x, dim):
     """``x - max - log(sum(exp(x - max)))``: fused, since the log of a softmax underflows."""
@@ -209,6 +224,11 @@ def log_softmax(x, dim):
 @log_softmax.grad
 def _(g, out, x, dim):
     return g - exp(out) * sum_op(g, dims=(dim,), keepdim=True)
+
+
+@log_softmax.jvp
+def _(t, out, x, dim):
+    return t[0] - sum_op(exp(out) * t[0], dims=(dim,), keepdim=True)
 
 
 def _weighted_sum(q, a, dim):
@@ -375,7 +395,7 @@ def _(g, out, w, idx, padding_idx=None, scale=None):
                               scale=scale), None
 
 
-@op(fused=True)
+@op(fused=True, linear=True)
 def embedding_backward(g, idx, num_weights, padding_idx=None, scale=None):
     """Scatter-add ``g`` into a (num_weights, dim) table, the padding row left at zero."""
     d = g.shape[-1]
@@ -474,6 +494,16 @@ def _(g, out, x, w, stride, padding, dilation, groups, out_size=None, needs=(Tru
     return gx, gw
 
 
+@conv2d.jvp
+def _(t, out, x, w, stride, padding, dilation, groups, out_size=None):
+    p = dict(stride=stride, padding=padding, dilation=dilation, groups=groups,
+             out_size=out_size)
+    r = conv2d(t[0], w, **p) if t[0] is not None else None
+    if t[1] is not None:
+        r = conv2d(x, t[1], **p) if r is None else r + conv2d(x, t[1], **p)
+    return r
+
+
 @op(flops=2, needs=True, fused=True)
 def conv2d_input(g, w, size, stride, padding, dilation, groups):
     """conv2d's gradient for its input (``conv_transpose2d``): col2im of ``g`` times ``w``."""
@@ -568,7 +598,7 @@ def _tiled_max_indices(x, kh, kw, oh, ow):
     return off
 
 
-@op(fused=True)
+@op(fused=True, linear=True)
 def max_pool2d(x, idx):
     """Gather each (N, C) plane of ``x`` at the flat indices ``idx`` (the window maxima)."""
     n, c, h, w = x.shape
@@ -582,7 +612,7 @@ def _(g, out, x, idx):
     return max_pool2d_backward(g, idx, size=x.shape), None
 
 
-@op(fused=True)
+@op(fused=True, linear=True)
 def max_pool2d_backward(g, idx, size):
     """Scatter-add ``g`` to the argmax positions ``idx`` of an input of shape ``size``."""
     planes, area = size[0] * size[1], math.prod(size[2:])
@@ -613,7 +643,7 @@ def _avg_divisor(size, kernel, stride, padding, out_size, count_include_pad, div
     return (counts[0][:, None] * counts[1][None, :]).astype(dtype)
 
 
-@op(flops=1, saves="none", fused=True)
+@op(flops=1, saves="none", fused=True, linear=True)
 def avg_pool2d(x, kernel, stride, padding, out_size, count_include_pad=True,
                divisor_override=None):
     """Window sums over the zero-padded input divided by PyTorch's divisor."""
@@ -631,7 +661,7 @@ def _(g, out, x, **p):
     return avg_pool2d_backward(g, size=x.shape[2:], **p)
 
 
-@op(flops=1, saves="none", fused=True)
+@op(flops=1, saves="none", fused=True, linear=True)
 def avg_pool2d_backward(g, size, kernel, stride, padding, out_size, count_include_pad=True,
                         divisor_override=None):
     """Spread each window's gradient evenly back over the window (avg_pool2d's adjoint)."""

@@ -62,7 +62,7 @@ def _cast_back(g, a):
     return g if np_dtype(g.dtype) == np_dtype(a.dtype) else to_dtype(g, dtype=a.dtype)
 
 
-@op(flops=1, saves="none", name="sum")
+@op(flops=1, saves="none", name="sum", linear=True)
 def sum_op(a, dims, keepdim=False, dtype=None):
     if dtype is None:
         return reduce_axis(xp.add, a, dims, keepdim)
@@ -74,7 +74,7 @@ def _(g, out, a, dims, keepdim=False, dtype=None):
     return broadcast_to(_cast_back(_kept(g, a.shape, dims, keepdim), a), shape=a.shape)
 
 
-@op(flops=1, saves="none", name="mean")
+@op(flops=1, saves="none", name="mean", linear=True)
 def mean_op(a, dims, keepdim=False, dtype=None):
     if a.size == 0 and _count(a.shape, dims) == 0:  # numpy warns; PyTorch gives nan quietly
         return xp.full_like(a.sum(axis=dims, keepdims=keepdim, dtype=dtype), xp.nan)
@@ -152,6 +152,16 @@ def _spread(g, out, a, dims, keepdim, nan_aware):
     return where_op(mask, g / count, 0.0)
 
 
+def _spread_jvp(t, out, a, dims, keepdim, nan_aware):
+    """The tangent of max/min/amax/amin: the mean of ``t`` over the elements that tie."""
+    o = _kept(out, a.shape, dims, keepdim)
+    mask = eq(a, o)
+    if nan_aware:
+        mask = mask | (isnan(a) & isnan(o))
+    count = sum_op(mask, dims=dims, keepdim=keepdim, dtype=np_dtype(t.dtype))
+    return sum_op(where_op(mask, t, 0.0), dims=dims, keepdim=keepdim) / count
+
+
 def _extreme(name, fn, nan_aware):
     def forward(a, dims, keepdim=False):
         if a.size == 0 and len(dims) == a.ndim:  # a dim that is not empty may be reduced
@@ -163,6 +173,8 @@ def _extreme(name, fn, nan_aware):
     forward.__doc__ = f"``torch.{name}`` over ``dims``; ties share the gradient evenly."
     o = op(flops=1, saves="both", name=name)(forward)
     o.grad(lambda g, out, a, dims, keepdim=False: _spread(g, out, a, dims, keepdim, nan_aware))
+    o.jvp(lambda t, out, a, dims, keepdim=False: _spread_jvp(t[0], out, a, dims, keepdim,
+                                                            nan_aware))
     return o
 
 
@@ -195,9 +207,11 @@ def _selecting(name, fn=None):
         return fn(a, axis=dim, keepdims=keepdim)
 
     forward.__doc__ = _take_along.__doc__
-    o = op(flops=0, saves="none", name=name)(forward)
+    o = op(flops=0, saves="none", name=name, linear=(fn is None))(forward)
     o.grad(lambda g, out, a, idx, dim, keepdim=False:
            put_along(g, idx=idx, shape=a.shape, dim=dim, keepdim=keepdim))
+    o.jvp(lambda t, out, a, idx, dim, keepdim=False:
+          take_along_reduce(t[0], idx=idx, dim=dim, keepdim=keepdim))
     return o
 
 
@@ -206,7 +220,7 @@ min_dim = _selecting("min_dim", xp.min)
 take_along_reduce = _selecting("take_along_reduce")
 
 
-@op(flops=0, saves="none")
+@op(flops=0, saves="none", linear=True)
 def put_along(g, idx, shape, dim, keepdim=False):
     """Zeros of ``shape`` with ``g`` put at ``idx`` along ``dim``: a selection's gradient."""
     if len(shape) == 0:
@@ -303,6 +317,12 @@ def _(g, out, a, dims, keepdim=False):
     return _kept(g, a.shape, dims, keepdim) * exp(a - _kept(out, a.shape, dims, keepdim))
 
 
+@logsumexp_op.jvp
+def _(t, out, a, dims, keepdim=False):
+    return sum_op(t[0] * exp(a - _kept(out, a.shape, dims, keepdim)), dims=dims,
+                  keepdim=keepdim)
+
+
 @op(flops=3, saves="both", name="norm")
 def norm_op(a, p, dims, keepdim=False):
     if p == 2:
@@ -344,7 +364,7 @@ def _(g, out, a, p, dims, keepdim=False):
     return scaled * where_op(zero, 0.0, g / safe_norm ** (p - 1))
 
 
-@op(flops=1, saves="none", name="cumsum")
+@op(flops=1, saves="none", name="cumsum", linear=True)
 def cumsum_op(a, dim, dtype=None):
     if a.ndim == 0:
         return a.astype(dtype or a.dtype)
@@ -356,7 +376,7 @@ def _(g, out, a, dim, dtype=None):
     return _cast_back(reverse_cumsum(g, dim=dim), a)
 
 
-@op(flops=1, saves="none")
+@op(flops=1, saves="none", linear=True)
 def reverse_cumsum(a, dim):
     """Sums from the end of ``dim`` backwards: ``cumsum``'s gradient (and vice versa)."""
     if a.ndim == 0:
@@ -375,7 +395,7 @@ def _logical_reduce(name, fn):
         return out.astype(xp.uint8) if a.dtype == xp.uint8 else out  # PyTorch keeps uint8
 
     forward.__doc__ = f"As ``torch.{name}``: bool result (uint8 for uint8 input), no grad."
-    return op(flops=1, saves="none", differentiable=False, name=name)(forward)
+    return op(flops=1, saves="none", differentiable=False, name=name, pointwise=False)(forward)
 
 
 all_op = _logical_reduce("all", xp.all)

@@ -38,10 +38,11 @@ class Op:
 
     __slots__ = ("name", "forward", "rule", "flops", "saves", "save_inputs", "save_out",
                  "elementwise", "float_only", "differentiable", "view", "fused", "needs",
-                 "keep", "cost_rule", "__wrapped__")
+                 "keep", "cost_rule", "pointwise", "linear", "jvp_rule", "batch_rule",
+                 "__wrapped__")
 
     def __init__(self, forward, name, flops, saves, elementwise, float_only, differentiable,
-                 view, fused, needs, uses=None):
+                 view, fused, needs, uses=None, pointwise=False, linear=False):
         if saves not in _SAVES:
             raise ValueError(f"op {forward.__name__}: saves must be one of {_SAVES}")
         self.name = name or forward.__name__
@@ -68,6 +69,12 @@ class Op:
             self.keep = [tuple(any(m >> j & 1 and i in uses[j] for j in range(n))
                                for i in range(n)) for m in range(1 << n)]
         self.cost_rule = None  # (arrays, out, params) -> (flops, read, written); see cost()
+        # forward mode and vmap (tapegrad.func): pointwise ops get a JVP derived from their
+        # gradient rule and a broadcasting batch rule, linear ops jvp = op(tangents)
+        self.pointwise = pointwise
+        self.linear = linear
+        self.jvp_rule = None
+        self.batch_rule = None
         self.__wrapped__ = forward
 
     @property
@@ -77,6 +84,18 @@ class Op:
     def grad(self, rule):
         """Register the gradient rule ``rule(g, out, *inputs, **params) -> grads``."""
         self.rule = rule
+        return rule
+
+    def jvp(self, rule):
+        """Register the forward-mode rule ``rule(tangents, out, *inputs, **params) -> tangent``
+        (``tangents[i]`` is None where input i has none); read by ``tapegrad.func``."""
+        self.jvp_rule = rule
+        return rule
+
+    def batch(self, rule):
+        """Register the vmap rule ``rule(args, bdims, **params) -> (out, out_bdim)``: ``args``
+        the physical inputs, ``bdims[i]`` the batch dim of input i (None: unbatched)."""
+        self.batch_rule = rule
         return rule
 
     def costs(self, rule):
@@ -165,7 +184,8 @@ def per_input_element(o):
 
 
 def op(flops=0, saves="inputs", elementwise=False, float_only=False, differentiable=True,
-       view=False, fused=False, needs=False, name=None, uses=None):
+       view=False, fused=False, needs=False, name=None, uses=None, pointwise=False,
+       linear=False):
     """Register a forward function as an op (see the module docstring).
 
     flops: per output element (profiler, roofline). saves: what the rule reads besides g —
@@ -177,11 +197,14 @@ def op(flops=0, saves="inputs", elementwise=False, float_only=False, differentia
     uses: per input, the inputs its gradient reads (e.g. mul: ``((1,), (0,))``): a Node
     then saves only what the wanted gradients read, as PyTorch does (less memory, and an
     in-place change to an unsaved input is no error).
+    pointwise: each output element depends only on the same element of each (broadcast)
+    input, so forward mode and vmap derive the op's JVP and batch rule (``tapegrad.func``).
+    linear: the op is linear in its tensor inputs jointly (jvp = op(tangents)).
     """
 
     def register(forward):
         o = Op(forward, name, flops, saves, elementwise, float_only, differentiable, view, fused,
-               needs, uses)
+               needs, uses, pointwise, linear)
         if o.name in REGISTRY:
             raise ValueError(f"op {o.name} is registered twice")
         REGISTRY[o.name] = o

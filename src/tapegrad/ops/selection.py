@@ -14,7 +14,7 @@ from tapegrad.ops.movement import _dim, _grid, getitem, index_op, reshape_op
 from tapegrad.ops.registry import op, xp
 
 
-@op(saves="none", view=True)
+@op(saves="none", view=True, linear=True)
 def alias(a):
     """A differentiable alias sharing ``a``'s storage (``torch.Tensor(t)``)."""
     return a.view()
@@ -35,7 +35,7 @@ def _writable_diagonal(a, offset, dim1, dim2):
                                            writeable=a.flags.writeable)
 
 
-@op(saves="none", view=True, name="diagonal")
+@op(saves="none", view=True, name="diagonal", linear=True)
 def diagonal_op(a, offset, dim1, dim2):
     return _writable_diagonal(a, offset, dim1, dim2)
 
@@ -45,7 +45,7 @@ def _(g, out, a, offset, dim1, dim2):
     return diag_embed_op(g, shape=a.shape, offset=offset, dim1=dim1, dim2=dim2)
 
 
-@op(saves="none", name="diag_embed")
+@op(saves="none", name="diag_embed", linear=True)
 def diag_embed_op(a, shape, offset, dim1, dim2):
     """Zeros of ``shape`` with ``a``'s last dim on the ``offset`` diagonal of (dim1, dim2)."""
     out = xp.zeros(shape, dtype=a.dtype)

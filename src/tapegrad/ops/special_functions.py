@@ -47,7 +47,7 @@ def _erfc_array(a):
     return _math_erfc(a).astype(xp.float64)
 
 
-@op(flops=20, float_only=True)
+@op(flops=20, float_only=True, pointwise=True)
 def erfc(a):
     """As ``torch.erfc``: ``1 - erf(a)`` without cancellation for large ``a``."""
     return _unary(_erfc_array, a)
@@ -58,7 +58,7 @@ def _(g, out, a):
     return g * (-_TWO_OVER_SQRT_PI * exp(-(a * a)))
 
 
-@op(flops=20, float_only=True)
+@op(flops=20, float_only=True, pointwise=True)
 def ndtr(a):
     """As ``torch.special.ndtr``: the standard normal CDF, ``erfc(-a / sqrt(2)) / 2``."""
     return _unary(lambda x: 0.5 * _erfc_array(-x / math.sqrt(2)), a)
@@ -69,7 +69,7 @@ def _(g, out, a):
     return g * exp(a * a * -0.5) * (1 / _SQRT_2PI)
 
 
-@op(flops=40, saves="out", float_only=True)
+@op(flops=40, saves="out", float_only=True, pointwise=True)
 def ndtri(a):
     """As ``torch.special.ndtri``: the inverse of ``ndtr`` (scipy)."""
     return _unary(_scipy_function("ndtri", "ndtri"), a)
@@ -80,7 +80,7 @@ def _(g, out, a):
     return g * _SQRT_2PI * exp(out * out * 0.5)
 
 
-@op(flops=40, saves="both", float_only=True)
+@op(flops=40, saves="both", float_only=True, pointwise=True)
 def log_ndtr(a):
     """As ``torch.special.log_ndtr``: ``log(ndtr(a))``, accurate far in the left tail (scipy)."""
     return _unary(_scipy_function("log_ndtr", "log_ndtr"), a)
@@ -98,7 +98,7 @@ def _logit_array(a, eps):
         return xp.log(a / (1 - a))
 
 
-@op(flops=4, float_only=True, name="logit")
+@op(flops=4, float_only=True, name="logit", pointwise=True)
 def logit_op(a, eps=None):
     return _unary(lambda x: _logit_array(x, eps), a)
 
@@ -111,7 +111,7 @@ def _(g, out, a, eps=None):
     return where_op((a < eps) | (a > 1 - eps), 0.0, grad)
 
 
-@op(flops=12, elementwise=True, float_only=True, needs=True)
+@op(flops=12, elementwise=True, float_only=True, needs=True, pointwise=True)
 def xlog1py(a, b):
     """As ``torch.special.xlog1py``: ``a * log1p(b)``, 0 where ``a == 0`` (unless b is NaN)."""
     with xp.errstate(divide="ignore", invalid="ignore"):
@@ -125,7 +125,7 @@ def _(g, out, a, b, needs=(True, True)):
     return ga, (g * a / (b + 1) if needs[1] else None)
 
 
-@op(flops=8, float_only=True)
+@op(flops=8, float_only=True, pointwise=True)
 def sinc(a):
     """As ``torch.sinc``: ``sin(pi a) / (pi a)``, 1 at 0."""
     return _unary(xp.sinc, a)
@@ -138,7 +138,7 @@ def _(g, out, a):
     return g * where_op(at_zero, 0.0, (x * cos(x) - sin(x)) / (x * x) * math.pi)
 
 
-@op(flops=6, float_only=True)
+@op(flops=6, float_only=True, pointwise=True)
 def entr(a):
     """As ``torch.special.entr``: ``-a log(a)`` for a > 0, 0 at 0, -inf below."""
     def f(x):
@@ -154,7 +154,7 @@ def _(g, out, a):
     return g * -(log(a) + 1)
 
 
-@op(flops=100, elementwise=True, float_only=True, needs=True)
+@op(flops=100, elementwise=True, float_only=True, needs=True, pointwise=True)
 def zeta(a, q):
     """As ``torch.special.zeta``: the Hurwitz zeta function ``sum_k (q + k) ** -a``."""
     dt = (a if isinstance(a, xp.ndarray) else q).dtype  # one may be a Python number
@@ -173,7 +173,7 @@ def _i0_array(a):
     return _scipy.i0(a) if _scipy is not None else xp.i0(a)
 
 
-@op(flops=40, float_only=True)
+@op(flops=40, float_only=True, pointwise=True)
 def i0(a):
     """As ``torch.i0``: the modified Bessel function of the first kind, order 0."""
     return _unary(_i0_array, a)
@@ -184,7 +184,7 @@ def _(g, out, a):
     return g * i1(a)
 
 
-@op(flops=40, saves="both", float_only=True)
+@op(flops=40, saves="both", float_only=True, pointwise=True)
 def i0e(a):
     """As ``torch.special.i0e``: ``exp(-|a|) i0(a)`` (scipy)."""
     return _unary(_scipy_function("i0e", "i0e"), a)
@@ -195,7 +195,7 @@ def _(g, out, a):
     return g * (i1e(a) - sign(a) * out)
 
 
-@op(flops=40, saves="both", float_only=True)
+@op(flops=40, saves="both", float_only=True, pointwise=True)
 def i1(a):
     """As ``torch.special.i1``: the modified Bessel function of the first kind, order 1
     (scipy)."""
@@ -209,7 +209,7 @@ def _(g, out, a):
     return g * where_op(small, 0.5, i0(a) - out / safe)
 
 
-@op(flops=40, saves="both", float_only=True)
+@op(flops=40, saves="both", float_only=True, pointwise=True)
 def i1e(a):
     """As ``torch.special.i1e``: ``exp(-|a|) i1(a)`` (scipy)."""
     return _unary(_scipy_function("i1e", "i1e"), a)
@@ -233,7 +233,8 @@ def _bessel(name):
         return _unary(_scipy_function(name[7:], name), a)
     forward.__name__ = name
     forward.__doc__ = f"As ``torch.special.{name}`` (no gradient, as in PyTorch; scipy)."
-    return op(flops=40, saves="none", float_only=True, differentiable=False)(forward)
+    return op(flops=40, saves="none", float_only=True, differentiable=False,
+              pointwise=True)(forward)
 
 
 bessel_j0 = _bessel("bessel_j0")
