@@ -67,9 +67,18 @@ def test_trace_records_joint_graph_with_backward_and_optimizer_effect():
     names = [n.name for n in g.nodes]
     assert names[:4] == ["linear", "relu", "linear", "cross_entropy_index"]
     assert "matmul" in names and "vjp_cross_entropy_index" in names  # rules traced as ops
-    assert names[-1] == "optimizer_step" and g.nodes[-1].effect
-    assert [k for k, *_ in g.writes] == ["grad"] * 4
+    # plain SGD is traced as ops: p - lr * g per parameter, lr a graph input, written back
+    assert names[-8:] == ["mul", "sub"] * 4 and not any(n.effect for n in g.nodes)
+    assert [k for k, *_ in g.writes] == ["grad"] * 4 + ["data"] * 4
     assert sum(src.kind == "ref" for _, src in g.inputs) == 4  # parameters by reference
+    assert [src.kind for _, src in g.inputs].count("hyper") == 1
+    assert "param_groups[0]['lr']" in str(g)
+    # with momentum the optimizer's own update runs as one effect node
+    model = _mlp(tg)
+    opt = tg.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    g = tg.compiler.trace(_step_fn(tg, model, opt), tg.tensor(X), tg.tensor(y))
+    assert g.nodes[-1].name == "optimizer_step" and g.nodes[-1].effect
+    assert [k for k, *_ in g.writes] == ["grad"] * 4
 
 
 def test_trace_fullgraph_break_names_source_line():

@@ -18,7 +18,7 @@ import numpy as np
 from tapegrad.autograd.grad_mode import state as grad_state
 from tapegrad.compiler import codegen, passes
 from tapegrad.compiler.ir import Graph, Input, Value
-from tapegrad.compiler.tracer import GraphBreak, trace_call, unflatten
+from tapegrad.compiler.tracer import GraphBreak, _sgd_key, trace_call, unflatten
 from tapegrad.tensor import Tensor
 
 cache_size_limit = 8  # as torch._dynamo.config.cache_size_limit
@@ -113,6 +113,8 @@ class Entry:
                 checks.append(("ref", obj.ref, expected))
             elif kind == "grad":
                 checks.append(("grad", obj, expected))
+            elif kind == "hyper":  # a traced SGD step: its group's other hyperparameters
+                checks.append(("hyper", obj, expected))
         self.checks = checks
         self.writes = [t for _, t, _, _ in graph.writes]
         self.graph = graph
@@ -130,6 +132,9 @@ class Entry:
                 d = t._data
                 if d.shape != expected[0] or d.dtype != expected[1] or \
                         t._requires_grad != expected[2]:
+                    return False
+            elif kind == "hyper":
+                if _sgd_key(t) != expected:
                     return False
             else:
                 g = t.grad
@@ -150,6 +155,8 @@ def _check_inputs(graph, args):
             arrays.append(np.array(src.ref._data))
         elif src.kind == "grad" and src.ref.grad is not None:
             arrays.append(np.array(src.ref.grad._data))
+        elif src.kind == "hyper":
+            arrays.append(src.ref[src.label])
         else:
             arrays.append(np.ones(v.shape, v.dtype))
     return arrays

@@ -145,6 +145,8 @@ def generate(graph, name="compiled"):
             lines.append(f"    {nm} = args[{src.index}]")
         elif src.kind == "ref":
             lines.append(f"    {nm} = refs[{i}]._data")
+        elif src.kind == "hyper":  # an optimizer hyperparameter, read at each call
+            lines.append(f"    {nm} = {w.bind('group', src.ref)}[{src.label!r}]")
         else:
             lines.append(f"    {nm} = refs[{i}].grad._data")
     for v, arr in graph.consts.items():

@@ -65,6 +65,8 @@ class Input:
     def __repr__(self):
         if self.kind == "arg":
             return f"arg {self.index}"
+        if self.kind == "hyper":
+            return f"param_groups[{self.index}][{self.label!r}]"
         return f"{'ref' if self.kind == 'ref' else 'grad of'} {self.label}"
 
 

@@ -457,6 +457,8 @@ class Tracer(DispatchMode):
         """``opt.step()`` under the tracer: one effect node running the real update."""
         if self.broken:
             return original(opt)
+        if _plain_sgd(opt):
+            return self._trace_sgd(opt, original)
         groups = [[p for p in g["params"] if p.grad is not None] for g in opt.param_groups]
         params = [p for ps in groups for p in ps]
         ins = [self.value_of(p) for p in params] + [self.value_of(p.grad) for p in params]
@@ -470,6 +472,36 @@ class Tracer(DispatchMode):
                            [p._data for p in params], effect=True, meta={"optimizer": opt})
         for p, v in zip(params, outs):
             self.tmap[id(p)] = [p, v, p._version[0]]
+        return None
+
+    def _trace_sgd(self, opt, original):
+        """Plain SGD (no momentum, weight decay, maximize) as IR ops, so the passes can fuse
+        and plan it: ``p - lr * g`` per parameter (eager's ``param -= lr * grad``), the
+        group's ``lr`` a graph input read at each call (kind "hyper"), the new value written
+        back into the parameter's array. Guarded on the group's other hyperparameters."""
+        mul, sub = REGISTRY["mul"], REGISTRY["sub"]
+        plan = []
+        for gi, group in enumerate(opt.param_groups):
+            ps = [p for p in group["params"] if p.grad is not None]
+            if not ps:
+                continue
+            lr = self.graph.new_value((), np.float64, "lr")
+            self.graph.inputs.append((lr, Input("hyper", index=gi, ref=group, label="lr")))
+            self.guards.append(("hyper", group, _sgd_key(group)))
+            plan += [(p, lr) for p in ps]
+        steps = [(p, self.value_of(p), self.value_of(p.grad), lr) for p, lr in plan]
+        if self.broken:
+            return original(opt)
+        original(opt)
+        for p, pv, gv, lr in steps:
+            d = p._data
+            step = self.graph.new_value(d.shape, p.grad._data.dtype)
+            self.graph.nodes.append(Node(mul, "mul", [gv, lr], {}, [step]))
+            new = self.graph.new_value(d.shape, d.dtype)
+            self.graph.nodes.append(Node(sub, "sub", [pv, step], {}, [new]))
+            self.tmap[id(p)] = [p, new, p._version[0]]
+            self.stepped[id(p)] = p
+            self.mutated[id(p)] = p
         return None
 
     def joint_backward(self, result):
@@ -576,6 +608,33 @@ def _parameter():
 
 def _label(t):
     return f"{type(t).__name__}{list(t.shape)}@{id(t) % 10007}"
+
+
+def _sgd_key(group):
+    return tuple(group.get(k) for k in ("momentum", "weight_decay", "maximize", "nesterov"))
+
+
+def _plain_sgd(opt):
+    """An SGD whose step is ``p -= lr * g`` for every parameter (traced as ops)."""
+    from tapegrad.optim.sgd import SGD
+
+    if type(opt) is not SGD or type(opt).step is not _optimizer_step_hook():
+        return False
+    for group in opt.param_groups:
+        if _sgd_key(group) != (0, 0, False, False) or type(group["lr"]) not in (int, float):
+            return False
+        for p in group["params"]:
+            g = p.grad
+            if g is not None and (g._data.dtype != p._data.dtype or g._data.shape !=
+                                  p._data.shape or p._data.dtype.kind != "f"):
+                return False
+    return True
+
+
+def _optimizer_step_hook():
+    from tapegrad.optim.optimizer import Optimizer
+
+    return Optimizer.step
 
 
 def _full(shape, fill, dtype):
