@@ -52,3 +52,5 @@ __version__ = "0.1.0"
 from tapegrad import compiler  # noqa: F401,E402  (issue 9: trace, passes, codegen)
 from tapegrad.compiler import compile  # noqa: F401,E402
 from tapegrad import distributions  # noqa: F401,E402  (issue 10: torch.distributions)
+from tapegrad import func  # noqa: F401,E402  (issue 11: torch.func transforms)
+from tapegrad.autograd import forward_ad, functional as _autograd_functional  # noqa: F401,E402

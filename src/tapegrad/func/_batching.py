@@ -1,0 +1,333 @@
+"""Batch rules (``@op.batch``) for the ops that are not pointwise.
+
+A rule takes the physical inputs, their batch dims (None: unbatched) and the op's params, and
+returns ``(physical output, its batch dim)``, or NotImplemented to let vmap loop. Most rules
+move the batch to the front and shift the op's dim params by one: numpy forwards already
+handle a leading dim.
+"""
+from tapegrad.func._vmap import (move_to_front, pad_after_batch, expand_batch, logical_ndim,
+                                 _front)
+from tapegrad.ops.registry import REGISTRY
+
+R = REGISTRY
+
+
+def _shift(d, nd):
+    return (d % nd if nd else 0) + 1
+
+
+def _shift_all(ds, nd):
+    return tuple(_shift(d, nd) for d in ds)
+
+
+def _only_first(bdims):
+    return all(b is None for b in bdims[1:])
+
+
+def _dim_rule(name, key, kind):
+    """Rule for an op whose first input is the only batched one and whose ``key`` param is
+    a dim (``int``), dims (``tuple``) or a dim-or-None (None: every dim)."""
+    o = R[name]
+
+    def rule(args, bdims, **params):
+        if not _only_first(bdims):
+            return NotImplemented
+        a = move_to_front(args[0], bdims[0])
+        nd = a.dim() - 1
+        params = dict(params)
+        d = params.get(key)
+        if d is None:
+            if kind != "optional":
+                return NotImplemented
+            a = R["reshape"](a, shape=(a.shape[0], -1))
+            if params.get("keepdim"):
+                out = o(a, *args[1:], **dict(params, **{key: 1}))
+                return R["reshape"](out, shape=(a.shape[0],) + (1,) * nd), 0
+            params[key] = 1
+        elif isinstance(d, (tuple, list)):
+            params[key] = _shift_all(d, nd)
+        else:
+            params[key] = _shift(d, nd)
+        return o(a, *args[1:], **params), 0
+
+    o.batch(rule)
+    return rule
+
+
+for _n in ("sum", "mean", "max", "min", "amax", "amin", "logsumexp", "var", "std", "flip"):
+    _dim_rule(_n, "dims", "tuple")
+for _n in ("cumsum", "reverse_cumsum", "softmax", "log_softmax"):
+    _dim_rule(_n, "dim", "int")
+for _n in ("prod", "argmax", "argmin"):
+    _dim_rule(_n, "dim", "optional")
+
+
+@R["norm"].batch
+def _(args, bdims, p, dims, keepdim=False):
+    a = move_to_front(args[0], bdims[0])
+    return R["norm"](a, p=p, dims=_shift_all(dims, a.dim() - 1), keepdim=keepdim), 0
+
+
+@R["l2_norm"].batch
+def _(args, bdims, dim):
+    a = move_to_front(args[0], bdims[0])
+    nd = a.dim() - 1
+    d = _shift_all(dim, nd) if isinstance(dim, (tuple, list)) else _shift(dim, nd)
+    return R["l2_norm"](a, dim=d), 0
+
+
+@R["roll"].batch
+def _(args, bdims, shifts, dims):
+    a = move_to_front(args[0], bdims[0])
+    nd = a.dim() - 1
+    if dims is None or (isinstance(dims, (tuple, list)) and not dims):
+        flat = R["reshape"](a, shape=(a.shape[0], -1))
+        out = R["roll"](flat, shifts=shifts, dims=(1,))
+        return R["reshape"](out, shape=tuple(a.shape)), 0
+    ds = _shift_all(dims, nd) if isinstance(dims, (tuple, list)) else _shift(dims, nd)
+    return R["roll"](a, shifts=shifts, dims=ds), 0
+
+
+def _same_bdim(name):
+    """Ops that act on the last dims (tril, triu) or on nothing positional (alias, clone)."""
+    o = R[name]
+
+    def rule(args, bdims, **params):
+        if not _only_first(bdims):
+            return NotImplemented
+        return o(move_to_front(args[0], bdims[0]), *args[1:], **params), 0
+
+    o.batch(rule)
+
+
+for _n in ("tril", "triu"):
+    _same_bdim(_n)
+
+
+def _passthrough(name):
+    o = R[name]
+
+    def rule(args, bdims, **params):
+        if not _only_first(bdims):
+            return NotImplemented
+        return o(*args, **params), bdims[0]
+
+    o.batch(rule)
+
+
+for _n in ("alias", "clone"):
+    _passthrough(_n)
+
+
+@R["reshape"].batch
+def _(args, bdims, shape):
+    a = move_to_front(args[0], bdims[0])
+    return R["reshape"](a, shape=(a.shape[0],) + tuple(shape)), 0
+
+
+@R["permute"].batch
+def _(args, bdims, dims):
+    a = move_to_front(args[0], bdims[0])
+    nd = a.dim() - 1
+    return R["permute"](a, dims=(0,) + _shift_all(dims, nd)), 0
+
+
+@R["broadcast_to"].batch
+def _(args, bdims, shape):
+    a = move_to_front(args[0], bdims[0])
+    a = pad_after_batch(a, len(shape) - (a.dim() - 1))
+    return R["broadcast_to"](a, shape=(a.shape[0],) + tuple(shape)), 0
+
+
+@R["sum_to"].batch
+def _(args, bdims, shape):
+    a = move_to_front(args[0], bdims[0])
+    nd = a.dim() - 1
+    target = (a.shape[0],) + (1,) * (nd - len(shape)) + tuple(shape)
+    out = R["sum_to"](a, shape=target)
+    return R["reshape"](out, shape=(a.shape[0],) + tuple(shape)), 0
+
+
+def _joined(name):
+    o = R[name]
+
+    def rule(args, bdims, dim):
+        size = next(a.shape[b] for a, b in zip(args, bdims) if b is not None)
+        nd = logical_ndim(args[0], bdims[0]) + (name == "stack")
+        return o(_front(args, bdims, size), dim=_shift(dim, nd)), 0
+
+    o.batch(rule)
+
+
+_joined("cat")
+_joined("stack")
+
+
+@R["repeat"].batch
+def _(args, bdims, sizes):
+    a = move_to_front(args[0], bdims[0])
+    a = pad_after_batch(a, len(sizes) - (a.dim() - 1))
+    return R["repeat"](a, sizes=(1,) + tuple(sizes)), 0
+
+
+@R["constant_pad_nd"].batch
+def _(args, bdims, widths, value=0):
+    a = move_to_front(args[0], bdims[0])
+    return R["constant_pad_nd"](a, widths=((0, 0),) + tuple(widths), value=value), 0
+
+
+@R["diagonal"].batch
+def _(args, bdims, offset, dim1, dim2):
+    a = move_to_front(args[0], bdims[0])
+    nd = a.dim() - 1
+    return R["diagonal"](a, offset=offset, dim1=_shift(dim1, nd), dim2=_shift(dim2, nd)), 0
+
+
+def _is_advanced(k):
+    return hasattr(k, "shape") or isinstance(k, list)
+
+
+def _index_rule(name):
+    o = R[name]
+
+    def rule(args, bdims, index, **params):
+        a = move_to_front(args[0], bdims[0])
+        key = index if isinstance(index, tuple) else (index,)
+        if any(hasattr(k, "_data") for k in key):
+            return NotImplemented  # a tensor index: the loop
+        arrays = [i for i, k in enumerate(key) if _is_advanced(k)]
+        out = o(a, index=(slice(None),) + key, **params)
+        if not arrays:
+            return out, 0
+        # numpy: ints count as advanced once an array is present; advanced indices that are
+        # not adjacent put their broadcast dims first, before our batch dim
+        adv = [i for i, k in enumerate(key) if _is_advanced(k) or isinstance(k, int)]
+        if adv == list(range(adv[0], adv[-1] + 1)):
+            return out, 0
+        import numpy as np
+
+        shapes = []
+        for i in adv:
+            k = key[i]
+            if hasattr(k, "dtype") and k.dtype == bool:
+                shapes.append((int(np.count_nonzero(k)),))
+            else:
+                shapes.append(np.shape(k))
+        return out, len(np.broadcast_shapes(*shapes))
+
+    o.batch(rule)
+
+
+_index_rule("getitem")
+_index_rule("index")
+
+
+# --- contractions --------------------------------------------------------------------------
+@R["matmul"].batch
+def _(args, bdims):
+    a, b = args
+    ba, bb = bdims
+    ra, rb = logical_ndim(a, ba), logical_ndim(b, bb)
+    mm, reshape, squeeze = R["matmul"], R["reshape"], _squeeze
+    if ba is not None and bb is None:
+        a = move_to_front(a, ba)
+        if ra == 1:
+            out = mm(a, b)  # (B, k) @ (..., k, m): the batch lands at dim -2
+            return out, (out.dim() - 2 if rb >= 2 else 0)
+        return mm(pad_after_batch(a, rb - ra), b), 0
+    if ba is None and bb is not None:
+        b = move_to_front(b, bb)
+        if rb == 1:
+            b = reshape(b, shape=(b.shape[0],) + (1,) * max(0, ra - 2) + (b.shape[1], 1))
+            return squeeze(mm(a, b), -1), 0
+        return mm(a, pad_after_batch(b, ra - rb)), 0
+    a, b = move_to_front(a, ba), move_to_front(b, bb)
+    if ra == 1 and rb == 1:
+        out = mm(reshape(a, shape=(a.shape[0], 1, a.shape[1])),
+                 reshape(b, shape=(b.shape[0], b.shape[1], 1)))
+        return reshape(out, shape=(out.shape[0],)), 0
+    if ra == 1:
+        a = reshape(a, shape=(a.shape[0],) + (1,) * (rb - 2) + (1, a.shape[1]))
+        return squeeze(mm(a, b), -2), 0
+    if rb == 1:
+        b = reshape(b, shape=(b.shape[0],) + (1,) * (ra - 2) + (b.shape[1], 1))
+        return squeeze(mm(a, b), -1), 0
+    r = max(ra, rb)
+    return mm(pad_after_batch(a, r - ra), pad_after_batch(b, r - rb)), 0
+
+
+def _squeeze(t, d):
+    shape = list(t.shape)
+    del shape[d]
+    return R["reshape"](t, shape=tuple(shape))
+
+
+@R["linear"].batch
+def _(args, bdims):
+    x, w = args[0], args[1]
+    b = args[2] if len(args) > 2 else None
+    bx, bw = bdims[0], bdims[1]
+    bb = bdims[2] if len(bdims) > 2 else None
+    if bw is None and bb is None and bx is not None:
+        return R["linear"](move_to_front(x, bx), w, b) if b is not None else \
+            R["linear"](move_to_front(x, bx), w), 0
+    # a batched weight: x @ w^T (+ b) through the matmul rule
+    wt = R["permute"](w, dims=tuple(range(w.dim() - 2)) + (w.dim() - 1, w.dim() - 2)) \
+        if bw is None else _batched_t(w, bw)
+    out, bo = R["matmul"].batch_rule([x, wt], [bx, None if bw is None else 0])
+    if b is None:
+        return out, bo
+    out = move_to_front(out, bo)
+    if bb is None:
+        return R["add"](out, b), 0
+    bphys = move_to_front(b, bb)
+    return R["add"](out, pad_after_batch(bphys, out.dim() - bphys.dim())), 0
+
+
+def _batched_t(w, bw):
+    w = move_to_front(w, bw)
+    n = w.dim()
+    return R["permute"](w, dims=tuple(range(n - 2)) + (n - 1, n - 2))
+
+
+@R["layer_norm"].batch
+def _(args, bdims, axes, eps, param_shape):
+    if not _only_first(bdims):
+        return NotImplemented
+    x = move_to_front(args[0], bdims[0])
+    nd = x.dim() - 1
+    return R["layer_norm"](x, *args[1:], axes=_shift_all(axes, nd), eps=eps,
+                           param_shape=param_shape), 0
+
+
+def _to_front_params(rule):
+    rule.batched_params = True
+    return rule
+
+
+def _selecting(name):
+    o = R[name]
+
+    @_to_front_params
+    def rule(args, bdims, pbdims=None, idx=None, dim=0, keepdim=False):
+        size = (args[0].shape[bdims[0]] if bdims[0] is not None
+                else idx.shape[pbdims["idx"]])
+        a = move_to_front(args[0], bdims[0]) if bdims[0] is not None else \
+            expand_batch(args[0], size)
+        nd = a.dim() - 1
+        if pbdims and "idx" in pbdims:
+            idx = move_to_front(idx, pbdims["idx"])
+        elif hasattr(idx, "_data") or hasattr(idx, "shape"):
+            idx = expand_batch(idx, size) if hasattr(idx, "_data") else idx
+        return o(a, idx=idx, dim=_shift(dim, nd), keepdim=keepdim), 0
+
+    o.batch(rule)
+
+
+for _n in ("max_dim", "min_dim", "take_along_reduce"):
+    _selecting(_n)
+
+
+def rules():
+    """Names of the ops vmap runs with a batch rule (written or derived), not a loop."""
+    return sorted(n for n, o in REGISTRY.items() if o.batch_rule is not None or o.pointwise)

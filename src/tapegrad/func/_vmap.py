@@ -1,0 +1,332 @@
+"""vmap: a ``DispatchMode`` that runs each op once on the whole batch.
+
+A batched value is a plain Tensor whose array is a ``BatchedArray``: a zero-stride (no
+memory) array of the *logical* per-example shape and dtype, which carries the physical Tensor
+(``value``), the batch dim in it (``bdim``) and its level. User code sees logical shapes;
+any op on such a Tensor comes to its level's ``interpret``, which calls the op's batch rule on
+the physical values (``@op.batch``; derived for pointwise ops; else a loop over the batch
+with a warning naming the op). Because the batch is carried by the array, a Tensor that
+re-wraps it (a gradient rule's saved output, ``detach()``) stays batched.
+
+Reverse mode inside vmap (``vmap(grad(f))``) is recorded at the logical level: the level
+records a Node whose inputs are the logical Tensors, and the gradient rules, run as ops on
+Tensors, are batched in turn. Nested vmaps are levels on the stack: an inner level's physical
+value is the outer level's logical one.
+"""
+import functools
+import warnings
+
+from tapegrad.autograd.engine import DispatchMode, Node
+from tapegrad.autograd.grad_mode import state as grad_state
+from tapegrad.backend import xp
+from tapegrad.dtypes import FLOAT_NP
+from tapegrad.func import _tree
+from tapegrad.ops import registry
+from tapegrad.ops.registry import REGISTRY
+
+
+class BatchedArray(xp.ndarray):
+    """The logical view of a batched value (see the module docstring). Reading its values
+    (``item``, ``bool``, ``tolist``) raises, as in PyTorch's vmap."""
+
+    def _no_data(self, *a, **k):
+        raise RuntimeError("vmap: It looks like you're attempting to use a Tensor's data "
+                           "(.item(), bool(), .tolist()) inside of a function being vmapped; "
+                           "this is not supported (the per-example values are not materialised "
+                           "in Python)")
+
+    item = tolist = __bool__ = __float__ = __int__ = __index__ = _no_data
+
+
+def _Tensor():
+    from tapegrad.tensor import Tensor
+
+    return Tensor
+
+
+def wrap(value, bdim, level):
+    """The logical Tensor of physical ``value`` batched along ``bdim`` at ``level``."""
+    shape = tuple(value.shape)
+    logical = shape[:bdim] + shape[bdim + 1:]
+    arr = xp.broadcast_to(xp.zeros((), value._data.dtype), logical).view(BatchedArray)
+    arr.value, arr.bdim, arr.level = value, bdim, level
+    return registry.make(arr)
+
+
+def unwrap(t, level):
+    """``(physical, bdim)`` of ``t`` at ``level``; ``(t, None)`` when not batched there."""
+    d = getattr(t, "_data", None)
+    if type(d) is BatchedArray and getattr(d, "level", None) is level:
+        return d.value, d.bdim
+    return t, None
+
+
+def is_batched(t):
+    return type(getattr(t, "_data", None)) is BatchedArray
+
+
+# --- physical helpers ----------------------------------------------------------------------
+def move_to_front(t, bdim):
+    if bdim == 0:
+        return t
+    n = t.dim()
+    dims = (bdim,) + tuple(d for d in range(n) if d != bdim)
+    return REGISTRY["permute"](t, dims=dims)
+
+
+def pad_after_batch(t, k):
+    """Insert ``k`` size-1 dims after the (front) batch dim."""
+    if k <= 0:
+        return t
+    shape = tuple(t.shape)
+    return REGISTRY["reshape"](t, shape=shape[:1] + (1,) * k + shape[1:])
+
+
+def expand_batch(t, size):
+    """An unbatched physical value with a front batch dim of ``size`` (a broadcast view)."""
+    shape = tuple(t.shape)
+    r = REGISTRY["reshape"](t, shape=(1,) + shape)
+    return REGISTRY["broadcast_to"](r, shape=(size,) + shape)
+
+
+def _front(args, bdims, size):
+    """Every tensor arg with its batch at the front (unbatched ones expanded)."""
+    out = []
+    for a, b in zip(args, bdims):
+        if b is not None:
+            out.append(move_to_front(a, b))
+        elif hasattr(a, "_data"):
+            out.append(expand_batch(a, size))
+        else:
+            out.append(a)
+    return out
+
+
+def logical_ndim(a, b):
+    return a.dim() - (b is not None)
+
+
+# --- the level -----------------------------------------------------------------------------
+_WARNED = set()
+
+
+class VmapLevel(DispatchMode):
+    def __init__(self, size, randomness="error"):
+        self.size = size
+        self.randomness = randomness
+
+    def interpret(self, op, args, params):
+        T = _Tensor()
+        listed = bool(args) and type(args[0]) is list
+        flat = args[0] if listed else args
+        if not any(unwrap(a, self)[1] is not None for a in flat) and not any(
+                unwrap(v, self)[1] is not None for v in params.values()):
+            return op(*args, **params)
+        if op.elementwise and not listed:
+            # promote and broadcast as dispatch would, at the logical level (through us)
+            st = grad_state
+            modes = st.modes
+            st.modes = modes + [self]
+            try:
+                flat = registry._prepare_elementwise(op, list(flat))
+            finally:
+                st.modes = modes
+        phys, bdims = [], []
+        for a in flat:
+            p, b = unwrap(a, self)
+            phys.append(p)
+            bdims.append(b)
+        pparams = params
+        pbdims = {}
+        for k, v in params.items():
+            p, b = unwrap(v, self)
+            if b is not None:
+                pbdims[k] = b
+                pparams = dict(pparams)
+                pparams[k] = p
+        rule = op.batch_rule
+        if rule is None and op.pointwise and not pbdims:
+            rule = _pointwise_rule(op)
+        out = None
+        if rule is not None and not pbdims:
+            res = rule(phys, bdims, **pparams)
+            if res is not NotImplemented:
+                out, obd = res
+        elif rule is not None and getattr(rule, "batched_params", False):
+            res = rule(phys, bdims, pbdims=pbdims, **pparams)
+            if res is not NotImplemented:
+                out, obd = res
+        if out is None:
+            out, obd = self._loop(op, listed, phys, bdims, pparams, pbdims)
+        result = wrap(out, obd, self)
+        if grad_state.enabled and op.differentiable and result._data.dtype in FLOAT_NP:
+            for a in flat:
+                if isinstance(a, T) and a._requires_grad:
+                    result._requires_grad = True
+                    result.grad_fn = Node(op, list(flat) if listed else flat, result, params)
+                    break
+        return result
+
+    def _loop(self, op, listed, phys, bdims, params, pbdims):
+        if op.name not in _WARNED:
+            _WARNED.add(op.name)
+            warnings.warn(f"vmap: there is no batching rule for {op.name}; falling back to a "
+                          "Python loop over the batch (slow)", stacklevel=4)
+        getitem = REGISTRY["getitem"]
+        outs = []
+        for i in range(self.size):
+            def pick(a, b):
+                if b is None:
+                    return a
+                return getitem(a, index=(slice(None),) * b + (i,))
+            args = [pick(a, b) for a, b in zip(phys, bdims)]
+            ps = dict(params)
+            for k, b in pbdims.items():
+                ps[k] = pick(params[k], b)
+            outs.append(op(args, **ps) if listed else op(*args, **ps))
+        return REGISTRY["stack"](outs, dim=0), 0
+
+
+def _pointwise_rule(op):
+    def rule(args, bdims, **params):
+        nds = [logical_ndim(a, b) for a, b in zip(args, bdims) if hasattr(a, "_data")]
+        r = max(nds)
+        batched = [i for i, b in enumerate(bdims) if b is not None]
+        if len(batched) == 1 and logical_ndim(args[batched[0]], bdims[batched[0]]) == r \
+                and bdims[batched[0]] == 0:
+            return op(*args, **params), 0
+        new = []
+        for a, b in zip(args, bdims):
+            if b is None:
+                new.append(a)
+            else:
+                a = move_to_front(a, b)
+                new.append(pad_after_batch(a, r - logical_ndim(a, 0)))
+        return op(*new, **params), 0
+
+    return rule
+
+
+# --- vmap ----------------------------------------------------------------------------------
+def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None):
+    """As ``torch.func.vmap``: ``func`` mapped over a batch dim of its inputs, each op run
+    once on the whole batch.
+
+    >>> vmap(torch.dot)(x, y)                     # x, y: (B, n) -> (B,)
+    >>> vmap(grad(loss), in_dims=(None, 0, 0))(params, xs, ys)   # per-sample gradients
+    """
+    if randomness not in ("error", "different", "same"):
+        raise RuntimeError(f"vmap: only allowed to pass 'error', 'different' or 'same' for "
+                           f"randomness, got {randomness}")
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"vmap: chunk_size should be None or greater than 0. (got "
+                         f"{chunk_size})")
+
+    @functools.wraps(func)
+    def wrapped(*args, **kwargs):
+        return _vmap_call(func, in_dims, out_dims, randomness, chunk_size, args, kwargs)
+
+    return wrapped
+
+
+def _batch_size(leaves, dims):
+    T = _Tensor()
+    size = None
+    for x, d in zip(leaves, dims):
+        if d is None:
+            continue
+        if not isinstance(x, T):
+            raise ValueError(f"vmap: Got in_dim={d} for an input but the input is of type "
+                             f"{type(x).__name__}. We cannot vmap over non-Tensor arguments, "
+                             "please use None as the respective in_dim")
+        if not isinstance(d, int):
+            raise ValueError(f"vmap: in_dim must be an int or None, got {d!r}")
+        n = x.dim()
+        if not -n <= d < n:
+            raise ValueError(f"vmap: Got in_dim={d} for some input, but that input is a Tensor "
+                             f"of dimensionality {n} so expected in_dim to satisfy "
+                             f"-{n} <= in_dim < {n}.")
+        s = x.shape[d % n]
+        if size is not None and s != size:
+            raise ValueError(f"vmap: Expected all tensors to have the same size in the mapped "
+                             f"dimension, got sizes {size} and {s} for the mapped dimension")
+        size = s
+    if size is None:
+        raise ValueError("vmap: at least one input must be batched (in_dims all None)")
+    return size
+
+
+def _vmap_call(func, in_dims, out_dims, randomness, chunk_size, args, kwargs):
+    if not isinstance(in_dims, (int, tuple)) and in_dims is not None:
+        raise ValueError(f"vmap: expected in_dims to be int or a (potentially nested) tuple "
+                         f"matching the structure of inputs, got: {type(in_dims)}.")
+    if isinstance(in_dims, tuple) and len(in_dims) != len(args):
+        raise ValueError(f"vmap: in_dims is not compatible with the structure of `inputs`. "
+                         f"in_dims has structure {len(in_dims)} but inputs has "
+                         f"{len(args)}.")
+    leaves, spec = _tree.flatten(args)
+    dims = _tree.broadcast_prefix(in_dims, args, "vmap")
+    size = _batch_size(leaves, dims)
+    if chunk_size is not None and chunk_size < size:
+        return _chunked(func, in_dims, out_dims, randomness, chunk_size, leaves, spec, dims,
+                        size, kwargs)
+    level = VmapLevel(size, randomness)
+    with level:
+        wrapped = [wrap(x, d % x.dim(), level) if d is not None else x
+                   for x, d in zip(leaves, dims)]
+        out = func(*_tree.unflatten(wrapped, spec), **kwargs)
+    return _unwrap_out(out, out_dims, level, size)
+
+
+def _unwrap_out(out, out_dims, level, size):
+    T = _Tensor()
+    outs, spec = _tree.flatten(out)
+    odims = _tree.broadcast_prefix(out_dims, out, "vmap (out_dims)")
+    res = []
+    for o, d in zip(outs, odims):
+        if not isinstance(o, T):
+            raise ValueError(f"vmap: `{getattr(o, '__name__', o)}` must only return Tensors, "
+                             f"got type {type(o).__name__}. Did you mean to set out_dims= to "
+                             "None for output?")
+        p, b = unwrap(o, level)
+        if d is None:
+            if b is not None:
+                raise ValueError("vmap: out_dims=None for an output that is batched (it "
+                                 "depends on a mapped input)")
+            res.append(p)
+            continue
+        if b is None:
+            p = expand_batch(p, size)
+            b = 0
+        n = p.dim()
+        d = d % n
+        if b != d:
+            dims = [i for i in range(n) if i != b]
+            dims.insert(d, b)
+            p = REGISTRY["permute"](p, dims=tuple(dims))
+        if p._requires_grad:
+            from tapegrad.func._transforms import _reaches_outer
+
+            if not _reaches_outer([p], ()):
+                p = p.detach()
+        res.append(p)
+    return _tree.unflatten(res, spec)
+
+
+def _chunked(func, in_dims, out_dims, randomness, chunk_size, leaves, spec, dims, size, kw):
+    getitem = REGISTRY["getitem"]
+    parts = []
+    for start in range(0, size, chunk_size):
+        sl = slice(start, min(start + chunk_size, size))
+        chunk = [getitem(x, index=(slice(None),) * (d % x.dim()) + (sl,)) if d is not None else x
+                 for x, d in zip(leaves, dims)]
+        cdims = _tree.unflatten(dims, spec)
+        parts.append(_vmap_call(func, cdims, out_dims, randomness, None,
+                                tuple(_tree.unflatten(chunk, spec)), kw))
+    first, ospec = _tree.flatten(parts[0])
+    per = [_tree.flatten(p)[0] for p in parts]
+    odims = _tree.broadcast_prefix(out_dims, parts[0], "vmap (out_dims)")
+    from tapegrad.ops.movement import cat
+
+    out = [cat([p[i] for p in per], dim=odims[i]) for i in range(len(first))]
+    return _tree.unflatten(out, ospec)
