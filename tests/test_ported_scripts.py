@@ -94,6 +94,8 @@ class _Stop(Exception):
 # loss passed to backward() and every value read with .item() by the program is recorded.
 # ---------------------------------------------------------------------------------------------
 import contextlib
+import importlib.abc
+import importlib.util
 import io
 import os
 import sys
@@ -247,6 +249,7 @@ def _fake_torchvision(lib, rng):
 
     class ToTensor:
         def __call__(self, image):
+            image = np.asarray(image)  # a numpy image or a PIL image
             array = image[None] if image.ndim == 2 else image.transpose(2, 0, 1)
             return lib.tensor(array / 255.0, dtype=lib.get_default_dtype())
 
@@ -266,9 +269,39 @@ def _fake_torchvision(lib, rng):
         def __call__(self, x):
             return x
 
+    # On PIL images (programs that read image files), CenterCrop and Resize do their work:
+    # torchvision's crop offsets, PIL's bilinear resize (the smaller edge to an int size).
+    class CenterCrop(_Identity):
+        def __init__(self, size):
+            self.size = (size, size) if isinstance(size, int) else tuple(size)
+
+        def __call__(self, x):
+            if isinstance(x, np.ndarray):
+                return x
+            (th, tw), (w, h) = self.size, x.size
+            top, left = int(round((h - th) / 2.0)), int(round((w - tw) / 2.0))
+            return x.crop((left, top, left + tw, top + th))
+
+    class Resize(_Identity):
+        def __init__(self, size, *args, **kwargs):
+            self.size = size
+
+        def __call__(self, x):
+            if isinstance(x, np.ndarray):
+                return x
+            from PIL import Image
+            w, h = x.size
+            if isinstance(self.size, int):
+                short, long = sorted((w, h))
+                size = (self.size, int(self.size * long / short))
+                size = size if w <= h else size[::-1]
+            else:
+                size = self.size[::-1]
+            return x.resize(size, Image.BILINEAR)
+
     datasets.MNIST, datasets.FakeData = MNIST, FakeData
     transforms.Compose, transforms.ToTensor, transforms.Normalize = Compose, ToTensor, Normalize
-    transforms.Resize = transforms.CenterCrop = _Identity
+    transforms.Resize, transforms.CenterCrop = Resize, CenterCrop
     utils.save_image = lambda *args, **kwargs: None
     tv.datasets, tv.transforms, tv.utils = datasets, transforms, utils
     return {"torchvision": tv, "torchvision.datasets": datasets,
@@ -357,8 +390,8 @@ def _run_program(lib, files, main, argv, states, workdir):
     filename = f"<ported {lib.__name__}"
     sources = files if lib is torch else {k: port_program(v) for k, v in files.items()}
     recorder = _Recorder(lib, states, filename)
-    siblings = {}
     fake = _fake_torchvision(lib, np.random.default_rng(1))
+    fake.update(_stand_ins())
     saved_modules = {k: sys.modules.get(k) for k in [*files, *fake]}
     saved_argv, saved_cwd = sys.argv, os.getcwd()
     saved_env = os.environ.get("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
@@ -375,15 +408,12 @@ def _run_program(lib, files, main, argv, states, workdir):
                 contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             for stem in files:
-                if stem != main:
-                    siblings[stem] = types.ModuleType(stem)
-                    sys.modules[stem] = siblings[stem]
-            for stem, module in siblings.items():
-                code = compile(sources[stem], f"{filename} {stem}.py>", "exec")
-                exec(code, module.__dict__)
+                sys.modules.pop(stem, None)
+            sys.meta_path.insert(0, _Siblings(sources, main, filename))
             namespace = {"__name__": "__main__", "__file__": f"{main}.py"}
             exec(compile(sources[main], f"{filename} {main}.py>", "exec"), namespace)
     finally:
+        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _Siblings)]
         lib.set_default_dtype(prev)
         torch.set_num_threads(threads)
         sys.argv = saved_argv
@@ -398,6 +428,35 @@ def _run_program(lib, files, main, argv, states, workdir):
             else:
                 sys.modules[k] = v
     return np.array(recorder.values, dtype=np.float64)
+
+
+class _Siblings(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """The program's other files, imported (in whatever order the program imports them) as
+    top-level modules, the way Python imports them from the program's folder."""
+
+    def __init__(self, sources, main, filename):
+        self.sources, self.main, self.filename = sources, main, filename
+
+    def find_spec(self, name, path=None, target=None):
+        if name in self.sources and name != self.main:
+            return importlib.util.spec_from_loader(name, self)
+        return None
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        name = module.__name__
+        exec(compile(self.sources[name], f"{self.filename} {name}.py>", "exec"), module.__dict__)
+
+
+def _stand_ins():
+    """Packages the programs import but never use here: six.moves.urllib (downloads that do
+    not run, since the test writes the files)."""
+    import urllib.request
+    six, moves = types.ModuleType("six"), types.ModuleType("six.moves")
+    six.moves, moves.urllib = moves, urllib
+    return {"six": six, "six.moves": moves}
 
 
 def _word_corpus(workdir):
@@ -417,6 +476,17 @@ def _sine_waves(workdir):  # time_sequence_prediction/generate_sine_wave.py, 5 x
     torch.save(np.sin(x / 1.0 / T).astype('float64'), open(workdir / 'traindata.pt', 'wb'))
 
 
+def _bsds300_images(workdir):  # where super_resolution's download would extract BSDS300
+    from PIL import Image
+    rng = np.random.default_rng(3)
+    for split, n in (("train", 12), ("test", 4)):
+        folder = workdir / "dataset" / "BSDS300" / "images" / split
+        folder.mkdir(parents=True)
+        for i in range(n):
+            pixels = rng.integers(0, 256, (29, 31, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(folder / f"{100 + i}.png")
+
+
 # program folder -> (main file, command-line arguments, data set-up, minimum values recorded,
 # rtol: 1e-12 unless the training dynamics amplify rounding, as regression's SGD on x^4 does)
 PORTED_PROGRAMS = {
@@ -434,6 +504,9 @@ PORTED_PROGRAMS = {
     "dcgan": ("main", ["--dataset", "fake", "--batchSize", "8", "--imageSize", "64", "--nz", "8",
                        "--ngf", "4", "--ndf", "4", "--niter", "2", "--workers", "0",
                        "--manualSeed", "1"], None, 40, 1e-12),
+    "super_resolution": ("main", ["--upscale_factor", "3", "--batchSize", "4",
+                                  "--testBatchSize", "4", "--nEpochs", "2", "--threads", "0"],
+                         _bsds300_images, 15, 1e-12),
     "mnist_rnn": ("main", ["--epochs", "2", "--batch-size", "16", "--test-batch-size", "12",
                            "--log-interval", "1"], None, 10, 1e-12),
 }
