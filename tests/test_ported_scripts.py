@@ -157,6 +157,8 @@ class _SharedRandomness:
                         requires_grad=requires_grad)
 
         def randint(low, high=None, size=None, *, dtype=None, **_):
+            if size is None and not isinstance(high, int):  # randint(high, size)
+                low, high, size = 0, low, high
             low, high = (0, low) if high is None else (low, high)
             return self._tensor(rng.integers(low, high, tuple(size)), dtype or lib.int64)
 
@@ -487,6 +489,19 @@ def _bsds300_images(workdir):  # where super_resolution's download would extract
             Image.fromarray(pixels).save(folder / f"{100 + i}.png")
 
 
+def _char_tokens(workdir):  # nanoGPT's data/shakespeare_char/prepare.py output, random
+    import pickle
+    rng = np.random.default_rng(4)
+    folder = workdir / "data" / "shakespeare_char"
+    folder.mkdir(parents=True)
+    for split, n in (("train", 300), ("val", 60)):
+        rng.integers(0, 17, n).astype(np.uint16).tofile(folder / f"{split}.bin")
+    with open(folder / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": 17}, f)
+    configurator = PROGRAMS / "nanogpt" / "configurator.py"  # train.py execs it from the cwd
+    (workdir / "configurator.py").write_text(configurator.read_text())
+
+
 # program folder -> (main file, command-line arguments, data set-up, minimum values recorded,
 # rtol: 1e-12 unless the training dynamics amplify rounding, as regression's SGD on x^4 does)
 PORTED_PROGRAMS = {
@@ -507,6 +522,12 @@ PORTED_PROGRAMS = {
     "super_resolution": ("main", ["--upscale_factor", "3", "--batchSize", "4",
                                   "--testBatchSize", "4", "--nEpochs", "2", "--threads", "0"],
                          _bsds300_images, 15, 1e-12),
+    "nanogpt": ("train", [f"--{k}={v}" for k, v in dict(
+        dataset="shakespeare_char", out_dir="out", n_layer=2, n_head=2, n_embd=16, block_size=8,
+        batch_size=4, gradient_accumulation_steps=2, dropout=0.1, max_iters=6, eval_interval=3,
+        eval_iters=2, log_interval=1, learning_rate=1e-2, warmup_iters=2, lr_decay_iters=5,
+        min_lr=1e-3, device="cpu", dtype="float32", compile=False).items()], _char_tokens, 30,
+                1e-12),
     "mnist_rnn": ("main", ["--epochs", "2", "--batch-size", "16", "--test-batch-size", "12",
                            "--log-interval", "1"], None, 10, 1e-12),
 }
@@ -564,5 +585,7 @@ def test_channel_dropout_modules(name, shape):  # nn.Dropout2d: mnist_rnn
         structure.append(((per_channel == per_channel[..., :1]).all(), 0 < kept.mean() < 1,
                           len(caught) > 0))
         module.eval()
-        np.testing.assert_array_equal(module(xt).detach().numpy(), x)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the 2-D input warning, in eval mode too
+            np.testing.assert_array_equal(module(xt).detach().numpy(), x)
     assert structure[0] == structure[1] == (True, True, len(shape) == 2)
