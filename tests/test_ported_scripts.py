@@ -98,6 +98,7 @@ import importlib.abc
 import importlib.util
 import io
 import os
+import random
 import sys
 import types
 import warnings
@@ -405,6 +406,7 @@ def _run_program(lib, files, main, argv, states, workdir):
         # the programs torch.load whole models they saved, as before PyTorch 2.6
         os.environ["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] = "1"
         sys.argv = [f"{main}.py", *argv]
+        random.seed(0)  # Python's random, for programs that draw from it unseeded
         lib.set_default_dtype(lib.float64)
         with _patched(_SharedRandomness(lib).patches() + recorder.patches()), \
                 contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
@@ -502,6 +504,20 @@ def _char_tokens(workdir):  # nanoGPT's data/shakespeare_char/prepare.py output,
     (workdir / "configurator.py").write_text(configurator.read_text())
 
 
+def _names(workdir):  # the tutorial's data/names/<Language>.txt, made-up names
+    import matplotlib
+    matplotlib.use("Agg")  # the tutorial plots; no display here
+    rng = np.random.default_rng(5)
+    syllables = {"English": "son ton ley ham ing ford wood", "French": "eau ier ard ette mont lac",
+                 "Italian": "ini etti ano ella ucci osa", "Japanese": "ka ta shi mo ro yama moto",
+                 "Russian": "ov ev sky in ich enko kov"}
+    (workdir / "data" / "names").mkdir(parents=True)
+    for language, parts in syllables.items():
+        parts = parts.split()
+        names = ["".join(rng.choice(parts, rng.integers(2, 4))).capitalize() for _ in range(20)]
+        (workdir / "data" / "names" / f"{language}.txt").write_text("\n".join(names) + "\n")
+
+
 # program folder -> (main file, command-line arguments, data set-up, minimum values recorded,
 # rtol: 1e-12 unless the training dynamics amplify rounding, as regression's SGD on x^4 does)
 PORTED_PROGRAMS = {
@@ -528,6 +544,7 @@ PORTED_PROGRAMS = {
         eval_iters=2, log_interval=1, learning_rate=1e-2, warmup_iters=2, lr_decay_iters=5,
         min_lr=1e-3, device="cpu", dtype="float32", compile=False).items()], _char_tokens, 30,
                 1e-12),
+    "char_rnn_classification": ("tutorial", [], _names, 600, 1e-12),
     "mnist_rnn": ("main", ["--epochs", "2", "--batch-size", "16", "--test-batch-size", "12",
                            "--log-interval", "1"], None, 10, 1e-12),
 }
