@@ -375,6 +375,9 @@ def _lcases():
     m("BatchNorm1d", lambda nn: nn.BatchNorm1d(3), X(1, 3), id="BatchNorm1d-batch-1",
       raise_names=("batch_norm",))
     m("Dropout", lambda nn: nn.Dropout(0.5), X(0, 4))
+    m("Dropout1d", lambda nn: nn.Dropout1d(0.5), X(0, 3, 5))
+    m("Dropout2d", lambda nn: nn.Dropout2d(0.5), X(0, 3, 4, 4))
+    m("Dropout3d", lambda nn: nn.Dropout3d(0.5), X(0, 2, 3, 3, 3))
     for name in ("ReLU", "LeakyReLU", "ELU", "GELU", "SiLU", "Softplus", "Tanh", "Sigmoid"):
         m(name, lambda nn, name=name: getattr(nn, name)(), X(0, 4))
     m("Softmax", lambda nn: nn.Softmax(dim=1), X(0, 4))
