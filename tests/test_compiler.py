@@ -190,7 +190,10 @@ def test_fusion_groups_pointwise_chains():
     src, run = tg.compiler.codegen.generate(out)
     got = run([arr[0]], [None], [])
     want = passes.evaluate(g, arr)[0]
-    assert all(np.array_equal(a, b) for a, b in zip(got, want))
+    if tg.compiler.kernels.backend() == "numba":  # exp/tanh from libm: within an ulp
+        assert all(np.allclose(a, b, rtol=1e-15, atol=0) for a, b in zip(got, want))
+    else:
+        assert all(np.array_equal(a, b) for a, b in zip(got, want))
     assert "def fused_0(" in src and "out=" in src  # buffers reused inside the kernel
 
 

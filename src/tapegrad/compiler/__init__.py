@@ -10,4 +10,4 @@ from tapegrad.compiler.ir import Graph, Node, Value, evaluate  # noqa: F401
 from tapegrad.compiler.tracer import GraphBreak, trace  # noqa: F401
 from tapegrad.compiler.api import (compile, explain, CompiledFunction,  # noqa: F401,E402
                                    CompiledModule)
-from tapegrad.compiler import passes, codegen  # noqa: F401,E402
+from tapegrad.compiler import passes, codegen, kernels, memory  # noqa: F401,E402

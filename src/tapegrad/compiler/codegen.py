@@ -15,11 +15,13 @@ kernels as one function each, stores the write-backs and returns the outputs' ar
 
 ``TAPEGRAD_COMPILE_DEBUG=1`` prints every graph and its source when it is compiled.
 """
+import hashlib
 import math
 import re
 
 import numpy as np
 
+from tapegrad.compiler import kernels, memory
 from tapegrad.compiler.ir import Value
 
 # pointwise ops whose forward is exactly one numpy ufunc call on float arrays: a fused kernel
@@ -56,6 +58,7 @@ class _Writer:
         self.ns = {"asarray": np.asarray, "np": np}
         self.lines = []
         self.kernels = []
+        self.n_kernels = 0
         self.counter = 0
 
     def bind(self, hint, obj):
@@ -90,19 +93,29 @@ class _Writer:
         return f"{fn}({', '.join(args)})"
 
 
-def _kernel(w, n, names):
-    """A fused node's body as one function; returns the call expression."""
+def _kernel(w, n, names, out_expr=None, weak=()):
+    """A fused node as one kernel function; returns the call expression. numba's loop nest
+    (kernels.py) when it compiles the group exactly, else numpy ufunc steps that write into
+    buffers the kernel owns (``out=``), bit-identical to the unfused ops. ``out_expr``: the
+    planned buffer of the result (memory.py), or None for a fresh one."""
     body = n.meta["nodes"]
+    reduce = n.meta.get("reduce", ())
     ins = n.inputs
-    kname = _ident(f"fused_{len(w.kernels)}")
+    kname = _ident(f"fused_{w.n_kernels}")
+    w.n_kernels += 1
+    vals = [a for a in ins if isinstance(a, Value)]
+    main = n.outputs[0]
+    if kernels.backend() == "numba" and kernels.supported(body, vals, main.shape, weak) and \
+            all(len(main.shape) == 2 for _ in reduce):
+        return _numba_kernel(w, n, names, kname, vals, out_expr, weak)
     local = {}
     params = []
     for i, a in enumerate(ins):
         if isinstance(a, Value):
             local[id(a)] = f"x{i}"
             params.append(f"x{i}")
-    lines = [f"def {kname}({', '.join(params)}):"]
-    lines.append("    # " + " -> ".join(m.name for m in body))
+    lines = [f"def {kname}({', '.join(params + ['out=None'])}):"]
+    lines.append("    # " + " -> ".join(m.name for m in body) + (" -> sum" * len(reduce)))
     owned = None  # the previous step's value, when this kernel allocated it (a ufunc result)
     for j, m in enumerate(body):
         out = m.outputs[0]
@@ -111,9 +124,15 @@ def _kernel(w, n, names):
         if m.name in UNARY_WITH_CONST:
             uf, const = UNARY_WITH_CONST[m.name]
             extra = [repr(const)]
-        if (owned is not None and uf and not m.params and owned.shape == out.shape
-                and owned.dtype == out.dtype and any(a is owned for a in m.inputs)
-                and all(not isinstance(a, Value) or a.dtype == out.dtype for a in m.inputs)):
+        exact_uf = uf and not m.params and all(not isinstance(a, Value) or a.dtype == out.dtype
+                                              for a in m.inputs)
+        last = j == len(body) - 1
+        if last and out_expr is not None and exact_uf and out.shape == main.shape:
+            args = [w.arg(a, local) for a in m.inputs] + extra
+            lines.append(f"    np.{uf}({', '.join(args)}, out=out)")
+            local[id(out)] = "out"
+        elif (owned is not None and exact_uf and owned.shape == out.shape
+                and owned.dtype == out.dtype and any(a is owned for a in m.inputs)):
             buf = local[id(owned)]
             args = [w.arg(a, local) for a in m.inputs] + extra
             lines.append(f"    np.{uf}({', '.join(args)}, out={buf})")
@@ -123,12 +142,75 @@ def _kernel(w, n, names):
             expr = w.call(m, local)
             lines.append(f"    {t} = {expr}" if out.shape else f"    {t} = asarray({expr})")
             local[id(out)] = t
+            if last and out_expr is not None:
+                lines.append(f"    np.copyto(out, {t})")
+                local[id(out)] = "out"
         owned = out if (uf and not m.params and out.shape) else None
-    lines.append(f"    return {local[id(body[-1].outputs[0])]}")
+    res = local[id(body[-1].outputs[0])]
+    if res in params:  # never hand back an input as the kernel's (fresh) result
+        lines.append(f"    {res} = {res}.copy()")
+    outs = [res]
+    for k, r in enumerate(reduce):
+        outs.append(f"r{k}")
+        lines.append(f"    r{k} = {w.call(r, {id(r.inputs[0]): res})}")
+    lines.append(f"    return {', '.join(outs)}{',' if len(outs) > 1 else ''}")
     w.kernels.append("\n".join(lines))
     exec("\n".join(lines), w.ns)  # noqa: S102 - the kernel source is ours
-    return f"{kname}({', '.join(names[id(a)] for a in ins if isinstance(a, Value))})"
+    call = [names[id(a)] for a in ins if isinstance(a, Value)]
+    if out_expr is not None:
+        call.append(f"out={out_expr}")
+    return f"{kname}({', '.join(call)})"
 
+
+def _numba_kernel(w, n, names, kname, vals, out_expr, weak):
+    """The Python side of a numba kernel: operands reshaped to (rows, columns), the result
+    buffer (planned, or fresh), the column sums; the loop nest itself is in kernels.py."""
+    body = n.meta["nodes"]
+    reduce = n.meta.get("reduce", ())
+    main = n.outputs[0]
+    shape = main.shape
+    cols = shape[-1]
+    rows = 1
+    for d in shape[:-1]:
+        rows *= d
+    digest = hashlib.sha1(repr((kname, [str(m) for m in body], [(a.shape, a.dtype.str)
+                                for a in vals], len(reduce))).encode()).hexdigest()[:12]
+    fname = f"k_{digest}"
+    src, kinds = kernels.numba_source(fname, body, vals, main, len(reduce), weak)
+    kfn = w.bind(fname, kernels.load(fname, src))
+    dt = w.bind(f"dt_{main.dtype.name}", main.dtype)
+    params = [f"x{i}" for i in range(len(vals))]
+    lines = [f"def {kname}({', '.join(params + ['out=None'])}):",
+             "    # " + " -> ".join(m.name for m in body) + (" -> sum" * len(reduce))
+             + f"  [numba {fname}]"]
+    lines.append(f"    o = out if out is not None and out.flags.c_contiguous else "
+                 f"np.empty({shape!r}, {dt})")
+    call = []
+    for p, kind in zip(params, kinds):
+        if kind == "full":
+            call.append(f"{p}.reshape({rows}, {cols})")
+        elif kind == "row":
+            call.append(f"{p}.reshape({cols})")
+        else:
+            call.append(f"{dt}.type({p})")
+    call.append(f"o.reshape({rows}, {cols})")
+    outs = ["o"]
+    for k in range(len(reduce)):
+        lines.append(f"    r{k} = np.empty(({cols},), {dt})")
+        call.append(f"r{k}")
+        outs.append(f"r{k}")
+    lines.append(f"    {kfn}({', '.join(call)})")
+    if out_expr is not None:
+        lines.append("    if out is not None and o is not out:")
+        lines.append("        np.copyto(out, o)")
+    lines.append(f"    return {', '.join(outs)}{',' if len(outs) > 1 else ''}")
+    w.kernels.append(src.split("\n\n\n", 1)[-1].rstrip())
+    w.kernels.append("\n".join(lines))
+    exec("\n".join(lines), w.ns)  # noqa: S102 - the kernel source is ours
+    call = [names[id(a)] for a in vals]
+    if out_expr is not None:
+        call.append(f"out={out_expr}")
+    return f"{kname}({', '.join(call)})"
 
 def generate(graph, name="compiled"):
     """``(source, function)``: ``function(args, refs)`` runs ``graph``; refs are the tensors
@@ -151,15 +233,28 @@ def generate(graph, name="compiled"):
             lines.append(f"    {nm} = refs[{i}].grad._data")
     for v, arr in graph.consts.items():
         names[id(v)] = w.bind(_ident("c" + v.name), arr)
+    plan = memory.plan(graph)
+    weak = {id(v) for v, src in graph.inputs if src.kind == "hyper"}  # Python numbers
+    bufs = [w.bind(f"buf{k}", np.empty(shape, dtype)) for k, (shape, dtype) in
+            enumerate(plan.slots)]
     for n in graph.nodes:
         outs = [_ident("v" + v.name if v.name[:1].isdigit() else v.name) for v in n.outputs]
+        target = plan.out.get(id(n.outputs[0])) if n.outputs else None
+        out_expr = None
+        if target is not None:
+            out_expr = names[id(target[1])] if target[0] == "inplace" else bufs[target[1]]
         for v, nm in zip(n.outputs, outs):
             names[id(v)] = nm
         if n.name == "fused":
-            expr = _kernel(w, n, names)
+            expr = _kernel(w, n, names, out_expr, weak)
+        elif out_expr is not None:  # a small matmul into its planned buffer
+            a, b = (names[id(x)] for x in n.inputs)
+            expr = f"np.matmul({a}, {b}, out={out_expr})"
         else:
             expr = w.call(n, names)
-        if n.name.startswith("vjp_") or n.name == "optimizer_step":
+        if not outs:  # an effect for its side effect only (an LR scheduler's step)
+            lines.append(f"    {expr}")
+        elif n.name.startswith("vjp_") or n.name == "optimizer_step" or len(outs) > 1:
             lines.append(f"    {', '.join(outs)}, = {expr}")
         elif len(outs) == 1 and not n.outputs[0].shape:
             lines.append(f"    {outs[0]} = asarray({expr})")
@@ -167,9 +262,12 @@ def generate(graph, name="compiled"):
             lines.append(f"    {outs[0]} = {expr}")
     w.ns["set_grad"] = set_grad
     w.ns["set_data"] = set_data
+    w.ns["set_grad_owned"] = set_grad_owned
     for k, (kind, t, label, v) in enumerate(graph.writes):
         val = "None" if v is None else w.arg(v, names)
         fn = "set_grad" if kind == "grad" else "set_data"
+        if kind == "grad" and v is not None and id(v) in plan.owned:
+            fn = "set_grad_owned"  # made fresh by this call and stored once: no copy
         lines.append(f"    {fn}(writes[{k}], {val})  # {label}")
     outs = [w.arg(v, names) for v in graph.outputs]
     lines.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
@@ -184,6 +282,13 @@ def set_grad(t, array):
     from tapegrad.tensor import Tensor
 
     t.grad = None if array is None else Tensor._make(np.array(array))
+
+
+def set_grad_owned(t, array):
+    """``set_grad`` for an array this call made and nothing else holds: no copy."""
+    from tapegrad.tensor import Tensor
+
+    t.grad = Tensor._make(array if type(array) is np.ndarray else np.asarray(array))
 
 
 def set_data(t, array):

@@ -194,11 +194,24 @@ def fuse(graph):
     for n in graph.nodes:
         if pointwise(n):
             members.setdefault(root(n), []).append(n)
+    # column sums of a group's result (a bias gradient) join its kernel as extra outputs
+    last_of = {id(b[-1].outputs[0]): r for r, b in members.items()}
+    epilogue, absorbed = {}, set()
+    for n in graph.nodes:
+        if (n.name == "sum" and n.op is not None and len(n.inputs) == 1
+                and isinstance(n.inputs[0], Value) and len(n.inputs[0].shape) == 2
+                and tuple(n.params.get("dims") or ()) == (0,) and not n.params.get("keepdim")
+                and n.params.get("dtype") is None and id(n.inputs[0]) in last_of):
+            epilogue.setdefault(last_of[id(n.inputs[0])], []).append(n)
+            absorbed.add(id(n))
     g = graph.copy()
     nodes = []
     for n in graph.nodes:
+        if id(n) in absorbed:
+            continue  # computed by its group's kernel
         body = members.get(root(n)) if pointwise(n) else None
-        if body is None or len(body) == 1:
+        reduce = epilogue.get(root(n), []) if body is not None else []
+        if body is None or (len(body) == 1 and not reduce):
             nodes.append(n)
             continue
         if n is not body[-1]:
@@ -210,21 +223,25 @@ def fuse(graph):
                 if isinstance(a, Value) and id(a) not in inner and id(a) not in seen:
                     seen.add(id(a))
                     ins.append(a)
-        fused = Node(None, "fused", ins, {}, [body[-1].outputs[0]],
-                     impl=_fused_impl(body, ins), meta={"nodes": body})
+        outs = [body[-1].outputs[0]] + [r.outputs[0] for r in reduce]
+        fused = Node(None, "fused", ins, {}, outs, impl=_fused_impl(body, ins, reduce),
+                     meta={"nodes": body, "reduce": reduce})
         nodes.append(fused)
     g.nodes = nodes
     return g
 
 
-def _fused_impl(body, ins):
+def _fused_impl(body, ins, reduce=()):
     """The reference evaluation of a fused group (the generated kernel is the fast one)."""
     def fused(*arrays):
         env = {id(v): a for v, a in zip(ins, arrays)}
         for m in body:
             args = [env[id(a)] if isinstance(a, Value) else a for a in m.inputs]
             env[id(m.outputs[0])] = call_node(m, args)[0]
-        return env[id(body[-1].outputs[0])]
+        res = env[id(body[-1].outputs[0])]
+        if not reduce:
+            return res
+        return (res,) + tuple(call_node(r, [res])[0] for r in reduce)
 
     return fused
 
@@ -243,6 +260,7 @@ def _observed(graph, arrays):
         if n.effect:
             seen.extend(a for a in args if isinstance(a, np.ndarray))
             outs = [np.array(a) for a in args[:len(n.outputs)]]
+            outs += [np.zeros(v.shape, v.dtype) for v in n.outputs[len(outs):]]  # draws
         else:
             outs = call_node(n, args)
         for v, o in zip(n.outputs, outs):

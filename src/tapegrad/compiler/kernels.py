@@ -1,0 +1,209 @@
+"""The kernel compiler: a fused group becomes one loop nest compiled by numba, or a chain of
+numpy ufunc calls into planned buffers when numba is absent (the same results).
+
+A fused node (``passes.fuse``) holds a pointwise body and, optionally, column sums of its
+result (a bias gradient: ``sum(dims=(0,))``). Its operands are full-shape arrays, rows that
+broadcast along the leading dims (a bias), or scalars (a Python float such as SGD's lr, a
+0-d value). numba's kernel runs the body once per element, in registers, writing the result
+and accumulating the sums in the same pass::
+
+    @njit(error_model="numpy", cache=True)      # fastmath off: IEEE arithmetic, no FMA
+    def k_3f2a(x0, x1, out0, red0):             # add -> relu, column sums
+        R, C = out0.shape
+        for j in range(C):
+            red0[j] = 0.0
+        for i in range(R):
+            for j in range(C):
+                t0 = x0[i, j] + x1[j]
+                t1 = t0 if (t0 >= zero or t0 != t0) else zero
+                out0[i, j] = t1
+                red0[j] += t1
+
+Exactness: ``+ - * /``, comparisons, casts, max/min (numpy's NaN rule) round exactly as the
+numpy ufuncs do; the column sums add rows in order, as numpy's ``add.reduce`` over a leading
+axis of a C-contiguous array does, so they are bit-identical too. ``exp``/``log``/``tanh``
+call the C library where numpy may use its own SIMD code: within an ulp, not bitwise.
+
+Sources are written to a cache directory and imported, so numba's ``cache=True`` keeps the
+machine code between processes (a warm compile loads it instead of running LLVM).
+``TAPEGRAD_COMPILE_KERNELS=numpy`` (or ``numba``) forces a backend; the default takes numba
+when it imports.
+"""
+import hashlib
+import importlib.util
+import os
+import sys
+
+import numpy as np
+
+from tapegrad.compiler.ir import Value
+
+# scalar forms of the pointwise ops numba can compile exactly as numpy computes them
+BINARY = {"add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})",
+          "div": "({0} / {1})", "gt": "({0} > {1})", "lt": "({0} < {1})",
+          "ge": "({0} >= {1})", "le": "({0} <= {1})", "eq": "({0} == {1})",
+          "ne": "({0} != {1})",
+          "maximum": "({0} if ({0} >= {1} or {0} != {0}) else {1})",
+          "minimum": "({0} if ({0} <= {1} or {0} != {0}) else {1})"}
+UNARY = {"neg": "(-{0})", "exp": "np.exp({0})", "log": "np.log({0})", "tanh": "np.tanh({0})",
+         "sqrt": "np.sqrt({0})", "abs": "abs({0})"}
+INEXACT = frozenset({"exp", "log", "tanh"})  # libm vs numpy's SIMD: within an ulp
+
+_numba = None
+_loaded = {}  # source hash -> compiled dispatcher (one per process)
+
+
+def backend():
+    """``"numba"`` or ``"numpy"``: the kernel compiler in use (``TAPEGRAD_COMPILE_KERNELS``)."""
+    global _numba
+    want = os.environ.get("TAPEGRAD_COMPILE_KERNELS", "auto")
+    if want == "numpy":
+        return "numpy"
+    if _numba is None:
+        try:
+            import numba  # noqa: F401 - optional extra "compile"
+
+            _numba = True
+        except ImportError:
+            _numba = False
+    if want == "numba" and not _numba:
+        raise ImportError("TAPEGRAD_COMPILE_KERNELS=numba: numba is not installed "
+                          "(pip install 'tapegrad[compile]')")
+    return "numba" if _numba else "numpy"
+
+
+def cache_dir():
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "tapegrad", "kernels")
+
+
+def operand_kind(a, out_shape, weak=()):
+    """How a kernel reads one input: "full" (same shape), "row" (broadcast over the leading
+    dims), "scalar" (0-d or a Python number), or None (not a kernel operand)."""
+    if not isinstance(a, Value):
+        return "scalar" if type(a) in (int, float) else None
+    if a.shape == tuple(out_shape):
+        return "full"
+    if a.shape == () or id(a) in weak:
+        return "scalar"
+    if out_shape and len(a.shape) <= len(out_shape) and a.shape[-1:] == tuple(out_shape[-1:]) \
+            and all(d == 1 for d in a.shape[:-1]):
+        return "row"
+    return None
+
+
+def supported(body, ins, out_shape, weak=()):
+    """Whether numba can compile this group exactly: float/bool values, known ops, each op's
+    array operands of its result's dtype (so no mixed-precision promotion is implied)."""
+    if not out_shape or any(d == 0 for d in out_shape):
+        return False
+    for a in ins:
+        if operand_kind(a, out_shape, weak) is None or a.dtype.kind not in "fb":
+            return False
+    for m in body:
+        out = m.outputs[0]
+        if m.params and m.name != "to_dtype":
+            return False
+        if m.name == "relu":
+            pass
+        elif m.name == "to_dtype":
+            if out.dtype.kind not in "f" or m.inputs[0].dtype.kind not in "fb":
+                return False
+        elif m.name not in BINARY and m.name not in UNARY:
+            return False
+        if out.shape not in ((), tuple(out_shape)) or out.dtype.kind not in "fb":
+            return False
+        for a in m.inputs:
+            if isinstance(a, Value):
+                if a.dtype != out.dtype and id(a) not in weak and m.name not in (
+                        "to_dtype", "gt", "lt", "ge", "le", "eq", "ne"):
+                    return False  # a 0-d array of another dtype promotes (NumPy 2)
+            elif type(a) not in (int, float):
+                return False
+        if m.name in ("gt", "lt", "ge", "le", "eq", "ne"):
+            vs = [a for a in m.inputs if isinstance(a, Value)]
+            if len({a.dtype for a in vs}) > 1:
+                return False
+    return True
+
+
+def _np_type(dt):
+    return f"np.{np.dtype(dt).name}"
+
+
+def numba_source(fname, body, ins, out_value, n_reduce, weak=()):
+    """The numba source of one kernel (see the module docstring) and the operand kinds."""
+    shape = out_value.shape
+    kinds = [operand_kind(a, shape, weak) for a in ins]
+    params = [f"x{i}" for i in range(len(ins))] + ["out0"] + [f"red{k}" for k in range(n_reduce)]
+    lines = ["import numpy as np", "from numba import njit", "",
+             "", '@njit(error_model="numpy", cache=True)',
+             f"def {fname}({', '.join(params)}):",
+             "    R, C = out0.shape"]
+    odt = _np_type(out_value.dtype)
+    for k in range(n_reduce):
+        lines += ["    for j in range(C):", f"        red{k}[j] = {odt}(0)"]
+    lines += ["    for i in range(R):", "        for j in range(C):"]
+    local = {}
+    for i, (a, kind) in enumerate(zip(ins, kinds)):
+        local[id(a)] = {"full": f"x{i}[i, j]", "row": f"x{i}[j]", "scalar": f"x{i}"}[kind]
+    pad = " " * 12
+    for j, m in enumerate(body):
+        out = m.outputs[0]
+        dt = _np_type(out.dtype)
+        vals = [a for a in m.inputs if isinstance(a, Value)]
+        # a Python number takes the array operand's dtype (NumPy 2's weak scalars)
+        peer = _np_type(vals[0].dtype) if vals else dt
+
+        def arg(a):
+            if isinstance(a, Value):
+                return local[id(a)]
+            return f"{peer}({float(a)!r})"
+
+        args = [arg(a) for a in m.inputs]
+        if m.name == "relu":
+            z = f"{dt}(0.0)"
+            expr = f"({args[0]} if ({args[0]} >= {z} or {args[0]} != {args[0]}) else {z})"
+        elif m.name == "to_dtype":
+            expr = f"{dt}({args[0]})"
+        elif m.name in UNARY:
+            expr = UNARY[m.name].format(*args)
+        else:
+            expr = BINARY[m.name].format(*args)
+        t = f"t{j}"
+        lines.append(f"{pad}{t} = {expr}")
+        local[id(out)] = t
+    res = local[id(body[-1].outputs[0])]
+    lines.append(f"{pad}out0[i, j] = {res}")
+    for k in range(n_reduce):
+        lines.append(f"{pad}red{k}[j] += {res}")
+    lines.append("    return out0")
+    return "\n".join(lines) + "\n", kinds
+
+
+def load(fname, source):
+    """Compile (or load from numba's cache) the kernel ``fname`` defined by ``source``."""
+    key = hashlib.sha1(source.encode()).hexdigest()[:16]
+    fn = _loaded.get(key)
+    if fn is not None:
+        return fn
+    d = cache_dir()
+    os.makedirs(d, exist_ok=True)
+    mod_name = f"tapegrad_kernel_{key}"
+    path = os.path.join(d, mod_name + ".py")
+    if not os.path.exists(path):
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(source)
+        os.replace(tmp, path)
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = mod
+    spec.loader.exec_module(mod)
+    fn = _loaded[key] = getattr(mod, fname)
+    return fn
+
+
+def inexact(body):
+    """Whether a kernel may differ from numpy in the last ulp (transcendentals)."""
+    return any(m.name in INEXACT for m in body)
