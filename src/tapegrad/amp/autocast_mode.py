@@ -56,6 +56,11 @@ class _State(threading.local):
 
 
 _state = _State()
+# CPU autocast regions open in any thread (changed under _regions_lock on enter/exit). While it
+# is 0, as in every program that never autocasts, a composite's wrapper reads no thread-local
+# state: the per-call cost of autocast_composite is one global read (see docs/performance.md)
+_regions = 0
+_regions_lock = threading.Lock()
 
 
 def _device_type(device_type):
@@ -318,6 +323,8 @@ def autocast_composite(fn):
 
     @functools.wraps(fn)
     def composite(*args, **kwargs):
+        if not _regions:  # no autocast region in any thread: nothing to cast
+            return fn(*args, **kwargs)
         st = _state
         if not st.cpu or st.excluded or not st.depth:
             return fn(*args, **kwargs)
@@ -376,6 +383,7 @@ class autocast:
         self._enabled = enabled
 
     def __enter__(self):
+        global _regions
         st = _state
         device = self.device
         # what exit restores lives in the thread's state, so one instance may be entered by
@@ -389,15 +397,20 @@ class autocast:
             mode = _AutocastMode()
             mode.__enter__()
             st.depth += 1
+            with _regions_lock:
+                _regions += 1
             frame = frame[:3] + (mode,)
         st.frames.append(frame)
         return self
 
     def __exit__(self, *exc):
+        global _regions
         st = _state
         cache_enabled, enabled, dtype, mode = st.frames.pop()
         if mode is not None:
             st.depth -= 1
+            with _regions_lock:
+                _regions -= 1
             mode.__exit__(*exc)
         if autocast_decrement_nesting() == 0:
             st.cache.clear()
