@@ -82,12 +82,13 @@ def _(t, out, a, b):
     return (matmul(ta, b) if ta is not None else 0) + (matmul(a, tb) if tb is not None else 0)
 
 
-_sparse = None  # (sparse tensor class, its product), set by tapegrad.sparse.coo
+_sparse = None  # (sparse tensor class, its product), set by accept_sparse
 
 
 class _MatmulOp(_registry.Op):
-    """matmul's record: a call with a sparse_coo operand goes to tapegrad.sparse (that product
-    is not this op's forward); dense calls go on to dispatch unchanged."""
+    """matmul's record once a sparse_coo tensor exists: a call with a sparse operand goes to
+    tapegrad.sparse (that product is not this op's forward); dense calls go on to dispatch
+    unchanged."""
 
     __slots__ = ()
 
@@ -98,7 +99,12 @@ class _MatmulOp(_registry.Op):
         return _registry.Op.__call__(self, *args, **params)
 
 
-matmul.__class__ = _MatmulOp
+def accept_sparse(sparse_class, product):
+    """Route matmul calls with a ``sparse_class`` operand to ``product``. tapegrad.sparse calls
+    this when it makes its first sparse tensor, so dense-only programs pay no extra call."""
+    global _sparse
+    _sparse = (sparse_class, product)
+    matmul.__class__ = _MatmulOp
 
 
 @matmul.costs

@@ -171,6 +171,8 @@ def _groups(indices):
 
 def _sparse(indices, values, shape, coalesced):
     """A sparse tensor over ``indices`` (int64 array) and ``values`` (a Tensor it owns)."""
+    if _L._sparse is None:  # the first sparse tensor: matmul starts checking for them
+        _L.accept_sparse(SparseCooTensor, matmul)
     t = object.__new__(SparseCooTensor)
     t._data = SparseData(shape, values._data.dtype)
     t._indices_array = indices
@@ -810,6 +812,3 @@ def _repr(t):
             out += ", " + sfx
             last += len(sfx) + 2
     return out + ")"
-
-
-_L._sparse = (SparseCooTensor, matmul)
