@@ -185,11 +185,11 @@ class Optimizer:
         """As ``Optimizer.zero_grad``: drop every ``.grad`` (or zero it in place)."""
         for group in self.param_groups:
             for p in group["params"]:
-                g = p.grad
+                g = p._grad  # the slot behind the .grad property: no property call per step
                 if g is None:
                     continue
                 if set_to_none:
-                    p.grad = None
+                    p._grad = None
                 else:
                     if g.grad_fn is not None:
                         g.detach_()
@@ -218,7 +218,7 @@ class Optimizer:
                 loss = closure()
         with no_grad():
             for group in self.param_groups:
-                params = [p for p in group["params"] if p.grad is not None]
+                params = [p for p in group["params"] if p._grad is not None]
                 if self.elementwise and group.get("foreach") is not False and len(params) > 1:
                     small = [p for p in params if p._data.size <= self.flat_max_numel]
                     if len(small) > 1:
@@ -247,7 +247,7 @@ class Optimizer:
         update = self.update
         for p in params:
             state, arrays = self._state_arrays(p, group)
-            update(p._data, p.grad._data, arrays, group)
+            update(p._data, p._grad._data, arrays, group)
             self._keep_new(state, arrays)
             p._version[0] += 1
 
@@ -257,12 +257,12 @@ class Optimizer:
         for p in params:
             state, arrays = self._state_arrays(p, group)
             scalars = tuple((k, arrays[k].item()) for k in self._scalar_state if k in arrays)
-            key = (p._data.dtype, p.grad._data.dtype, tuple(arrays), scalars)
+            key = (p._data.dtype, p._grad._data.dtype, tuple(arrays), scalars)
             batches[key].append((p, state, arrays))
         for batch in batches.values():
             if len(batch) == 1:
                 p, state, arrays = batch[0]
-                self.update(p._data, p.grad._data, arrays, group)
+                self.update(p._data, p._grad._data, arrays, group)
                 self._keep_new(state, arrays)
                 p._version[0] += 1
                 continue
@@ -270,7 +270,7 @@ class Optimizer:
                         xp.concatenate([a[k].ravel() for _, _, a in batch]))
                     for k, v in batch[0][2].items()}
             flat_param = xp.concatenate([p._data.ravel() for p, _, _ in batch])
-            flat_grad = xp.concatenate([p.grad._data.ravel() for p, _, _ in batch])
+            flat_grad = xp.concatenate([p._grad._data.ravel() for p, _, _ in batch])
             self.update(flat_param, flat_grad, flat, group)
             offset = 0
             for p, state, arrays in batch:
