@@ -473,6 +473,9 @@ def _extreme_public(name, full_op, dim_op, arg_op, pairwise):
         d = d[0] if d else 0
         if input.ndim and input.shape[d] == 0:
             raise IndexError(f"{name}(): Expected reduction dim {d} to have non-zero size.")
+        if type(input._data) is not xp.ndarray:  # a vmap value: the indices are an op's too
+            idx = arg_op(input, dim=d, keepdim=keepdim)
+            return ReturnTypes[name](dim_op(input, idx=idx, dim=d, keepdim=keepdim), idx)
         idx = arg_op.forward(input._data, dim=d, keepdim=keepdim)
         values = dim_op(input, idx=idx, dim=d, keepdim=keepdim)
         return ReturnTypes[name](values, registry.make(idx))
