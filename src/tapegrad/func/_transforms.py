@@ -408,4 +408,5 @@ def hvp(func, primals, tangents):
     """Hessian-vector product by forward-over-reverse, ``jvp(grad(func))``: ``(grad, H v)``.
     (``torch.func`` has no ``hvp``; ``autograd.functional.hvp`` is the reverse-over-reverse
     API.) The Hessian is never formed."""
-    return jvp(grad(func, argnums=tuple(range(len(primals)))), primals, tangents)
+    nums = 0 if len(primals) == 1 else tuple(range(len(primals)))
+    return jvp(grad(func, argnums=nums), primals, tangents)

@@ -1,0 +1,270 @@
+"""tapegrad.func against torch.func: each transform and their compositions, float64, 1e-12."""
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.func as tf
+
+import tapegrad
+import tapegrad.func as gf
+from helpers import assert_close
+
+RNG = np.random.default_rng(0)
+X = RNG.standard_normal((3, 4))
+V = RNG.standard_normal((3, 4))
+W = RNG.standard_normal((4, 5))
+B = RNG.standard_normal(5)
+XB = RNG.standard_normal((6, 4))
+YB = RNG.standard_normal((6, 5))
+
+
+def pair(a):
+    return tapegrad.tensor(a), torch.tensor(a)
+
+
+def close_tree(a, b, rtol=1e-12, what="value"):
+    if isinstance(b, (tuple, list)):
+        assert isinstance(a, (tuple, list)) and len(a) == len(b), what
+        for x, y in zip(a, b):
+            close_tree(x, y, rtol, what)
+    elif isinstance(b, dict):
+        assert set(a) == set(b)
+        for k in b:
+            close_tree(a[k], b[k], rtol, f"{what}[{k}]")
+    else:
+        assert not getattr(a, "requires_grad", False), f"{what}: result requires grad"
+        assert_close(a, b, rtol=rtol, what=what)
+
+
+def scalar_fn(T):
+    w = T.tensor(W)
+    return lambda x: (T.tanh(x @ w).sin() * x.sum(-1, keepdim=True).exp()).sum() ** 2
+
+
+def vector_fn(T):
+    w = T.tensor(W)
+    return lambda x: T.softmax(T.tanh(x @ w), dim=-1) * x.mean()
+
+
+def mlp_loss(T):
+    def loss(w, b, x, y):
+        h = T.tanh(x @ w + b)
+        return ((h - y) ** 2).mean()
+
+    return loss
+
+
+# --- single transforms ---------------------------------------------------------------------
+def test_grad_and_value_and_argnums_and_aux():
+    ga, ta = pair(X)
+    g = gf.grad(scalar_fn(tapegrad))(ga)
+    close_tree(g, tf.grad(scalar_fn(torch))(ta))
+    lib = [(tapegrad, gf), (torch, tf)]
+    res = []
+    for T, F in lib:
+        w, b, x, y = (T.tensor(a) for a in (W, B, XB, YB))
+        res.append(F.grad_and_value(mlp_loss(T), argnums=(0, 1))(w, b, x, y))
+    close_tree(res[0], res[1])
+    res = []
+    for T, F in lib:
+        x = T.tensor(X)
+        res.append(F.grad(lambda x: ((x ** 3).sum(), x.cos()), has_aux=True)(x))
+    close_tree(res[0], res[1])
+
+
+def test_grad_errors():
+    x = tapegrad.tensor(X)
+    with pytest.raises(RuntimeError, match="scalar Tensor"):
+        gf.grad(lambda x: x * 2)(x)
+    with pytest.raises(RuntimeError, match="argnums"):
+        gf.grad(lambda x: x.sum(), argnums=3)(x)
+    with pytest.raises(RuntimeError, match="tuple: \\(output, aux\\)"):
+        gf.grad(lambda x: x.sum(), has_aux=True)(x)
+
+
+def test_vjp_and_jvp_and_linearize():
+    ga, ta = pair(X)
+    gv, tv = pair(V)
+    out_a, fn_a = gf.vjp(vector_fn(tapegrad), ga)
+    out_b, fn_b = tf.vjp(vector_fn(torch), ta)
+    ct = RNG.standard_normal(tuple(out_b.shape))
+    close_tree(out_a, out_b)
+    close_tree(fn_a(tapegrad.tensor(ct)), fn_b(torch.tensor(ct)))
+    close_tree(gf.jvp(vector_fn(tapegrad), (ga,), (gv,)), tf.jvp(vector_fn(torch), (ta,), (tv,)))
+    out_a, lin = gf.linearize(vector_fn(tapegrad), ga)
+    out_b, lin_b = tf.linearize(vector_fn(torch), ta)
+    close_tree(lin(gv), lin_b(tv))
+
+
+def test_jacrev_jacfwd_hessian():
+    ga, ta = pair(X[0])
+    for gt, tt in [(gf.jacrev, tf.jacrev), (gf.jacfwd, tf.jacfwd)]:
+        close_tree(gt(vector_fn(tapegrad))(ga), tt(vector_fn(torch))(ta))
+    close_tree(gf.hessian(scalar_fn(tapegrad))(ga), tf.hessian(scalar_fn(torch))(ta), 1e-11)
+    res = []
+    for T, F in [(tapegrad, gf), (torch, tf)]:
+        w, b, x, y = (T.tensor(a) for a in (W, B, XB, YB))
+        res.append(F.jacrev(mlp_loss(T), argnums=(0, 1))(w, b, x, y))
+    close_tree(res[0], res[1])
+
+
+def test_hvp_forward_over_reverse():
+    ga, ta = pair(X)
+    gv, tv = pair(V)
+    g, hv = gf.hvp(scalar_fn(tapegrad), (ga,), (gv,))
+    g_ref, hv_ref = tf.jvp(tf.grad(scalar_fn(torch)), (ta,), (tv,))
+    close_tree(g, g_ref)
+    close_tree(hv, hv_ref, 1e-11)
+
+
+# --- compositions --------------------------------------------------------------------------
+def test_grad_of_grad():
+    ga, ta = pair(X)
+    f = lambda F, T: F.grad(lambda x: F.grad(scalar_fn(T))(x).sin().sum())  # noqa: E731
+    close_tree(f(gf, tapegrad)(ga), f(tf, torch)(ta), 1e-11)
+
+
+def test_jvp_of_grad():
+    ga, ta = pair(X)
+    gv, tv = pair(V)
+    close_tree(gf.jvp(gf.grad(scalar_fn(tapegrad)), (ga,), (gv,)),
+               tf.jvp(tf.grad(scalar_fn(torch)), (ta,), (tv,)), 1e-11)
+
+
+def test_jacfwd_of_jacrev():
+    ga, ta = pair(X[1])
+    close_tree(gf.jacfwd(gf.jacrev(scalar_fn(tapegrad)))(ga),
+               tf.jacfwd(tf.jacrev(scalar_fn(torch)))(ta), 1e-11)
+
+
+def test_grad_of_jvp_reverse_over_forward():
+    ga, ta = pair(X)
+    gv, tv = pair(V)
+    f = lambda F, T, v: F.grad(lambda x: F.jvp(vector_fn(T), (x,), (v,))[1].pow(2).sum())  # noqa
+    close_tree(f(gf, tapegrad, gv)(ga), f(tf, torch, tv)(ta), 1e-11)
+
+
+def test_vmap_of_grad_per_sample_gradients_match_the_loop_and_torch():
+    res = []
+    for T, F in [(tapegrad, gf), (torch, tf)]:
+        w, b, x, y = (T.tensor(a) for a in (W, B, XB, YB))
+        res.append(F.vmap(F.grad(mlp_loss(T), argnums=(0, 1)), in_dims=(None, None, 0, 0))(
+            w, b, x, y))
+    close_tree(res[0], res[1])
+    w, b = tapegrad.tensor(W), tapegrad.tensor(B)
+    for i in range(XB.shape[0]):
+        gw, gb = gf.grad(mlp_loss(tapegrad), argnums=(0, 1))(
+            w, b, tapegrad.tensor(XB[i]), tapegrad.tensor(YB[i]))
+        assert_close(res[0][0][i], gw)
+        assert_close(res[0][1][i], gb)
+
+
+def test_vmap_of_jvp_and_nested_vmap():
+    ga, ta = pair(X)
+    gv, tv = pair(V)
+    f = lambda F, T: F.vmap(lambda x, v: F.jvp(vector_fn(T), (x,), (v,)))  # noqa: E731
+    close_tree(f(gf, tapegrad)(ga, gv), f(tf, torch)(ta, tv))
+    m = RNG.standard_normal((2, 3, 4))
+    gm, tm = pair(m)
+    nested = lambda F, T: F.vmap(F.vmap(lambda r: (r * r.sum()).sin(), in_dims=1),  # noqa
+                                 in_dims=0, out_dims=1)
+    close_tree(nested(gf, tapegrad)(gm), nested(tf, torch)(tm))
+
+
+def test_vmap_in_dims_out_dims_and_chunk_size():
+    ga, ta = pair(X)
+    gw, tw = pair(W)
+    for kw in [dict(in_dims=(1, None)), dict(in_dims=(1, None), out_dims=1),
+               dict(in_dims=(1, None), chunk_size=2)]:
+        close_tree(gf.vmap(lambda c, w: c @ w[:3], **kw)(ga, gw),
+                   tf.vmap(lambda c, w: c @ w[:3], **kw)(ta, tw))
+    with pytest.raises(ValueError, match="same size"):
+        gf.vmap(lambda a, b: a + b)(ga, tapegrad.tensor(XB))
+    with pytest.raises(RuntimeError, match="data"):
+        gf.vmap(lambda a: a.sum().item())(ga)
+
+
+def test_vmap_fallback_warns_naming_the_op():
+    x = tapegrad.tensor(RNG.standard_normal((2, 3, 3)) + 3 * np.eye(3))
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        got = gf.vmap(tapegrad.linalg.inv)(x)
+    assert any("linalg_inv" in str(m.message) for m in w)
+    close_tree(got, torch.func.vmap(torch.linalg.inv)(torch.tensor(x.numpy())))
+
+
+def test_functional_call_and_stack_module_state():
+    tapegrad.manual_seed(0)
+    models = [tapegrad.nn.Linear(4, 3).double() for _ in range(3)]
+    params, buffers = gf.stack_module_state(models)
+    assert params["weight"].shape == (3, 3, 4)
+    x = tapegrad.tensor(XB)
+    base = models[0]
+
+    def run(p, b, x):
+        return gf.functional_call(base, (p, b), (x,))
+
+    out = gf.vmap(run, in_dims=(0, 0, None))(params, buffers, x)
+    for i, m in enumerate(models):
+        assert_close(out[i], m(x).detach())
+    p = {k: v.detach() for k, v in base.named_parameters()}
+    g = gf.grad(lambda p: gf.functional_call(base, p, x).pow(2).sum())(p)
+    ref = torch.nn.Linear(4, 3).double()
+    ref.load_state_dict({k: torch.tensor(v.numpy()) for k, v in p.items()})
+    tg = tf.grad(lambda q: tf.functional_call(ref, q, torch.tensor(XB)).pow(2).sum())(
+        dict(ref.named_parameters()))
+    close_tree(g, tg)
+
+
+def test_autograd_functional_against_torch():
+    ga, ta = pair(X[0])
+    gv, tv = pair(V[0])
+    A, Tt = tapegrad.autograd.functional, torch.autograd.functional
+    close_tree(A.jacobian(vector_fn(tapegrad), ga), Tt.jacobian(vector_fn(torch), ta))
+    close_tree(A.jacobian(vector_fn(tapegrad), ga, strategy="forward-mode"),
+               Tt.jacobian(vector_fn(torch), ta))
+    close_tree(A.hessian(scalar_fn(tapegrad), ga), Tt.hessian(scalar_fn(torch), ta), 1e-11)
+    for name in ("hvp", "vhp"):
+        close_tree(getattr(A, name)(scalar_fn(tapegrad), ga, gv),
+                   getattr(Tt, name)(scalar_fn(torch), ta, tv), 1e-11)
+    ct = RNG.standard_normal(5)
+    close_tree(A.vjp(vector_fn(tapegrad), ga, tapegrad.tensor(ct)),
+               Tt.vjp(vector_fn(torch), ta, torch.tensor(ct)))
+    close_tree(A.jvp(vector_fn(tapegrad), ga, gv), Tt.jvp(vector_fn(torch), ta, tv))
+
+
+def test_check_grads_passes_and_catches_a_wrong_rule():
+    x = tapegrad.tensor(X[0])
+    gf.check_grads(lambda x: (x.sin() * x).sum() * x, (x,), order=2)
+
+    class Wrong(tapegrad.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * x
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return 3 * g * x  # should be 2 g x
+
+    with pytest.raises(AssertionError, match="reverse mode"):
+        gf.check_grads(lambda x: Wrong.apply(x), (x,), order=1, modes=("rev",))
+
+
+def test_rule_coverage_lists():
+    """Which ops have a written or derived rule; the rest fall back (listed here)."""
+    from tapegrad.ops.registry import REGISTRY
+
+    jvp_fallback = set(gf.jvp_fallback_ops())
+    for name in ("mul", "exp", "sum", "reshape", "matmul", "linear", "softmax",
+                 "log_softmax", "conv2d", "max", "max_dim", "logsumexp", "cat", "getitem"):
+        assert name not in jvp_fallback, name
+    batched = set(gf.batch_rule_ops())
+    for name in ("mul", "exp", "sum", "mean", "reshape", "permute", "broadcast_to", "sum_to",
+                 "getitem", "cat", "stack", "matmul", "linear", "softmax", "log_softmax",
+                 "layer_norm", "max", "max_dim"):
+        assert name in batched, name
+    diff = [n for n, o in REGISTRY.items() if o.differentiable]
+    assert len(batched & set(diff)) > len(diff) // 2
