@@ -23,6 +23,11 @@ from tapegrad.backend.device import device  # noqa: F401,E402
 from tapegrad.ops.selection import *  # noqa: F401,F403,E402
 from tapegrad.ops.extra_elementwise import *  # noqa: F401,F403,E402  (issue 10: more ops)
 from tapegrad.ops.extra_reduce import *  # noqa: F401,F403,E402
+# issue 10: scans, order statistics, index writes, more pointwise ops
+from tapegrad.ops.extra_scan import *  # noqa: F401,F403,E402
+from tapegrad.ops.extra_stats import *  # noqa: F401,F403,E402
+from tapegrad.ops.extra_index import *  # noqa: F401,F403,E402
+from tapegrad.ops.extra_pointwise import *  # noqa: F401,F403,E402
 from tapegrad.tensor import TENSOR_TYPES as _TENSOR_TYPES, softmax, log_softmax  # noqa: E402
 from tapegrad.autograd.anomaly import is_anomaly_enabled, is_anomaly_check_nan_enabled  # noqa
 from tapegrad import cuda, accelerator, backends, distributed  # noqa: F401,E402
