@@ -242,10 +242,21 @@ def _post_schedule(roots):
     """For the leaves with post-accumulate hooks below ``roots``: [(seq, leaf)], ascending,
     where seq is that of the oldest Node feeding the leaf. Nodes are replayed newest first, so
     once the next Node is older than seq, the leaf's gradient is complete."""
-    oldest, stack, seen = {}, [r.grad_fn for r in roots if r.grad_fn is not None], set()
+    oldest = {}
     for r in roots:
         if r.grad_fn is None and id(r) in POST_HOOKS:
             oldest[id(r)] = (-1, r)
+    for node, leaf in leaves_below(roots):
+        k = id(leaf)
+        if k in POST_HOOKS and (k not in oldest or oldest[k][0] > node.seq):
+            oldest[k] = (node.seq, leaf)
+    return sorted(oldest.values(), key=lambda e: e[0]), set()
+
+
+def leaves_below(roots):
+    """(node, leaf) for each Node reachable from the Tensors ``roots`` and each leaf Tensor
+    among its inputs; every Node once, in no set order. Iterative, not recursive."""
+    stack, seen = [r.grad_fn for r in roots if r.grad_fn is not None], set()
     while stack:
         node = stack.pop()
         if node in seen:
@@ -254,11 +265,8 @@ def _post_schedule(roots):
         for p in node.parents:
             if type(p) is Node:
                 stack.append(p)
-            elif p is not None and id(p) in POST_HOOKS:
-                k = id(p)
-                if k not in oldest or oldest[k][0] > node.seq:
-                    oldest[k] = (node.seq, p)
-    return sorted(oldest.values(), key=lambda e: e[0]), set()
+            elif p is not None:
+                yield node, p
 
 
 def _fire_post(post, older_than):

@@ -14,7 +14,7 @@ import time
 import warnings
 
 from tapegrad import distributed as dist
-from tapegrad.autograd.engine import Node
+from tapegrad.autograd.engine import leaves_below
 from tapegrad.autograd.grad_mode import no_grad, state as grad_state
 from tapegrad.backend import xp
 from tapegrad.nn.module import Module
@@ -277,21 +277,9 @@ class DistributedDataParallel(Module):
             bucket.work = None
         self._unused = []
         if self.find_unused_parameters and not self.static_graph:
-            reached, stack, seen = set(), [t.grad_fn for t in _find_tensors(output)
-                                           if t.grad_fn is not None], set()
-            for t in _find_tensors(output):
-                if t.grad_fn is None and t.requires_grad:
-                    reached.add(id(t))
-            while stack:
-                node = stack.pop()
-                if node in seen:
-                    continue
-                seen.add(node)
-                for p in node.parents:
-                    if type(p) is Node:
-                        stack.append(p)
-                    elif p is not None:
-                        reached.add(id(p))
+            outputs = _find_tensors(output)
+            reached = {id(t) for t in outputs if t.grad_fn is None and t.requires_grad}
+            reached.update(id(leaf) for _, leaf in leaves_below(outputs))
             self._unused = [i for i, p in enumerate(self._params) if id(p) not in reached]
 
     # --- backward: the gradient hooks ------------------------------------------------------------
