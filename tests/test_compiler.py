@@ -43,9 +43,28 @@ def _step_fn(T, model, opt, sched=None):
     return step
 
 
-def _same_params(m1, m2):
+def _same_params(m1, m2, backend="numpy"):
     for p, q in zip(m1.parameters(), m2.parameters()):
-        assert np.array_equal(p.detach().numpy(), q.detach().numpy())
+        assert _agree(p.detach().numpy(), q.detach().numpy(), backend)
+
+
+@pytest.fixture(params=["numpy", "numba"])
+def kernels_(request, monkeypatch):
+    """Both kernel compilers: numpy's (bit-identical to eager) and numba's."""
+    if request.param == "numba":
+        pytest.importorskip("numba", reason="numba (extra 'compile') is not installed: "
+                                            "the numba kernel path is not exercised")
+    monkeypatch.setenv("TAPEGRAD_COMPILE_KERNELS", request.param)
+    return request.param
+
+
+def _agree(a, b, backend):
+    """numpy kernels equal eager bitwise; numba's fused cross-entropy and exp/log/tanh use
+    libm and another summation order: 1e-12 relative."""
+    a, b = np.asarray(a), np.asarray(b)
+    if backend == "numpy":
+        return a.shape == b.shape and np.array_equal(a, b)
+    return a.shape == b.shape and np.allclose(a, b, rtol=1e-12, atol=1e-15)
 
 
 # --- trace and IR -----------------------------------------------------------------------
@@ -170,7 +189,7 @@ def test_fold_and_simplify():
     assert np.array_equal(passes.evaluate(g, arr)[0][0], passes.evaluate(f, arr)[0][0])
 
 
-def test_fusion_groups_pointwise_chains():
+def test_fusion_groups_pointwise_chains(kernels_):
     def build(g, x):
         a = _node(g, "exp", [x])
         b = _node(g, "mul", [a, 2.0])
@@ -190,10 +209,7 @@ def test_fusion_groups_pointwise_chains():
     src, run = tg.compiler.codegen.generate(out)
     got = run([arr[0]], [None], [])
     want = passes.evaluate(g, arr)[0]
-    if tg.compiler.kernels.backend() == "numba":  # exp/tanh from libm: within an ulp
-        assert all(np.allclose(a, b, rtol=1e-15, atol=0) for a, b in zip(got, want))
-    else:
-        assert all(np.array_equal(a, b) for a, b in zip(got, want))
+    assert all(_agree(a, b, kernels_) for a, b in zip(got, want))
     assert "def fused_0(" in src and "out=" in src  # buffers reused inside the kernel
 
 
@@ -215,7 +231,7 @@ def test_value_check_names_a_broken_pass():
 
 
 # --- compile: training steps --------------------------------------------------------------
-def test_spiral_sgd_step_compiled_equals_eager_and_torch_over_100_steps():
+def test_spiral_sgd_step_compiled_equals_eager_and_torch_over_100_steps(kernels_):
     X, y = spiral_data(512)
     m_eager, m_comp, m_torch = _mlp(tg), _mlp(tg), _mlp(torch)
     eager = _step_fn(tg, m_eager, tg.optim.SGD(m_eager.parameters(), lr=0.5))
@@ -224,9 +240,9 @@ def test_spiral_sgd_step_compiled_equals_eager_and_torch_over_100_steps():
     Xt, yt, Xr, yr = tg.tensor(X), tg.tensor(y), torch.tensor(X), torch.tensor(y)
     for i in range(100):
         le, lc, lr_ = eager(Xt, yt).item(), comp(Xt, yt).item(), ref(Xr, yr).item()
-        assert le == lc, i
+        assert _agree(le, lc, kernels_), i
         assert abs(lc - lr_) <= 1e-12 * abs(lr_), i
-    _same_params(m_eager, m_comp)
+    _same_params(m_eager, m_comp, kernels_)
     assert len(comp.entries) == 2 and comp.n_hits == 98  # grads absent, then present
     for p, q in zip(m_comp.parameters(), m_torch.parameters()):
         np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-11,
@@ -234,7 +250,7 @@ def test_spiral_sgd_step_compiled_equals_eager_and_torch_over_100_steps():
         np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-10, atol=1e-13)
 
 
-def test_step_with_new_batches_each_call():
+def test_step_with_new_batches_each_call(kernels_):
     """Targets and inputs are read each call (a frozen first batch would diverge)."""
     m1, m2 = _mlp(tg), _mlp(tg)
     s1 = _step_fn(tg, m1, tg.optim.SGD(m1.parameters(), lr=0.3, momentum=0.9))
@@ -243,12 +259,12 @@ def test_step_with_new_batches_each_call():
     for i in range(20):
         X = tg.tensor(rng.standard_normal((64, 2)))
         y = tg.tensor(rng.integers(0, 3, 64))
-        assert s1(X, y).item() == s2(X, y).item(), i
-    _same_params(m1, m2)
+        assert _agree(s1(X, y).item(), s2(X, y).item(), kernels_), i
+    _same_params(m1, m2, kernels_)
     assert s2.n_hits == 18
 
 
-def test_adam_with_lr_scheduler_compiled_equals_eager():
+def test_adam_with_lr_scheduler_compiled_equals_eager(kernels_):
     X, y = spiral_data(128)
     Xt, yt = tg.tensor(X), tg.tensor(y)
     runs = []
@@ -264,12 +280,12 @@ def test_adam_with_lr_scheduler_compiled_equals_eager():
             losses.append(step(Xt, yt).item())
             sched.step()  # a new LR each step: read at run time, never baked in
         runs.append((losses, model, step))
-    assert runs[0][0] == runs[1][0]
-    _same_params(runs[0][1], runs[1][1])
+    assert _agree(runs[0][0], runs[1][0], kernels_)
+    _same_params(runs[0][1], runs[1][1], kernels_)
     assert len(runs[1][2].entries) == 2
 
 
-def test_compiled_module_forward_and_backward_node():
+def test_compiled_module_forward_and_backward_node(kernels_):
     X, y = spiral_data(64)
     m1, m2 = _mlp(tg), _mlp(tg)
     cm = tg.compile(m2)
@@ -281,7 +297,7 @@ def test_compiled_module_forward_and_backward_node():
             loss = F.cross_entropy(m(Xt), yt)
             loss.backward()
             o.step()
-    _same_params(m1, m2)
+    _same_params(m1, m2, kernels_)
     e = cm._compiled.entries[-1]
     assert e.joint is not None and cm._compiled.n_hits >= 3
     out = cm(Xt)
@@ -320,11 +336,13 @@ def test_training_flag_is_guarded():
     model.train()
     tg.manual_seed(0)
     with tg.no_grad():
-        a = f(x)  # dropout draws random numbers: a graph break, eager result
+        a = f(x)  # a new graph: dropout's mask drawn at run time from the generator
+        a2 = f(x)
         tg.manual_seed(0)
-        b = model(x)
+        b, b2 = model(x), model(x)
     np.testing.assert_array_equal(a.numpy(), b.numpy())
-    assert len(f.entries) == 1 and len(f.breaks) == 1 and "random" in f.breaks[0].reason
+    np.testing.assert_array_equal(a2.numpy(), b2.numpy())
+    assert len(f.entries) == 2 and not f.breaks and f.n_hits == 2
 
 
 def test_dropout_masks_are_fresh_each_call():
@@ -381,7 +399,8 @@ def test_explain_reports_graphs_breaks_and_passes():
     out = tg.compiler.explain(_step_fn(tg, model, opt))(tg.tensor(X), tg.tensor(y))
     assert out.graph_count == 1 and out.graph_break_count == 0
     names = [name for name, _, _ in out.pass_log]
-    assert names == ["simplify", "cse", "fold_constants", "dce", "fuse"]
+    assert names == [name for name, _ in passes.PASSES]
+    assert names[-3:] == ["split_linear", "fuse_cross_entropy", "fuse"]
     assert "Graph Count: 1" in str(out)
 
     def bad(x):
@@ -406,7 +425,7 @@ def test_in_place_outside_ops_is_a_break_not_a_silent_drop():
     assert not c.entries and c.breaks
 
 
-def test_manual_sgd_in_place_update_is_traced_and_written_back():
+def test_manual_sgd_in_place_update_is_traced_and_written_back(kernels_):
     X, y = spiral_data(64)
     Xt, yt = tg.tensor(X), tg.tensor(y)
     ms = [_mlp(tg), _mlp(tg)]
@@ -424,6 +443,6 @@ def test_manual_sgd_in_place_update_is_traced_and_written_back():
 
     s0, s1 = make(ms[0]), tg.compile(make(ms[1]))
     for _ in range(10):
-        assert s0(Xt, yt).item() == s1(Xt, yt).item()
-    _same_params(*ms)
+        assert _agree(s0(Xt, yt).item(), s1(Xt, yt).item(), kernels_)
+    _same_params(*ms, kernels_)
     assert s1.n_hits == 9 and any(k == "data" for k, *_ in s1.entries[0].graph.writes)

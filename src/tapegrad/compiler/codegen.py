@@ -247,6 +247,9 @@ def generate(graph, name="compiled"):
             names[id(v)] = nm
         if n.name == "fused":
             expr = _kernel(w, n, names, out_expr, weak)
+        elif n.name == "cross_entropy_fused" and kernels.backend() == "numba":
+            fn = w.bind("cross_entropy_fused", kernels.cross_entropy_call(len(n.outputs) > 2))
+            expr = w.call(n, names).replace(w.bind(n.name, n.impl), fn, 1)
         elif out_expr is not None:  # a small matmul into its planned buffer
             a, b = (names[id(x)] for x in n.inputs)
             expr = f"np.matmul({a}, {b}, out={out_expr})"

@@ -207,3 +207,81 @@ def load(fname, source):
 def inexact(body):
     """Whether a kernel may differ from numpy in the last ulp (transcendentals)."""
     return any(m.name in INEXACT for m in body)
+
+
+# --- softmax cross-entropy with class indices: loss, gradient and its column sums ---------
+CROSS_ENTROPY = '''import numpy as np
+from numba import njit
+
+
+@njit(error_model="numpy", cache=True)
+def cross_entropy_kernel(x, t, g, ignore_index, mean, grad, red, n_red):
+    N, C = x.shape
+    zero = x.dtype.type(0)
+    count = 0
+    for i in range(N):
+        if t[i] != ignore_index:
+            if t[i] < 0 or t[i] >= C:
+                return zero, i
+            count += 1
+    scale = (1.0 / count) if mean else 1.0
+    if mean and count == 0:
+        scale = np.nan
+    gs = g * x.dtype.type(scale)
+    total = zero
+    for j in range(n_red):
+        red[j] = zero
+    for i in range(N):
+        m = x[i, 0]
+        for j in range(1, C):
+            v = x[i, j]
+            if v > m or v != v:
+                m = v
+        se = zero
+        for j in range(C):
+            se += np.exp(x[i, j] - m)
+        valid = t[i] != ignore_index
+        if valid:
+            total += np.log(se) - (x[i, t[i]] - m)
+        keep = x.dtype.type(1) if valid else zero
+        for j in range(C):
+            p = np.exp(x[i, j] - m) / se
+            q = p * keep
+            if valid and j == t[i]:
+                q = q - x.dtype.type(1)
+            d = q * gs
+            grad[i, j] = d
+            if n_red:
+                red[j] += d
+    if mean:
+        loss = total / x.dtype.type(count) if count else x.dtype.type(np.nan)
+    else:
+        loss = total
+    return loss, -1
+'''
+
+
+def cross_entropy():
+    """The fused softmax cross-entropy kernel (numba), compiled once per process."""
+    return load("cross_entropy_kernel", CROSS_ENTROPY)
+
+
+def cross_entropy_call(with_sum):
+    """The generated code's side of the fused cross-entropy node: buffers, the scalar
+    gradient, eager's IndexError for a target out of range."""
+    kernel = cross_entropy()
+
+    def cross_entropy_fused(x, t, g, ignore_index=-100, mean=True):
+        n, c = x.shape
+        grad = np.empty((n, c), x.dtype)
+        red = np.empty(c if with_sum else 0, x.dtype)
+        loss, bad = kernel(x, t, x.dtype.type(g), ignore_index, mean, grad, red,
+                           c if with_sum else 0)
+        if bad >= 0:
+            raise IndexError(f"cross_entropy: target {t[bad]} is out of bounds for {c} "
+                             f"classes (row {bad})")
+        if with_sum:
+            return np.asarray(loss), grad, red
+        return np.asarray(loss), grad
+
+    return cross_entropy_fused

@@ -55,7 +55,8 @@ def plan(graph):
     for v in graph.consts:
         roots[id(v)] = frozenset([id(v)])
     for n in graph.nodes:
-        if n.name in FRESH and n.impl is None or n.name in ("fused", "full"):
+        if n.name in FRESH and n.impl is None or n.name in ("fused", "full",
+                                                             "cross_entropy_fused"):
             for v in n.outputs:
                 roots[id(v)] = frozenset([id(v)])
         else:
@@ -109,7 +110,8 @@ def plan(graph):
             p.out[id(v)] = ("slot", k)
             busy.append((last.get(id(v), i), key, k))
     for n in graph.nodes:
-        fresh = n.name in ("fused", "full") or (n.name in FRESH and n.impl is None)
+        fresh = n.name in ("fused", "full", "cross_entropy_fused") or (
+            n.name in FRESH and n.impl is None)
         for v in n.outputs:
             if fresh and stored.get(id(v)) == 1 and id(v) not in p.out:
                 p.owned.add(id(v))

@@ -10,6 +10,7 @@ import numpy as np
 
 from tapegrad.compiler.ir import Graph, Node, Value, call_node, evaluate
 from tapegrad.compiler.codegen import UFUNCS, UNARY_WITH_CONST
+from tapegrad.ops.registry import REGISTRY
 
 # ops whose output is the elementwise image of their (same-shaped or scalar) inputs
 POINTWISE = frozenset(set(UFUNCS) | set(UNARY_WITH_CONST) | {
@@ -246,8 +247,93 @@ def _fused_impl(body, ins, reduce=()):
     return fused
 
 
+def split_linear(graph):
+    """``linear(x, w, b)`` whose only reader is a pointwise node becomes ``matmul(x, w.T)``
+    and ``add(., b)``, so the bias add joins that node's kernel (the ReLU after a layer).
+    Bit-identical: eager's linear is the same product followed by ``+= b``."""
+    uses = _uses(graph)
+    readers = {}
+    for n in graph.nodes:
+        for a in n.inputs:
+            if isinstance(a, Value):
+                readers.setdefault(id(a), []).append(n)
+    g = graph.copy()
+    nodes = []
+    for n in graph.nodes:
+        ins = n.inputs
+        if (n.name == "linear" and n.op is not None and len(ins) == 3 and not n.params
+                and all(isinstance(a, Value) for a in ins) and len(ins[0].shape) == 2
+                and len(ins[1].shape) == 2 and len(ins[2].shape) == 1
+                and len({a.dtype for a in ins}) == 1 and ins[0].dtype.kind == "f"
+                and uses.get(id(n.outputs[0])) == 1
+                and readers.get(id(n.outputs[0]), [None])[0] is not None
+                and readers[id(n.outputs[0])][0].name in POINTWISE):
+            x, w, b = ins
+            out = n.outputs[0]
+            wt = graph.new_value((w.shape[1], w.shape[0]), w.dtype)
+            mm = graph.new_value(out.shape, out.dtype)
+            nodes.append(Node(REGISTRY["permute"], "permute", [w], {"dims": (1, 0)}, [wt]))
+            nodes.append(Node(REGISTRY["matmul"], "matmul", [x, wt], {}, [mm]))
+            nodes.append(Node(REGISTRY["add"], "add", [mm, b], {}, [out]))
+            continue
+        nodes.append(n)
+    g.nodes = nodes
+    return g
+
+
+def fuse_cross_entropy(graph):
+    """``cross_entropy_index`` and its opaque gradient rule on the same logits become one
+    node computing the loss, the gradient and (when read) the gradient's column sums (the
+    last bias gradient) in one pass: numba's kernel in generated code, the two eager calls
+    as the reference here."""
+    fwd = {}
+    for i, n in enumerate(graph.nodes):
+        if n.name == "cross_entropy_index" and n.op is not None and len(n.inputs) == 2:
+            fwd[(id(n.inputs[0]), id(n.inputs[1]))] = (i, n)
+    pos = {id(n): i for i, n in enumerate(graph.nodes)}
+    made_at = {id(v): pos[id(n)] for n in graph.nodes for v in n.outputs}
+    replace, drop = {}, set()
+    for n in graph.nodes:
+        if n.name != "vjp_cross_entropy_index" or len(n.inputs) != 3:
+            continue
+        gv, x, t = n.inputs
+        hit = fwd.get((id(x), id(t)))
+        if hit is None or not isinstance(x, Value) or not isinstance(gv, Value) \
+                or len(x.shape) != 2 or x.dtype.kind != "f" or t.dtype.kind not in "iu" \
+                or gv.shape != () or made_at.get(id(gv), -1) >= hit[0] \
+                or dict(hit[1].params) != dict(n.params) or id(hit[1]) in replace:
+            continue
+        f = hit[1]
+        grad = n.outputs[0]
+        sums = [m for m in graph.nodes if m.name == "sum" and m.inputs and m.inputs[0] is grad
+                and tuple(m.params.get("dims") or ()) == (0,) and not m.params.get("keepdim")
+                and m.params.get("dtype") is None][:1]
+        outs = [f.outputs[0], grad] + [m.outputs[0] for m in sums]
+        fused = Node(None, "cross_entropy_fused", [x, t, gv], dict(f.params), outs,
+                     impl=_cross_entropy_impl(f, n, sums),
+                     meta={"forward": f, "rule": n, "sums": sums})
+        replace[id(f)] = fused
+        drop.add(id(n))
+        drop.update(id(m) for m in sums)
+    if not replace:
+        return graph
+    g = graph.copy()
+    g.nodes = [replace.get(id(n), n) for n in graph.nodes if id(n) not in drop]
+    return g
+
+
+def _cross_entropy_impl(f, rule, sums):
+    def cross_entropy_fused(x, t, g, **params):
+        loss = f.op.forward(x, t, **params)
+        (grad,) = call_node(rule, [g, x, t])
+        return (np.asarray(loss), grad) + tuple(call_node(m, [grad])[0] for m in sums)
+
+    return cross_entropy_fused
+
+
 PASSES = (("simplify", simplify), ("cse", cse), ("fold_constants", fold_constants),
-          ("dce", dce), ("fuse", fuse))
+          ("dce", dce), ("split_linear", split_linear),
+          ("fuse_cross_entropy", fuse_cross_entropy), ("fuse", fuse))
 
 
 def _observed(graph, arrays):
@@ -295,5 +381,6 @@ def optimize(graph, passes=PASSES, check=None, log=None):
     return graph
 
 
-__all__ = ["dce", "cse", "fold_constants", "simplify", "fuse", "optimize", "PASSES",
+__all__ = ["dce", "cse", "fold_constants", "simplify", "fuse", "split_linear",
+           "fuse_cross_entropy", "optimize", "PASSES",
            "PassCheckError", "evaluate", "Graph"]
