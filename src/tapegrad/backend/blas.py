@@ -145,7 +145,10 @@ def matmul(a, b):
         # bfloat16/float16: a float32 GEMM rounded once, as PyTorch's CPU kernels accumulate
         # (numpy's bfloat16 matmul returns float32; its float16 one has no BLAS)
         return matmul(a.astype(xp.float32), b.astype(xp.float32)).astype(a.dtype)
-    if LIBRARY is None or not OPENBLAS_SERIAL_WORK < _work(a, b) < SERIAL_WORK:
+    # a.size * n bounds the per-product work from above: the common tiny product pays one
+    # multiply, not _work's shape reads
+    if a.size * b.shape[-1] <= OPENBLAS_SERIAL_WORK or LIBRARY is None \
+            or not OPENBLAS_SERIAL_WORK < _work(a, b) < SERIAL_WORK:
         return xp.matmul(a, b)
     with _lock:
         if _serial[0] == 0:
