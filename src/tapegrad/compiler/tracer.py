@@ -213,6 +213,10 @@ class Tracer(DispatchMode):
         self.n_backward = 0
         self.args = args
         self.joint = None  # (forward outputs, differentiable sources, their gradients)
+        # id(array) -> (Tensor, version): made by zeros/ones/full/arange/eye/... from shapes and Python
+        # numbers during the call; constants of the graph, no break
+        self.static = {}
+        self.in_effect = False  # inside a python_effect call: nested ones are part of it
         # the census: tensors alive before the call (state the graph reads by reference)
         from tapegrad import random as _random
         objs, gens = [], []
@@ -260,6 +264,12 @@ class Tracer(DispatchMode):
                 return e[1]
             v = self.amap.get(id(t._data))
             if v is not None:  # a detach(), or a saved output the engine re-wrapped
+                self._bind(t, v)
+                return v
+            s = self.static.get(id(t._data))  # (or a wrapper of its array: embedding's idx)
+            if s is not None and s[0]._data is t._data and s[0]._version[0] == s[1]:
+                v = self.graph.new_value(t._data.shape, t._data.dtype, "c")
+                self.graph.consts[v] = np.array(t._data)  # a copy: later writes stay out
                 self._bind(t, v)
                 return v
             c = self.census.get(id(t))
@@ -339,6 +349,70 @@ class Tracer(DispatchMode):
         self.graph.nodes.append(Node(None, name, inputs, params, outs, effect=effect,
                                      impl=impl, meta=meta))
         return outs
+
+    # --- array code outside ops (nn.functional._array_fn / _assign) ------------------------
+    def array_fn(self, name, fn, tensors, params, random=False):
+        """``fn(*arrays, **params)`` as one node that runs ``fn`` at run time (running
+        statistics, pooling indices, gradient clipping): nothing is frozen. ``random``: ``fn``
+        draws from a generator; the node is an effect, kept in program order, so the compiled
+        call draws the same numbers from the same stream as the eager call."""
+        arrays = [t._data for t in tensors]
+
+        def eager():
+            out = fn(*arrays, **params)
+            return tuple(map(Tensor._make, out)) if isinstance(out, tuple) else \
+                Tensor._make(out)
+
+        if self.broken:
+            return eager()
+        if random and self._rng_changed():  # an earlier draw the trace did not see
+            self.graph_break(_RNG_BREAK)
+            return eager()
+        ins = [self.value_of(t) for t in tensors]
+        if self.broken:
+            return eager()
+        out = fn(*arrays, **params)
+        multi = isinstance(out, tuple)
+        outs = [np.asarray(a) for a in (out if multi else (out,))]
+        if random:
+            self.rng = [(gen, gen._rng.bit_generator.state) for gen, _ in self.rng]
+        vals = self.record(name, _array_impl(fn, multi), ins, params, outs, effect=random,
+                           meta={"random": True} if random else None)
+        result = []
+        for a, v in zip(outs, vals):
+            t = Tensor._make(a)
+            self._bind(t, v)
+            result.append(t)
+        return tuple(result) if multi else result[0]
+
+    def constant(self, t):
+        """``t`` (made outside ops from shapes and params only) is a constant of the graph."""
+        self.static[id(t._data)] = (t, t._version[0])
+
+    def assign(self, t, value):
+        """``t`` takes ``value`` in place (no grad): later reads see the new Value; a tensor
+        from outside the call is written back at the end of the compiled call."""
+        def eager():
+            np.copyto(t._data, value._data, casting="unsafe")
+            t._version[0] += 1
+            return t
+
+        if self.broken:
+            return eager()
+        if value._data.shape != t._data.shape or value._data.dtype != t._data.dtype:
+            self.graph_break(f"an in-place write of {value._data.dtype}{list(value.shape)} "
+                             f"into {t._data.dtype}{list(t.shape)}")
+            return eager()
+        self.value_of(t)  # (its shape and dtype are guarded)
+        v = self.value_of(value)
+        if self.broken:
+            return eager()
+        eager()
+        self.tmap[id(t)] = [t, v, t._version[0]]
+        c = self.census.get(id(t))
+        if c is not None and c[0] is t:
+            self.mutated[id(t)] = t
+        return t
 
     # --- backward -----------------------------------------------------------------------
     def trace_backward(self, roots, root_grads, retain_graph, inputs):
@@ -504,6 +578,22 @@ class Tracer(DispatchMode):
             self.mutated[id(p)] = p
         return None
 
+    def python_effect(self, name, call, args):
+        """A Python call that only changes Python state the graph reads at run time (an LR
+        scheduler's ``step()`` sets the LR the optimizer_step node reads): one effect node
+        that makes the same call each time the graph runs, in program order."""
+        if self.broken or self.in_effect or any(isinstance(a, Tensor) for a in args):
+            return call(*args)  # (a tensor argument: read as a value, i.e. a break)
+        self.in_effect = True
+        try:
+            result = call(*args)
+        finally:
+            self.in_effect = False
+        if not self.broken:
+            impl = _effect_impl(call, args)
+            self.record(name, impl, [], {}, [], effect=True, meta={"call": call})
+        return result
+
     def joint_backward(self, result):
         """For a forward whose outputs need grad (``compile(model)``): trace the backward of
         its outputs w.r.t. the differentiable inputs, with the output gradients as inputs
@@ -641,6 +731,24 @@ def _full(shape, fill, dtype):
     return np.full(shape, fill, dtype=dtype)
 
 
+def _effect_impl(call, args):
+    def python_effect():
+        call(*args)
+        return ()
+
+    python_effect.__name__ = getattr(call, "__name__", "python_effect")
+    return python_effect
+
+
+def _array_impl(fn, multi):
+    def array_fn(*arrays, **params):
+        out = fn(*arrays, **params)
+        return tuple(np.asarray(a) for a in out) if multi else np.asarray(out)
+
+    array_fn.__name__ = getattr(fn, "__name__", "array_fn").strip("_") or "array_fn"
+    return array_fn
+
+
 def _optimizer_impl(opt, original, params):
     from tapegrad.tensor import Tensor as T
 
@@ -692,11 +800,67 @@ def unflatten(tree, leaves):
 
 
 # --- optimizer.step() and backward() come to the tracer ----------------------------------
+_STATIC_CREATORS = ("zeros", "ones", "full", "empty", "arange", "linspace", "eye",
+                    "zeros_like", "ones_like", "full_like", "empty_like")
+
+
+def _mark_static(fn):
+    """``fn`` creates tensors from shapes and Python numbers: under a tracer they are constants
+    of the graph (as torch.compile specialises them), not a break."""
+    def create(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        if grad_state.modes:
+            tr = active()
+            if tr is not None and not tr.broken:
+                for t in (out if type(out) is list else (out,)):
+                    if isinstance(t, Tensor) and not t._requires_grad:
+                        tr.static[id(t._data)] = (t, t._version[0])
+        return out
+
+    create.__name__ = fn.__name__
+    create.__qualname__ = getattr(fn, "__qualname__", fn.__name__)
+    create.__doc__ = fn.__doc__
+    create.__wrapped__ = fn
+    create._compiler_hook = True
+    return create
+
+
+def _scheduler_step(original):
+    def step(self, *args, **kwargs):
+        tr = active() if grad_state.modes else None
+        if tr is None or kwargs:
+            return original(self, *args, **kwargs)
+        return tr.python_effect(f"{type(self).__name__}.step", original, (self,) + args)
+
+    step.__name__ = "step"
+    step.__qualname__ = original.__qualname__
+    step.__doc__ = original.__doc__
+    step.__wrapped__ = original
+    return step
+
+
 def _install():
     from tapegrad.optim.optimizer import Optimizer
 
     if getattr(Optimizer.step, "_compiler_hook", False):
         return
+    import tapegrad
+    from tapegrad import autograd, creation
+
+    for name in _STATIC_CREATORS:  # the creation functions, and backward's implicit ones
+        fn = getattr(creation, name)
+        wrapped = _mark_static(fn)
+        setattr(creation, name, wrapped)
+        if getattr(tapegrad, name, None) is fn:
+            setattr(tapegrad, name, wrapped)
+    if hasattr(autograd, "_root_grads"):
+        autograd._root_grads = _mark_static(autograd._root_grads)
+    from tapegrad.optim import lr_scheduler
+
+    for cls in list(vars(lr_scheduler).values()):  # each scheduler's own step()
+        if isinstance(cls, type) and issubclass(cls, lr_scheduler.LRScheduler) and \
+                "step" in cls.__dict__:
+            cls.step = _scheduler_step(cls.step)
     original = Optimizer.step
 
     def step(self, closure=None):
@@ -746,3 +910,7 @@ def trace(fn, *args, **kwargs):
 
 if sys.version_info < (3, 9):  # pragma: no cover
     raise ImportError("tapegrad.compiler needs Python 3.9+")
+
+# at import (tapegrad imports the compiler), so that an ``optimizer.step`` a scheduler wrapped
+# earlier, and names bound to the creation functions, already lead to the hooks
+_install()

@@ -26,6 +26,47 @@ def _const(array):
     return Tensor._make(array)
 
 
+def _recorder():
+    """The active interpreter that records array code as graph nodes (the compiler's tracer)."""
+    for m in reversed(grad_state.modes):
+        if hasattr(m, "array_fn"):
+            return m
+    return None
+
+
+def _array_fn(name, fn, tensors, random=False, **params):
+    """``fn(*arrays, **params)`` on the tensors' arrays, outside ops (running statistics, a
+    random mask, clipping coefficients): Tensors without grad (a tuple when ``fn`` returns
+    one). Under the compiler's tracer it is one node that runs ``fn`` at run time, so no value
+    is frozen; ``random=True``: ``fn`` draws from a generator, in program order."""
+    rec = _recorder() if grad_state.modes else None
+    if rec is not None:
+        return rec.array_fn(name, fn, tensors, params, random)
+    out = fn(*[t._data for t in tensors], **params)
+    return tuple(map(_const, out)) if isinstance(out, tuple) else _const(out)
+
+
+def _static(array):
+    """A constant made from shapes and params only (a causal mask): the compiler's tracer
+    keeps it in the graph as a constant instead of breaking the graph."""
+    t = _const(array)
+    rec = _recorder() if grad_state.modes else None
+    if rec is not None:
+        rec.constant(t)
+    return t
+
+
+def _assign(t, value):
+    """``t``'s buffer takes ``value``'s values in place, without grad (a running statistic);
+    the compiler's tracer records it as a write-back."""
+    rec = _recorder() if grad_state.modes else None
+    if rec is not None:
+        return rec.assign(t, value)
+    xp.copyto(t._data, value._data, casting="unsafe")
+    t._version[0] += 1
+    return t
+
+
 def _reshape(x, shape):
     shape = tuple(shape)
     return x if tuple(x.shape) == shape else reshape_op(x, shape=shape)
@@ -188,7 +229,8 @@ def dropout(input, p=0.5, training=True, inplace=False):
         return _in_place(input, "dropout_", lambda t: dropout(t, p, training))
     if p == 1.0:
         return input * _const(xp.zeros(input.shape, dtype=input._data.dtype))
-    return input * _const(_keep_mask(input.shape, 1.0 - p, input._data.dtype))
+    return input * _array_fn("dropout_mask", _keep_mask, (), True, shape=input.shape,
+                             keep=1.0 - p, dtype=input._data.dtype)
 
 
 # --- further activations (beyond API.md; small composites, for porting) -----------------
@@ -846,6 +888,19 @@ def _update_running_stats(running_mean, running_var, mean, var, momentum, batch_
             stat._version[0] += 1
 
 
+def _running_stats(x, running_mean, running_var, axes, pshape, n, momentum):
+    """The new running statistics of batch_norm's update (the same arithmetic), as arrays."""
+    mean = x.mean(axis=axes)
+    var = ((x - mean.reshape(pshape)) ** 2).sum(axis=axes) / (n - 1)
+    return tuple(momentum * value.astype(d.dtype) + (1 - momentum) * d
+                 for d, value in ((running_mean, mean), (running_var, var)))
+
+
+def _eval_stats(running_mean, running_var, pshape, eps):
+    """batch_norm in evaluation mode reads the running mean and 1 / sqrt(var + eps)."""
+    return running_mean.reshape(pshape), (1 / xp.sqrt(running_var + eps)).reshape(pshape)
+
+
 def _per_channel_affine(out, weight, bias, pshape):
     """``out * weight + bias`` with the (C,) weight and bias viewed as ``pshape``."""
     if weight is not None:
@@ -871,7 +926,12 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
         if n == 1:
             raise ValueError(f"batch_norm: Expected more than 1 value per channel when training, "
                              f"got input size {_shape(input)}")
-        if n and (running_mean is not None or running_var is not None):  # (an empty batch
+        if n and running_mean is not None and running_var is not None and _recorder():
+            stats = _array_fn("batch_norm_stats", _running_stats, (input, running_mean,
+                              running_var), axes=axes, pshape=pshape, n=n, momentum=momentum)
+            _assign(running_mean, stats[0])
+            _assign(running_var, stats[1])
+        elif n and (running_mean is not None or running_var is not None):  # (an empty batch
             x = input._data  # leaves them as they are, as in PyTorch)
             mean = x.mean(axis=axes)
             var = ((x - mean.reshape(pshape)) ** 2).sum(axis=axes) / (n - 1)
@@ -880,8 +940,8 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     if running_mean is None or running_var is None:
         raise RuntimeError("batch_norm: running_mean and running_var must be defined in "
                            "evaluation mode")
-    rm = _const(running_mean._data.reshape(pshape))
-    invstd = _const((1 / xp.sqrt(running_var._data + eps)).reshape(pshape))
+    rm, invstd = _array_fn("batch_norm_eval_stats", _eval_stats, (running_mean, running_var),
+                           pshape=pshape, eps=eps)
     return _per_channel_affine((input - rm) * invstd, weight, bias, pshape)
 
 
@@ -1120,12 +1180,12 @@ def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
                                                         padding, dilation, ceil_mode)
     batched = input.ndim == 4
     x = input if batched else _reshape(input, (1,) + tuple(input.shape))
-    idx = N.max_pool2d_indices(x._data, kernel=kernel, stride=stride, padding=padding,
-                               dilation=dilation, out_size=out)
-    values = N.max_pool2d(x, _const(idx))
+    idx = _array_fn("max_pool2d_indices", N.max_pool2d_indices.forward, (x,), kernel=kernel,
+                    stride=stride, padding=padding, dilation=dilation, out_size=out)
+    values = N.max_pool2d(x, idx)
     if not batched:
-        values, idx = _reshape(values, values.shape[1:]), idx[0]
-    return (values, _const(idx)) if return_indices else values
+        values, idx = _reshape(values, values.shape[1:]), _const(idx._data[0])
+    return (values, idx) if return_indices else values
 
 
 max_pool2d_with_indices = max_pool2d
@@ -1416,12 +1476,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     dt = query._data.dtype
     bias = None
     if is_causal:
-        attn_mask = _const(xp.tril(xp.ones((L, S), dtype=bool)))
+        attn_mask = _static(xp.tril(xp.ones((L, S), dtype=bool)))
     blocked = None
     if attn_mask is not None:
         m = attn_mask._data
         if m.dtype == bool:
-            bias = _const(xp.where(m, 0, -xp.inf).astype(dt))
+            bias = (_static if is_causal else _const)(xp.where(m, 0, -xp.inf).astype(dt))
             blocked = ~m
         else:
             bias = attn_mask

@@ -5,6 +5,7 @@ import warnings
 
 import tapegrad
 from tapegrad import dtypes
+from tapegrad.autograd.grad_mode import state as _grad_state
 from tapegrad.backend import xp
 from tapegrad.tensor import Tensor
 
@@ -65,8 +66,11 @@ def clip_grads_with_norm_(parameters, max_norm: float, total_norm, foreach=None)
     ``min(1, max_norm / (total_norm + 1e-6))``."""
     parameters = _as_list(parameters, "clip_grads_with_norm_")
     grads = [p.grad for p in parameters if p.grad is not None]
-    if not grads:
-        return
+    if grads:
+        _scale_grads(grads, max_norm, total_norm)
+
+
+def _scale_grads(grads, max_norm, total_norm):
     total = total_norm._data if isinstance(total_norm, Tensor) else xp.asarray(total_norm)
     coef = xp.asarray(float(max_norm), total.dtype) / (total + xp.asarray(1e-6, total.dtype))
     coef = xp.minimum(coef, xp.asarray(1.0, total.dtype))
@@ -85,9 +89,27 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
     """
     parameters = _as_list(parameters, "clip_grad_norm_")
     grads = [p.grad for p in parameters if p.grad is not None]
+    if grads and _grad_state.modes:
+        from tapegrad.nn import functional as F
+
+        if F._recorder() is not None:  # the compiler's tracer: one node, written back
+            out = F._array_fn("clip_grad_norm", _clip_arrays, grads, max_norm=float(max_norm),
+                              norm_type=float(norm_type),
+                              error_if_nonfinite=error_if_nonfinite)
+            for g, new in zip(grads, out[1:]):
+                F._assign(g, new)
+            return out[0]
     total_norm = get_total_norm(grads, norm_type, error_if_nonfinite, foreach)
     clip_grads_with_norm_(parameters, max_norm, total_norm, foreach)
     return total_norm
+
+
+def _clip_arrays(*grads, max_norm, norm_type, error_if_nonfinite):
+    """clip_grad_norm_ on copies of gradient arrays: (total norm, clipped gradients)."""
+    grads = [Tensor._make(g.copy()) for g in grads]
+    total = get_total_norm(grads, norm_type, error_if_nonfinite)
+    _scale_grads(grads, max_norm, total)
+    return (total._data,) + tuple(g._data for g in grads)
 
 
 def clip_grad_value_(parameters, clip_value: float, foreach=None) -> None:

@@ -13,6 +13,10 @@ __all__ = ["LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm1d", "BatchNorm2d", "I
            "InstanceNorm2d", "InstanceNorm3d"]
 
 
+def _add_one(count):
+    return count + 1
+
+
 def _affine_parameters(module, shape, affine, bias, device, dtype):
     """Register ``weight`` and (if ``bias``) ``bias`` of ``shape`` when ``affine``, else
     ``None`` entries for both."""
@@ -159,8 +163,8 @@ class _BatchNorm(Module):
         self._check_input_dim(input)
         factor = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
-            self.num_batches_tracked._data += 1
-            self.num_batches_tracked._version[0] += 1
+            count = self.num_batches_tracked  # (a write-back under the compiler's tracer)
+            F._assign(count, F._array_fn("add_one", _add_one, (count,)))
             if self.momentum is None:  # cumulative moving average
                 factor = 1.0 / float(self.num_batches_tracked.item())
         bn_training = self.training or (self.running_mean is None and self.running_var is None)
