@@ -179,6 +179,7 @@ class CompiledFunction:
         self.breaks = []  # GraphBreak, in the order met
         self.compile_times = []  # seconds per trace+compile
         self.n_calls = self.n_hits = 0
+        self._last = None
         self._warned = False
         self._modules = None
         self.__wrapped__ = fn
@@ -194,9 +195,14 @@ class CompiledFunction:
         self.n_calls += 1
         spec = _spec(args, kwargs)
         training = self._training(args)
+        last = self._last  # fast path: the entry that ran last time is checked first
+        if last is not None and last.check(spec, training):
+            self.n_hits += 1
+            return self._run(last, args)
         for e in self.entries:
-            if e.check(spec, training):
+            if e is not last and e.check(spec, training):
                 self.n_hits += 1
+                self._last = e
                 return self._run(e, args)
         if spec in self.eager_specs:
             return self.fn(*args, **kwargs)

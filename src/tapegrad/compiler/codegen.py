@@ -176,9 +176,40 @@ def _numba_kernel(w, n, names, kname, vals, out_expr, weak):
     digest = hashlib.sha1(repr((kname, [str(m) for m in body], [(a.shape, a.dtype.str)
                                 for a in vals], len(reduce))).encode()).hexdigest()[:12]
     fname = f"k_{digest}"
-    src, kinds = kernels.numba_source(fname, body, vals, main, len(reduce), weak)
+    direct = len(shape) in (1, 2) and all(
+        len(a.shape) == 1 for a in vals
+        if kernels.operand_kind(a, shape, weak) == "row") and not (reduce and len(shape) == 1)
+    kmain = Value(main.name, shape, main.dtype)
+    src, kinds = kernels.numba_source(fname, body, vals, kmain if direct else
+                                      Value(main.name, (rows, cols), main.dtype),
+                                      len(reduce), weak)
     kfn = w.bind(fname, kernels.load(fname, src))
     dt = w.bind(f"dt_{main.dtype.name}", main.dtype)
+    if direct:  # operands as they are: no wrapper, no reshape; the kernel call inline
+        w.kernels.append(src.split("\n\n\n", 1)[-1].rstrip())
+        pre, call = [], []
+        for a, kind in zip(vals, kinds):
+            nm = names[id(a)]
+            if kind == "scalar" and not (id(a) in weak and main.dtype == np.float64):
+                nm = f"{dt}.type({nm})"
+            call.append(nm)
+        res = _ident("v" + main.name if main.name[:1].isdigit() else main.name)
+        if out_expr is None:
+            pre.append(f"{res} = np.empty({shape!r}, {dt})")
+            call.append(res)
+        else:
+            pre.append(f"{res} = {out_expr}")
+            call.append(out_expr)
+        outs = [res]
+        for k, r in enumerate(reduce):
+            rn = _ident("v" + r.outputs[0].name if r.outputs[0].name[:1].isdigit()
+                        else r.outputs[0].name)
+            pre.append(f"{rn} = np.empty(({cols},), {dt})")
+            call.append(rn)
+            outs.append(rn)
+        pre.append(f"{kfn}({', '.join(call)})  # {' -> '.join(m.name for m in body)}"
+                   + (" -> sum" * len(reduce)))
+        return pre, None
     params = [f"x{i}" for i in range(len(vals))]
     lines = [f"def {kname}({', '.join(params + ['out=None'])}):",
              "    # " + " -> ".join(m.name for m in body) + (" -> sum" * len(reduce))
@@ -247,12 +278,21 @@ def generate(graph, name="compiled"):
             names[id(v)] = nm
         if n.name == "fused":
             expr = _kernel(w, n, names, out_expr, weak)
+            if isinstance(expr, tuple):  # an inline kernel call: its own statements
+                lines.extend("    " + x for x in expr[0])
+                continue
         elif n.name == "cross_entropy_fused" and kernels.backend() == "numba":
             fn = w.bind("cross_entropy_fused", kernels.cross_entropy_call(len(n.outputs) > 2))
             expr = w.call(n, names).replace(w.bind(n.name, n.impl), fn, 1)
         elif out_expr is not None:  # a small matmul into its planned buffer
             a, b = (names[id(x)] for x in n.inputs)
             expr = f"np.matmul({a}, {b}, out={out_expr})"
+        elif memory.small_matmul(n):  # what backend.blas.matmul calls for this size
+            a, b = (names[id(x)] for x in n.inputs)
+            expr = f"np.matmul({a}, {b})"
+        elif n.name == "permute" and n.op is not None and len(n.inputs[0].shape) == 2 and \
+                tuple(n.params.get("dims", ())) in ((1, 0), (-1, -2), (1, -2), (-1, 0)):
+            expr = f"{names[id(n.inputs[0])]}.T"
         else:
             expr = w.call(n, names)
         if not outs:  # an effect for its side effect only (an LR scheduler's step)

@@ -136,18 +136,21 @@ def numba_source(fname, body, ins, out_value, n_reduce, weak=()):
     shape = out_value.shape
     kinds = [operand_kind(a, shape, weak) for a in ins]
     params = [f"x{i}" for i in range(len(ins))] + ["out0"] + [f"red{k}" for k in range(n_reduce)]
+    flat = len(shape) == 1  # a 1-D result: one loop (else the operands come as (R, C))
     lines = ["import numpy as np", "from numba import njit", "",
              "", '@njit(error_model="numpy", cache=True)',
              f"def {fname}({', '.join(params)}):",
-             "    R, C = out0.shape"]
+             "    C = out0.shape[0]" if flat else "    R, C = out0.shape"]
     odt = _np_type(out_value.dtype)
     for k in range(n_reduce):
         lines += ["    for j in range(C):", f"        red{k}[j] = {odt}(0)"]
-    lines += ["    for i in range(R):", "        for j in range(C):"]
+    lines += ["    for j in range(C):"] if flat else ["    for i in range(R):",
+                                                     "        for j in range(C):"]
     local = {}
     for i, (a, kind) in enumerate(zip(ins, kinds)):
-        local[id(a)] = {"full": f"x{i}[i, j]", "row": f"x{i}[j]", "scalar": f"x{i}"}[kind]
-    pad = " " * 12
+        full = f"x{i}[j]" if flat else f"x{i}[i, j]"
+        local[id(a)] = {"full": full, "row": f"x{i}[j]", "scalar": f"x{i}"}[kind]
+    pad = " " * (8 if flat else 12)
     for j, m in enumerate(body):
         out = m.outputs[0]
         dt = _np_type(out.dtype)
@@ -174,7 +177,7 @@ def numba_source(fname, body, ins, out_value, n_reduce, weak=()):
         lines.append(f"{pad}{t} = {expr}")
         local[id(out)] = t
     res = local[id(body[-1].outputs[0])]
-    lines.append(f"{pad}out0[i, j] = {res}")
+    lines.append(f"{pad}out0[j] = {res}" if flat else f"{pad}out0[i, j] = {res}")
     for k in range(n_reduce):
         lines.append(f"{pad}red{k}[j] += {res}")
     lines.append("    return out0")
@@ -238,14 +241,16 @@ def cross_entropy_kernel(x, t, g, ignore_index, mean, grad, red, n_red):
             if v > m or v != v:
                 m = v
         se = zero
-        for j in range(C):
-            se += np.exp(x[i, j] - m)
+        for j in range(C):  # exp(x - max) once per element, kept in the gradient's buffer
+            e = np.exp(x[i, j] - m)
+            grad[i, j] = e
+            se += e
         valid = t[i] != ignore_index
         if valid:
             total += np.log(se) - (x[i, t[i]] - m)
         keep = x.dtype.type(1) if valid else zero
         for j in range(C):
-            p = np.exp(x[i, j] - m) / se
+            p = grad[i, j] / se
             q = p * keep
             if valid and j == t[i]:
                 q = q - x.dtype.type(1)

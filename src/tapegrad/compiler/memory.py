@@ -37,7 +37,7 @@ class Plan:
         self.owned = set()  # id(Value): fresh this call, stored once -> no copy on write-back
 
 
-def _small_matmul(n):
+def small_matmul(n):
     if n.name != "matmul" or len(n.inputs) != 2:
         return False
     a, b = n.inputs
@@ -97,7 +97,7 @@ def plan(graph):
                     sum(1 for _, _, _, w in graph.writes if w is v) == 1:
                 p.out[id(v)] = ("inplace", pv)
                 continue
-        if n.name == "fused" or _small_matmul(n):
+        if n.name == "fused" or small_matmul(n):
             v = n.outputs[0]
             if id(v) in escaping or not v.shape:
                 continue

@@ -701,7 +701,8 @@ def _label(t):
 
 
 def _sgd_key(group):
-    return tuple(group.get(k) for k in ("momentum", "weight_decay", "maximize", "nesterov"))
+    get = group.get  # checked on every compiled call: no generator
+    return (get("momentum"), get("weight_decay"), get("maximize"), get("nesterov"))
 
 
 def _plain_sgd(opt):
