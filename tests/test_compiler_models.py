@@ -256,3 +256,27 @@ def test_gradient_penalty_with_create_graph():
         return step, model, None
 
     _run(make, lambda i: (x,), 100)
+
+
+def test_tapegrad_logs_prints_graphs_passes_code_and_breaks(monkeypatch, capsys):
+    monkeypatch.setenv("TAPEGRAD_LOGS", "graphs,passes,code,breaks")
+    f = tg.compile(lambda x: (x * 2.0).exp().sum(dim=0))
+    f(tg.ones(2, 3, dtype=tg.float64))
+    err = capsys.readouterr().err
+    assert "# traced (3 nodes)" in err and "mul(%a00, 2.0)" in err and "# optimised" in err
+    assert "[tapegrad.compile passes]" in err and "dce" in err and "-> " in err
+    assert "[tapegrad.compile code]" in err and "def _lambda_(args, refs, writes):" in err
+
+    def reads(x):
+        return x * x.sum().item()
+
+    tg.compile(reads)(tg.ones(2, dtype=tg.float64))
+    err = capsys.readouterr().err
+    assert "[tapegrad.compile breaks] reads" in err and "Tensor.item()" in err
+    assert "test_compiler_models.py" in err and "x.sum().item()" in err
+    monkeypatch.setenv("TAPEGRAD_LOGS", "graphs,nonsense")
+    with pytest.raises(ValueError, match="TAPEGRAD_LOGS: unknown"):
+        tg.compile(lambda x: x + 1)(tg.ones(2))
+    monkeypatch.delenv("TAPEGRAD_LOGS")
+    tg.compile(lambda x: x + 1)(tg.ones(2))
+    assert capsys.readouterr().err == ""

@@ -23,6 +23,28 @@ from tapegrad.tensor import Tensor
 
 cache_size_limit = 8  # as torch._dynamo.config.cache_size_limit
 DEBUG = os.environ.get("TAPEGRAD_COMPILE_DEBUG", "") not in ("", "0")
+LOG_KINDS = ("graphs", "passes", "code", "breaks", "guards")
+
+
+def log_kinds():
+    """What ``TAPEGRAD_LOGS`` asks to print (as ``TORCH_LOGS``), read at each compile:
+    ``graphs`` (traced and optimised IR), ``passes`` (node counts per pass), ``code`` (the
+    generated source), ``breaks`` (graph breaks with source lines), ``guards``; ``all``.
+    ``TAPEGRAD_COMPILE_DEBUG=1`` is ``graphs,code``."""
+    want = {k.strip() for k in os.environ.get("TAPEGRAD_LOGS", "").split(",") if k.strip()}
+    if "all" in want:
+        want = set(LOG_KINDS)
+    bad = want - set(LOG_KINDS)
+    if bad:
+        raise ValueError(f"TAPEGRAD_LOGS: unknown {sorted(bad)}; expected a comma-separated "
+                         f"subset of {list(LOG_KINDS)} or 'all'")
+    if DEBUG or os.environ.get("TAPEGRAD_COMPILE_DEBUG", "") not in ("", "0"):
+        want |= {"graphs", "code"}
+    return want
+
+
+def _log(name, kind, text):
+    print(f"[tapegrad.compile {kind}] {name}\n{text}", file=sys.stderr)
 
 
 def _modules_of(fn, args):
@@ -146,6 +168,10 @@ class Entry:
         return True
 
 
+def _guard_label(t):
+    return f"{type(t).__name__}{list(t.shape)}@{id(t) % 10007}"
+
+
 def _check_inputs(graph, args):
     arrays = []
     for v, src in graph.inputs:
@@ -219,9 +245,13 @@ class CompiledFunction:
         t0 = time.perf_counter()
         grad_mode = grad_state.enabled
         result, graph, tracer = trace_call(self.fn, args, kwargs, self.fullgraph, joint=True)
+        logs = log_kinds()
         if graph is None:
             self.breaks.extend(tracer.breaks[:1])
             self.eager_specs.add(spec)
+            if "breaks" in logs:
+                _log(self.__name__, "breaks", "\n".join(f"{b.reason}\n    at {b.where}"
+                                                        for b in tracer.breaks[:1]))
             return result
         entry = Entry(spec, grad_mode, training, graph, tracer)
         if tracer.joint is not None:
@@ -231,9 +261,18 @@ class CompiledFunction:
             entry.graph = passes.optimize(graph, self.passes, check=check, log=entry.log)
             entry.source, entry.run = codegen.generate(entry.graph, _fname(self.__name__))
             entry.copy_out = _aliased_outputs(entry.graph)
-        if DEBUG:
-            print(f"# tapegrad.compile: {self.__name__}\n{graph}\n# optimised:\n{entry.graph}"
-                  f"\n{entry.source}", file=sys.stderr)
+        if "graphs" in logs:
+            _log(self.__name__, "graphs", f"# traced ({len(graph.nodes)} nodes)\n{graph}\n"
+                 f"# optimised ({len(entry.graph.nodes)} nodes)\n{entry.graph}")
+        if "passes" in logs:
+            _log(self.__name__, "passes", "\n".join(f"{name:20s} {a:5d} -> {b:5d} nodes"
+                                                    for name, a, b in entry.log))
+        if "guards" in logs:
+            _log(self.__name__, "guards", "\n".join(
+                [f"args {spec}", f"grad mode {grad_mode}", f"training flags {training}"] +
+                [f"{kind} {_guard_label(t)} {exp}" for kind, t, exp in entry.checks]))
+        if "code" in logs:
+            _log(self.__name__, "code", entry.source)
         self.entries.append(entry)
         self.compile_times.append(time.perf_counter() - t0)
         return result
