@@ -41,7 +41,7 @@ def _gamma_reparam_grad(x, alpha):
     return xp.where(xp.isfinite(grad), grad, 0.0)
 
 
-@op(flops=1, saves="inputs", name="distributions_standard_gamma")
+@op(flops=1, saves="inputs", name="distributions_standard_gamma", pointwise=True)
 def _gamma_reparam(alpha, sample):
     """Returns ``sample`` (drawn from Gamma(alpha, 1)); the rule is dx/dalpha."""
     return sample.copy()

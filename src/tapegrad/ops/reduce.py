@@ -141,6 +141,34 @@ def _(g, out, a, dims, correction=1, keepdim=False, full=False):
     return _var_grad(g_var, a, dims, correction, keepdim, full)
 
 
+def _local_jvp(o, t, out, a, dims, keepdim, params):
+    """J t for a reduction whose gradient is ``g`` (kept over ``dims``) times a local
+    derivative ``D(a)``: ``D = rule(g=1)``, so ``J t = sum(D * t, dims)`` in one forward pass
+    (no reverse mode over the rule)."""
+    ones = registry.Tensor._make(xp.ones(out.shape, _data(out).dtype))
+    d = o.rule(ones, out, a, **params)
+    return sum_op(d * t, dims=dims, keepdim=keepdim)
+
+
+@var_op.jvp
+def _(t, out, a, dims, correction=1, keepdim=False, full=False):
+    # PyTorch's var_jvp: 2 / (N - correction) * sum((a - mean(a)) * t)
+    if _count(a.shape, dims) - correction > 0:
+        d = a - mean_op(a, dims=dims, keepdim=True)
+        return sum_op(d * t[0], dims=dims, keepdim=keepdim) * (
+            2.0 / (_count(a.shape, dims) - correction))
+    return _local_jvp(var_op, t[0], out, a, dims, keepdim,
+                      dict(dims=dims, correction=correction, keepdim=keepdim, full=full))
+
+
+@std_op.jvp
+def _(t, out, a, dims, correction=1, keepdim=False, full=False):
+    # d std = d var / (2 std); 0 where the std is 0, as the gradient
+    dv = var_op.jvp_rule(t, out * out, a, dims, correction, keepdim, full)
+    zero = out == 0
+    return where_op(zero, 0.0, dv / (2 * where_op(zero, 1.0, out)))
+
+
 def _spread(g, out, a, dims, keepdim, nan_aware):
     """The gradient of max/min/amax/amin: ``g`` split evenly among the elements that tie."""
     out = _kept(out, a.shape, dims, keepdim)
@@ -301,6 +329,16 @@ def _(g, out, a, dim=None, keepdim=False, dtype=None):
     return g * others
 
 
+@prod_op.jvp
+def _(t, out, a, dim=None, keepdim=False, dtype=None):
+    # sum over the reduced dim of t times the product of the others (exact with zeros)
+    if a.ndim == 0:
+        return t[0]
+    dims = tuple(range(a.ndim)) if dim is None else (dim,)
+    return _local_jvp(prod_op, t[0], out, a, dims, keepdim,
+                      dict(dim=dim, keepdim=keepdim, dtype=dtype))
+
+
 @op(flops=12, saves="both", name="logsumexp")
 def logsumexp_op(a, dims, keepdim=False):
     if a.size == 0:  # log(0) = -inf over an empty extent, without numpy's divide warning
@@ -362,6 +400,18 @@ def _(g, out, a, p, dims, keepdim=False):
         return scaled * g * norm ** (1 - p)
     scaled = sign(a) * abs(a) ** (p - 1) if p < 2 else a * abs(a) ** (p - 2)
     return scaled * where_op(zero, 0.0, g / safe_norm ** (p - 1))
+
+
+@norm_op.jvp
+def _(t, out, a, p, dims, keepdim=False):
+    if p == 0:
+        return None  # piecewise constant
+    if p == 2:  # <a, t> / |a|, 0 at a zero norm
+        zero = out == 0
+        return where_op(zero, 0.0, sum_op(a * t[0], dims=dims, keepdim=keepdim)
+                        / where_op(zero, 1.0, out))
+    # sign(a) |a|^(p-1) / |a|_p^(p-1) (p = 1, inf: sign(a), split among ties) contracted with t
+    return _local_jvp(norm_op, t[0], out, a, dims, keepdim, dict(p=p, dims=dims, keepdim=keepdim))
 
 
 @op(flops=1, saves="none", name="cumsum", linear=True)

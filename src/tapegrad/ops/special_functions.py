@@ -257,7 +257,7 @@ def lgamma_array(x):
     return xp.asarray(_lgamma_vec(x), dtype=xp.float64)
 
 
-@op(flops=40, float_only=True)
+@op(flops=40, float_only=True, pointwise=True)
 def lgamma(a):
     """As ``torch.lgamma`` / ``torch.special.gammaln``: log |Gamma(a)| (``+inf`` at the
     poles)."""
@@ -362,7 +362,7 @@ def polygamma_array(n, x):
     return (-1) ** (n + 1) * math.factorial(n) * zeta_array(n + 1.0, x)
 
 
-@op(flops=60, float_only=True)
+@op(flops=60, float_only=True, pointwise=True)
 def digamma(a):
     """As ``torch.digamma`` / ``torch.special.digamma``: the logarithmic derivative of
     Gamma."""
@@ -374,7 +374,7 @@ def _(g, out, a):
     return g * polygamma_op(a, n=1)
 
 
-@op(flops=80, float_only=True, name="polygamma")
+@op(flops=80, float_only=True, name="polygamma", pointwise=True)
 def polygamma_op(a, n):
     return _unary(lambda x: polygamma_array(n, x), a)
 
@@ -416,7 +416,7 @@ def erfinv_array(y):
     return xp.where(xp.abs(y) > 1, xp.nan, x)
 
 
-@op(flops=60, saves="out", float_only=True)
+@op(flops=60, saves="out", float_only=True, pointwise=True)
 def erfinv(a):
     """As ``torch.erfinv`` / ``torch.special.erfinv``: the inverse of ``erf`` on (-1, 1)."""
     return _unary(erfinv_array, a)
