@@ -10,27 +10,29 @@ ratios are PyTorch eager / contestant (higher is faster). Compile time is report
 import argparse
 import time
 
+import numpy as np
+
 from tapegrad.bench import harness
 from tapegrad.bench.spiral import init_params, spiral_data
 
 
-def _model(T, sizes):
+def _model(T, sizes, dtype="float64"):
     ps = init_params(sizes)
     layers = []
     for k in range(0, len(ps), 2):
-        lin = T.nn.Linear(ps[k].shape[1], ps[k].shape[0]).double()
+        lin = T.nn.Linear(ps[k].shape[1], ps[k].shape[0]).to(getattr(T, dtype))
         with T.no_grad():
-            lin.weight.copy_(T.tensor(ps[k]))
-            lin.bias.copy_(T.tensor(ps[k + 1]))
+            lin.weight.copy_(T.tensor(ps[k]).to(getattr(T, dtype)))
+            lin.bias.copy_(T.tensor(ps[k + 1]).to(getattr(T, dtype)))
         layers += [lin, T.nn.ReLU()]
     return T.nn.Sequential(*layers[:-1])
 
 
-def make_step(T, sizes=(2, 32, 3), batch=512, lr=0.5):
+def make_step(T, sizes=(2, 32, 3), batch=512, lr=0.5, dtype="float64"):
     """``(step, model)``: one SGD step of the spiral MLP in library ``T`` (tapegrad or torch)."""
     X, y = spiral_data(batch)
-    Xt, yt = T.tensor(X), T.tensor(y)
-    model = _model(T, sizes)
+    Xt, yt = T.tensor(X).to(getattr(T, dtype)), T.tensor(y)
+    model = _model(T, sizes, dtype)
     opt = T.optim.SGD(model.parameters(), lr=lr)
     F = T.nn.functional
 
@@ -44,6 +46,119 @@ def make_step(T, sizes=(2, 32, 3), batch=512, lr=0.5):
     return step, model, (Xt, yt)
 
 
+# --- a hand-fused numba step: the whole step in one loop nest, no activation materialised --
+HAND_FUSED = '''import numpy as np
+from numba import njit
+
+
+@njit(error_model="numpy", cache=True)
+def hand_fused_step(X, y, W1, b1, W2, b2, lr, dW1, db1, dW2, db2, h, dh):
+    N = X.shape[0]
+    H, D = W1.shape
+    C = W2.shape[0]
+    dW1[:] = 0.0
+    db1[:] = 0.0
+    dW2[:] = 0.0
+    db2[:] = 0.0
+    z = np.empty(C, X.dtype)
+    loss = 0.0
+    for i in range(N):  # one sample at a time: its activations stay in cache
+        for k in range(H):
+            s = b1[k]
+            for d in range(D):
+                s += X[i, d] * W1[k, d]
+            h[k] = s if s > 0 else 0.0
+        m = -np.inf
+        for c in range(C):
+            s = b2[c]
+            for k in range(H):
+                s += h[k] * W2[c, k]
+            z[c] = s
+            m = max(m, s)
+        zy = z[y[i]] - m
+        se = 0.0
+        for c in range(C):
+            z[c] = np.exp(z[c] - m)
+            se += z[c]
+        loss += np.log(se) - zy
+        for k in range(H):
+            dh[k] = 0.0
+        for c in range(C):
+            g = (z[c] / se - (1.0 if c == y[i] else 0.0)) / N
+            db2[c] += g
+            for k in range(H):
+                dW2[c, k] += g * h[k]
+                dh[k] += g * W2[c, k]
+        for k in range(H):
+            if h[k] > 0:
+                db1[k] += dh[k]
+                for d in range(D):
+                    dW1[k, d] += dh[k] * X[i, d]
+    W1 -= lr * dW1
+    b1 -= lr * db1
+    W2 -= lr * dW2
+    b2 -= lr * db2
+    return loss / N
+'''
+
+
+def hand_fused(sizes, batch, dtype, lr=0.5):
+    """``step()`` running the hand-fused numba step on the spiral data, or None without
+    numba."""
+    try:
+        from tapegrad.compiler import kernels
+        fn = kernels.load("hand_fused_step", HAND_FUSED)
+    except ImportError:
+        return None
+    X, y = spiral_data(batch, dtype=dtype)
+    W1, b1, W2, b2 = [np.ascontiguousarray(p, dtype=dtype) for p in init_params(sizes)]
+    grads = [np.empty_like(p) for p in (W1, b1, W2, b2)]
+    h, dh = np.empty(sizes[1], dtype), np.empty(sizes[1], dtype)
+    return lambda: fn(X, y, W1, b1, W2, b2, lr, *grads, h, dh)
+
+
+# --- a chain of k pointwise ops ----------------------------------------------------------
+def pointwise_chain(k):
+    """``x -> k pointwise ops`` (mul, add, relu, sub in turn), no grad."""
+    def chain(x):
+        for i in range(k):
+            r = i % 4
+            x = x * 1.0001 if r == 0 else x + 0.5 if r == 1 else x.relu() if r == 2 \
+                else x - 0.25
+        return x
+
+    return chain
+
+
+def run_pointwise(args, tapegrad, torch, threads):
+    import numpy as _np
+
+    dt = getattr(tapegrad, args.dtype)
+    harness.out(harness.header(threads, torch, f"pointwise chains on {args.numel} {args.dtype} "
+                                               "elements: eager vs compiled"))
+    rows = []
+    x = tapegrad.tensor(_np.random.default_rng(0).standard_normal(args.numel)).to(dt)
+    for k in args.k:
+        fn = pointwise_chain(k)
+        comp = tapegrad.compile(fn)
+        got, want = comp(x), comp(x)  # the trace, then generated code
+        want = fn(x)
+        tol = 0 if tapegrad.compiler.kernels.backend() == "numpy" else 1e-6
+        assert _np.allclose(got.numpy(), want.numpy(), rtol=tol, atol=0), "chain differs"
+        cases = [harness.Case(f"k={k} compiled", lambda: comp(x)),
+                 harness.Case(f"k={k} eager", lambda: fn(x))]
+        if torch is not None:
+            tx = torch.tensor(x.numpy())
+            cases.append(harness.Case(f"k={k} PyTorch eager@1", lambda: fn(tx), torch_threads=1))
+        harness.interleave(cases, threads, rounds=args.rounds_)
+        e = harness.median(cases[1])
+        for c in cases:
+            rows.append([c.label, harness.fmt_us(harness.median(c)),
+                         f"{e / harness.median(c):.2f}x", f"{harness.spread(c):.0%}"])
+    harness.out(harness.table(rows, ["chain", "us/call", "vs tapegrad eager", "spread"]))
+    harness.out(f"kernels: {tapegrad.compiler.kernels.backend()}")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="tapegrad bench compile", description=__doc__)
     p.add_argument("--hidden", type=int, default=32)
@@ -52,23 +167,38 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--quick", action="store_true", help="5 rounds")
     p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--dtype", default="float64", choices=("float64", "float32"))
+    p.add_argument("--mode", default="step", choices=("step", "pointwise"),
+                   help="step: the spiral training step; pointwise: chains of k ops")
+    p.add_argument("--k", type=int, nargs="+", default=[4, 8], help="pointwise chain lengths")
+    p.add_argument("--numel", type=int, default=1 << 20, help="pointwise chain elements")
     args = p.parse_args(argv)
     import tapegrad
 
     torch = None if args.no_torch else harness.import_torch()
     rounds = 5 if args.quick else args.rounds
+    args.rounds_ = rounds
     sizes = (2, args.hidden, 3)
+    dt = args.dtype
     with harness.Threads(args.threads, torch) as threads:
+        if args.mode == "pointwise":
+            run_pointwise(args, tapegrad, torch, threads)
+            return 0
         harness.out(harness.header(threads, torch, f"compiled spiral step, 2->{args.hidden}->3, "
-                                                   f"batch {args.batch}, float64, SGD"))
-        eager, _, data = make_step(tapegrad, sizes, args.batch)
-        raw, model, cdata = make_step(tapegrad, sizes, args.batch)
+                                                   f"batch {args.batch}, {dt}, SGD"))
+        eager, _, data = make_step(tapegrad, sizes, args.batch, dtype=dt)
+        raw, model, cdata = make_step(tapegrad, sizes, args.batch, dtype=dt)
         t0 = time.perf_counter()
         compiled = tapegrad.compile(raw)
         compiled(*cdata)
         cold = time.perf_counter() - t0
+        t0 = time.perf_counter()
         compiled(*cdata)  # the second graph (gradients present at the call)
-        raw2, _, cdata2 = make_step(tapegrad, sizes, args.batch)
+        cold2 = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        compiled(*cdata)  # the first run of generated code (numba JIT, or its disk cache)
+        first_run = time.perf_counter() - t0
+        raw2, _, cdata2 = make_step(tapegrad, sizes, args.batch, dtype=dt)
         compiled2 = tapegrad.compile(raw2)
         t0 = time.perf_counter()
         compiled2(*cdata2)
@@ -78,14 +208,19 @@ def main(argv=None):
         second = time.perf_counter() - t0
         cases = [harness.Case("tapegrad compiled", lambda: compiled(*cdata)),
                  harness.Case("tapegrad eager", lambda: eager(*data))]
+        hand = hand_fused(sizes, args.batch, dt)
+        if hand is not None:
+            hand()
+            cases.append(harness.Case("hand-fused numba step", hand))
+        n_own = len(cases)
         if torch is not None:
-            tstep, _, tdata = make_step(torch, sizes, args.batch)
+            tstep, _, tdata = make_step(torch, sizes, args.batch, dtype=dt)
             cases += harness.torch_cases("PyTorch eager", lambda: (lambda: tstep(*tdata)),
                                          threads, args.threads)
         harness.interleave(cases, threads, rounds=rounds)
-        ref = harness.best(cases[2:]) if torch is not None else cases[1]
+        ref = harness.best(cases[n_own:]) if torch is not None else cases[1]
         rows = []
-        for c in cases[:2] + ([ref] if torch is not None else []):
+        for c in cases[:n_own] + ([ref] if torch is not None else []):
             rows.append([c.label, harness.fmt_us(harness.median(c)),
                          f"{harness.median(ref) / harness.median(c):.2f}x",
                          f"{harness.spread(c):.0%}"])
@@ -93,7 +228,9 @@ def main(argv=None):
         harness.out(f"compile time: cold {cold * 1e3:.1f} ms (first call: trace + passes + "
                     f"codegen + the eager step itself), warm {warm * 1e3:.1f} ms (a new "
                     f"compiled function, modules imported), second guard set "
-                    f"{second * 1e3:.1f} ms")
+                    f"{cold2 * 1e3:.1f} ms, first run of generated code {first_run * 1e3:.1f} "
+                    f"ms, a new function's second guard set {second * 1e3:.1f} ms")
+        harness.out(f"kernels: {tapegrad.compiler.kernels.backend()}")
         e = compiled.entries[-1]
         harness.out("graph: " + ", ".join(f"{name} {a}->{b}" for name, a, b in e.log)
                     + f"; fused kernels: {e.graph.count('fused')}")
