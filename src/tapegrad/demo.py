@@ -3,7 +3,9 @@
 (a) z = (x + y) * y and its gradients; (b) the diamond y = x * x, and what overwriting
 instead of accumulating would have given; (c) a bias broadcast over 4 rows and its summed
 gradient; (d) gradcheck over the core ops; (e) the spiral MLP trained by tapegrad and by
-PyTorch from identical weights; (f) the dispatch-overhead table. Without PyTorch installed
+PyTorch from identical weights; (f) the dispatch-overhead table; (g) checkpointing; (h) the
+roofline; (i) the compiler: the spiral step's graph before and after the passes, and compiled
+vs eager vs PyTorch eager. Without PyTorch installed
 the tapegrad half runs and the report says so.
 """
 import argparse
@@ -283,6 +285,58 @@ def roofline_table(steps=5):
     return all(r.calls > 0 for r in result.rows) and bool(result.rows)
 
 
+# --- (i) ---------------------------------------------------------------------------------
+def compiled_step(torch, threads, steps=20, rounds=5):
+    """m8/m9: the spiral training step as one graph, its passes, and compiled vs eager."""
+    from tapegrad.bench.compile import make_step
+    from tapegrad.compiler import passes
+
+    _title("(i) tapegrad.compile: the whole spiral step (forward, backward, SGD) as one graph")
+    step, _, data = make_step(tapegrad)
+    step(*data)  # gradients exist now: the steady-state graph (zero_grad clears them)
+    graph = tapegrad.compiler.trace(step, *data)
+    log = []
+    opt = passes.optimize(graph, log=log)
+    names = [n.name for n in graph.nodes]
+    H.out(f"traced: {len(graph.nodes)} nodes ({len(set(names))} kinds: "
+          f"{', '.join(sorted(set(names)))}), {len(graph.inputs)} inputs, "
+          f"{len(graph.writes)} write-backs")
+    H.out(H.table([[name, str(a), str(b), f"{b - a:+d}"] for name, a, b in log],
+                  ["pass", "nodes before", "after", "change"]))
+    dead = sum(a - b for name, a, b in log if name == "dce")
+    kernels = [n for n in opt.nodes if n.name == "fused"]
+    H.out(f"dead nodes removed: {dead}; fused kernels: {len(kernels)} ("
+          + "; ".join(" -> ".join(m.name for m in k.meta["nodes"]) for k in kernels) + ")")
+    H.out("the optimised graph (python -m tapegrad ... with TAPEGRAD_LOGS=graphs,code prints "
+          "it and the generated source for any compiled function):")
+    H.out("\n".join("  " + line for line in str(opt).splitlines()))
+    # correctness: compiled and eager from the same weights give the same losses (bitwise
+    # with the numpy kernels; numba's loop nests may reorder a sum: 1e-12)
+    eager, _, edata = make_step(tapegrad)
+    raw, _, cdata = make_step(tapegrad)
+    compiled = tapegrad.compile(raw)
+    pairs = [(eager(*edata).item(), compiled(*cdata).item()) for _ in range(steps)]
+    worst = max(abs(a - b) / abs(a) for a, b in pairs)
+    same = worst <= 1e-12 and not compiled.breaks and \
+        compiled.n_hits == steps - len(compiled.entries)
+    H.out(f"{steps} steps compiled vs eager: max relative loss difference {worst:.1e} "
+          f"({'bitwise identical' if worst == 0 else 'target <= 1e-12: ' + ('met' if same else 'NOT met')})")
+    cases = [H.Case("tapegrad compiled", lambda: compiled(*cdata)),
+             H.Case("tapegrad eager", lambda: eager(*edata))]
+    if torch is not None:
+        tstep, _, tdata = make_step(torch)
+        cases += H.torch_cases("PyTorch eager", lambda: (lambda: tstep(*tdata)), threads,
+                               threads.blas)
+    H.interleave(cases, threads, rounds=rounds)
+    ref = H.best(cases[2:]) if torch is not None else cases[1]
+    rows = [[c.label, H.fmt_us(H.median(c)), f"{H.median(ref) / H.median(c):.2f}x"]
+            for c in cases[:2] + ([ref] if torch is not None else [])]
+    H.out(H.table(rows, ["spiral step (2->32->3, batch 512, float64)", "us/step",
+                         "vs " + ("PyTorch eager" if torch is not None else "tapegrad eager")]))
+    H.out("python -m tapegrad bench compile adds torch.compile, JAX and a hand-fused step")
+    return same
+
+
 def _checkpoint_is_exact():
     from tapegrad.utils.checkpoint import checkpoint_sequential
 
@@ -339,6 +393,8 @@ def _run(args, torch, threads):
         "g": checkpointing(depths=(16, 64) if args.quick else checkpoint.DEPTHS,
                            repeats=1 if args.quick else 3),
         "h": roofline_table(steps=2 if args.quick else 5),
+        "i": compiled_step(torch, threads, steps=10 if args.quick else 20,
+                           rounds=2 if args.quick else 5),
     }
     bad = [k for k, ok in results.items() if not ok]
     H.out()
