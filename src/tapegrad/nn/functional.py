@@ -133,7 +133,7 @@ def _linear_check(input, weight, bias, name="linear"):
 
 def _in_place(input, name, fn):
     """``inplace=True``: ``fn`` written back into ``input`` (history rebased, version bumped)."""
-    from tapegrad.tensor import _inplace
+    from tapegrad.inplace import _inplace
 
     return _inplace(input, name, fn, (), {})
 

@@ -24,6 +24,7 @@ from tapegrad.ops.movement import (index_op, index_backward, reshape_op, permute
 from tapegrad.ops.reduce import sum_op
 from tapegrad.ops.registry import op
 from tapegrad import tensor as _T
+from tapegrad import printing as _P
 from tapegrad.sparse.layout import sparse_coo
 
 Tensor = _T.Tensor
@@ -774,10 +775,10 @@ def _tensor_str(data, indent):
         return "[]"
     floating = data.dtype in dtypes.FLOAT_NP
     shown = data.astype(xp.float64) if floating else data
-    summarize = data.size > _T._THRESHOLD
-    sample = _T._summarized(shown) if summarize else shown
-    fmt = _T._Formatter(sample.reshape(-1).tolist(), floating)
-    return _T._nested_str(shown, indent, summarize, fmt)
+    summarize = data.size > _P._THRESHOLD
+    sample = _P._summarized(shown) if summarize else shown
+    fmt = _P._Formatter(sample.reshape(-1).tolist(), floating)
+    return _P._nested_str(shown, indent, summarize, fmt)
 
 
 def _repr(t):
@@ -804,7 +805,7 @@ def _repr(t):
     last = len(out) - out.rfind("\n") + 1
     force = True
     for sfx in suffixes:
-        if force or last + len(sfx) + 2 > _T._LINEWIDTH:
+        if force or last + len(sfx) + 2 > _P._LINEWIDTH:
             out += ",\n" + " " * indent + sfx
             last = indent + len(sfx)
             force = False

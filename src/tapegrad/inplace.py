@@ -1,0 +1,379 @@
+"""In-place ops and views: the helpers behind ``Tensor.add_``/``copy_``/``x[i] = v``/...,
+views (``view_of``: shared storage and version counter, the base and the chain of view ops),
+and rebasing a tensor's history after an in-place op in grad mode (``_inplace``,
+``_inplace_view``, stale views regenerated lazily). Split out of ``tensor.py``; the Tensor
+methods that use these stay there."""
+import weakref
+
+from tapegrad import dtypes
+from tapegrad.autograd.grad_mode import state as grad_state
+from tapegrad.backend import xp
+from tapegrad.ops import registry
+from tapegrad.tensor import Tensor, _TYPE_NAMES
+from tapegrad.ops import elementwise as _E, movement as _M
+
+_FLOAT_NP = dtypes.FLOAT_NP  # ml_dtypes' bfloat16 has numpy kind "V", not "f"
+_new = object.__new__
+make = Tensor._make
+
+# --- in-place machinery -------------------------------------------------------------------
+# Outside grad mode (optimizers, init) an in-place op is a numpy operation on the buffer plus a
+# version bump. In grad mode, when the tensor or an operand requires grad, it is the
+# out-of-place op on a snapshot of the old value, whose result is copied into the buffer and
+# whose Node the tensor takes over ("rebasing" its history); Nodes that saved the old tensor
+# see its new version and raise at backward, as in PyTorch.
+
+def _tracked(t, operands):
+    if not grad_state.enabled:
+        return False
+    if t._requires_grad:
+        return True
+    for o in operands:
+        if isinstance(o, Tensor) and o._requires_grad:
+            return True
+    return False
+
+
+def _public(name):
+    import tapegrad
+
+    fn = getattr(tapegrad, name, None)
+    if fn is None:
+        raise RuntimeError(f"{name}_: the out-of-place tapegrad.{name} is not available")
+    return fn
+
+
+def _can_cast(src, dst):
+    """PyTorch's canCast for in-place results: no float -> integer, no non-bool -> bool."""
+    if src.category == dtypes.FLOAT and dst.category != dtypes.FLOAT:
+        return False
+    return not (dst is dtypes.bool_ and src is not dtypes.bool_)
+
+
+def _cast_error(name, result, out):
+    return RuntimeError(f"{name}: result type {_TYPE_NAMES.get(result.name, result.name)[:-6]}"
+                        f" can't be cast to the desired output type "
+                        f"{_TYPE_NAMES.get(out.name, out.name)[:-6]}")
+
+
+def _check_float_result(t, name):
+    if t._data.dtype not in _FLOAT_NP:
+        raise _cast_error(name, dtypes.get_default_dtype(), t.dtype)
+
+
+def _check_result(t, name, *operands):
+    res = dtypes.result_type(t, *operands)
+    if not _can_cast(res, t.dtype):
+        raise _cast_error(name, res, t.dtype)
+
+
+def _shape_error(name, t, shape):
+    return RuntimeError(f"{name}: output with shape {list(t.shape)} doesn't match the "
+                        f"broadcast shape {list(shape)}")
+
+
+def _write(t, values, name):
+    """Store ``values`` (an array that broadcasts to ``t``) into ``t``'s buffer; bump."""
+    data = t._data
+    if values.shape != data.shape:
+        try:
+            shape = xp.broadcast_shapes(values.shape, data.shape)
+        except ValueError:
+            shape = values.shape
+        if shape != data.shape:
+            raise _shape_error(name, t, shape)
+    res = dtypes.from_numpy_dtype(values.dtype)
+    if res.np != data.dtype and not _can_cast(res, t.dtype):
+        raise _cast_error(name, res, t.dtype)
+    xp.copyto(data, values, casting="unsafe")
+    t._version[0] += 1
+    return t
+
+
+def _accumulate(t, values, name):
+    """``t += values`` in place (``values`` broadcasts to ``t``); bump the version."""
+    try:
+        xp.add(t._data, values, out=t._data, casting="same_kind")
+    except ValueError:
+        raise _shape_error(name, t, xp.broadcast_shapes(t.shape, values.shape)) from None
+    t._version[0] += 1
+    return t
+
+
+def _binary_inplace(t, name, ufunc, other, alpha, fn, float_only=False):
+    if _tracked(t, (other,)):
+        args = (other,) if alpha == 1 else (other, alpha)
+        return _inplace(t, name, fn, args, {})
+    data = t._data
+    if isinstance(other, Tensor):
+        od = other._data
+        if od.dtype is data.dtype and not (float_only and data.dtype not in _FLOAT_NP):
+            dt_np = data.dtype
+        else:
+            dt = dtypes.result_type(t, other)
+            if float_only and dt.category != dtypes.FLOAT:
+                dt = dtypes.get_default_dtype()
+            if not _can_cast(dt, t.dtype):
+                raise _cast_error(name, dt, t.dtype)
+            dt_np = dt.np
+            if od.dtype != dt_np:
+                od = od.astype(dt_np)
+    else:
+        od = other
+        if data.dtype in _FLOAT_NP:
+            dt_np = data.dtype
+        else:
+            try:
+                dt = dtypes.result_type(t, other)
+            except TypeError:
+                raise TypeError(f"{name}: expected a Tensor or a number, got "
+                                f"{type(other).__name__}") from None
+            if float_only and dt.category != dtypes.FLOAT:
+                dt = dtypes.get_default_dtype()
+            if not _can_cast(dt, t.dtype):
+                raise _cast_error(name, dt, t.dtype)
+            dt_np = dt.np
+    if alpha != 1:
+        od = od * alpha
+    try:
+        ufunc(data, od, out=data, dtype=dt_np, casting="unsafe")
+    except ValueError as e:
+        try:
+            shape = xp.broadcast_shapes(data.shape, xp.shape(od))
+        except ValueError:
+            shape = None
+        if shape is None:
+            raise RuntimeError(f"{name}: shapes {tuple(data.shape)} and {xp.shape(od)} cannot "
+                               "be broadcast together") from None
+        if shape != data.shape:
+            raise _shape_error(name, t, shape) from None
+        raise RuntimeError(f"{name}: {e} (tensor {tuple(data.shape)} {t.dtype})") from None
+    t._version[0] += 1
+    return t
+
+
+def _unary_inplace(t, name, ufunc, fn, float_only):
+    if grad_state.enabled and t._requires_grad:
+        return _inplace(t, name, fn, (), {})
+    if float_only and t._data.dtype not in _FLOAT_NP:
+        raise _cast_error(name, dtypes.get_default_dtype(), t.dtype)
+    ufunc(t._data, out=t._data)
+    t._version[0] += 1
+    return t
+
+
+def _lerp(a, end, weight):
+    # PyTorch's form: exact at both ends, from whichever end is nearer
+    if isinstance(weight, (int, float)):
+        return a + weight * (end - a) if abs(weight) < 0.5 else end - (end - a) * (1 - weight)
+    return _E.where(abs(weight) < 0.5, a + weight * (end - a), end - (end - a) * (1 - weight))
+
+
+def view_of(a, data, o, params):
+    """The Tensor for ``data``, the output of view op ``o`` on ``a`` (called by dispatch).
+
+    A view shares its base's storage and version counter. ``_view`` is ``(base, chain,
+    nograd)``: the base (the non-view tensor whose storage it shares), the ``(view op,
+    params)`` steps that make it from the base (``movement.replay_view``), and whether it was
+    made under ``no_grad``. On a base, ``_view`` is a list of weak references to its views,
+    to mark them stale when an in-place op changes its history. Non-view ops never come here."""
+    ad = a._data
+    b = data.base
+    ab = ad.base
+    if b is not ad and (b is None or b is not ab) and not xp.may_share_memory(data, ad):
+        return make(data)  # numpy had to copy (a reshape of a non-contiguous input): no view
+    t = _new(Tensor)
+    t._data = data
+    t._grad = t.grad_fn = t._hooks = None
+    t._requires_grad = False
+    t._version = a._version
+    info = None if ab is None else getattr(a, "_view", None)  # owners of memory are no views
+    if type(info) is not tuple:
+        base, chain = a, ((o, params),)
+    else:
+        base, chain = info[0], info[1] + ((o, params),)
+    t._view = (base, chain, not grad_state.enabled)
+    refs = getattr(base, "_view", None)
+    if refs is None:
+        refs = base._view = []
+    refs.append(_weakref(t))
+    n = len(refs)
+    if n > 16 and n & (n - 1) == 0:  # at powers of 2: drop dead references
+        refs[:] = [r for r in refs if r() is not None]
+    return t
+
+
+registry.view_of = view_of
+_weakref = weakref.ref
+
+
+class _StaleView(Tensor):
+    """A view whose base's history changed (an in-place op in grad mode) after the view's
+    ``grad_fn`` was made. ``_mark_views`` switches a view to this class; the first read of its
+    ``grad_fn`` or ``requires_grad`` (as an op input, a backward root, an in-place target)
+    regenerates its ``grad_fn`` by replaying its chain on the base, as PyTorch does lazily,
+    and switches it back to Tensor. Only such views pay for the check."""
+
+    __slots__ = ()
+
+    @property
+    def grad_fn(self):
+        return _refresh_view(self)
+
+    @grad_fn.setter
+    def grad_fn(self, fn):
+        self.__class__ = Tensor
+        self.grad_fn = fn
+
+    @property
+    def _requires_grad(self):
+        _refresh_view(self)
+        return self._requires_grad
+
+    @_requires_grad.setter
+    def _requires_grad(self, value):
+        _REQ_GRAD.__set__(self, value)
+
+    def __reduce_ex__(self, protocol):
+        _refresh_view(self)
+        return self.__reduce_ex__(protocol)
+
+
+_GRAD_FN = Tensor.__dict__["grad_fn"]  # Tensor's slot descriptors, under the properties
+_REQ_GRAD = Tensor.__dict__["_requires_grad"]
+
+
+def _mark_views(base, keep=None):
+    """After ``base``'s history changed: its live views (but ``keep``) regenerate their
+    ``grad_fn`` when next used. Dead references are dropped."""
+    refs = getattr(base, "_view", None)
+    if not refs or type(refs) is not list:
+        return
+    live = []
+    for r in refs:
+        v = r()
+        if v is not None:
+            live.append(r)
+            if v is not keep and type(v) is Tensor:
+                v.__class__ = _StaleView
+    refs[:] = live
+
+
+def _refresh_view(t):
+    """Regenerate view ``t``'s ``grad_fn`` by replaying its chain on its base (grad mode)."""
+    base, chain, nograd = t._view
+    if nograd:
+        raise RuntimeError(
+            "A view was created in no_grad mode and its base or another view of its base has "
+            "been modified inplace with grad mode enabled. Given that this use case is "
+            "ambiguous and error-prone, it is forbidden. You can clarify your code by moving "
+            "both the view and the inplace either both inside the no_grad block (if you don't "
+            "want the inplace to be tracked) or both outside (if you want the inplace to be "
+            "tracked).")
+    prev = grad_state.enabled
+    grad_state.enabled = True
+    try:
+        r = _M.replay_view(base, chain)
+    finally:
+        grad_state.enabled = prev
+    t.__class__ = Tensor
+    old, fn = t.grad_fn, r.grad_fn
+    t.grad_fn = fn
+    t._requires_grad = r._requires_grad
+    if old is not None and old.retained is not None and fn is not None:
+        fn.retained, old.retained = old.retained, None  # retain_grad() follows the tensor
+    return fn
+
+
+def _inplace_result(t, name, result):
+    """Check the out-of-place result of an in-place op on ``t``; cast it to ``t``'s dtype."""
+    if not isinstance(result, Tensor):
+        raise TypeError(f"{name}: the out-of-place op returned {type(result).__name__}")
+    if result.shape != t.shape:
+        raise _shape_error(name, t, result.shape)
+    res = result.dtype
+    if res.np != t._data.dtype:
+        if not _can_cast(res, t.dtype):
+            raise _cast_error(name, res, t.dtype)
+        result = _E.to_dtype(result, dtype=t.dtype)
+    return result
+
+
+def _inplace_view(t, name, fn, args, kwargs):
+    """In-place on a view in grad mode (PyTorch's semantics): the view's new value is computed
+    out of place, then its base takes a ``copy_slices`` history (the old base with the view's
+    region replaced by the new value) and the view a ``grad_fn`` replayed from the new base."""
+    base, chain, nograd = t._view
+    if nograd:
+        raise RuntimeError(
+            f"{name}: A view was created in no_grad mode and is being modified inplace with grad "
+            "mode enabled. Given that this use case is ambiguous and error-prone, it is "
+            "forbidden. You can clarify your code by moving both the view and the inplace "
+            "either both inside the no_grad block (if you don't want the inplace to be tracked) "
+            "or both outside (if you want the inplace to be tracked).")
+    node = t.grad_fn  # refreshed if stale
+    if t._requires_grad and base.grad_fn is None:
+        raise RuntimeError(f"{name}: a view of a leaf Variable that requires grad is being used "
+                           "in an in-place operation.")
+    data = t._data
+    for n, st in zip(data.shape, data.strides):
+        if st == 0 and n > 1:
+            raise RuntimeError(
+                f"{name}: unsupported operation: more than one element of the written-to tensor "
+                "refers to a single memory location. Please clone() the tensor before "
+                f"performing the operation (an expanded view of shape {tuple(data.shape)}).")
+    old = Tensor._make(data.copy(), grad_fn=node)
+    old._requires_grad = t._requires_grad
+    result = _inplace_result(t, name, fn(old, *args, **kwargs))
+    bnode = base.grad_fn
+    old_base = Tensor._make(base._data, grad_fn=bnode)  # copy_slices saves nothing
+    old_base._requires_grad = base._requires_grad
+    # writes the view's region of the base's own memory: no copy of the base
+    new_base = _M.copy_slices(old_base, result, chain=chain, inplace=True)
+    base._version[0] += 1  # shared with every view of the base
+    new = new_base.grad_fn
+    base.grad_fn = new
+    base._requires_grad = new_base._requires_grad
+    if bnode is not None and bnode.retained is not None and new is not None:
+        new.retained, bnode.retained = bnode.retained, None
+    _mark_views(base, keep=t)
+    vnode = result.grad_fn
+    fn = _refresh_view(t)  # view_fn(new base); moves a retained grad over
+    if vnode is not None and fn is not None and vnode.out is result._data:
+        vnode.out = t._data  # the rebased op saved its output: make that the view itself
+        vnode.out_version = (t._version, t._version[0])
+    return t
+
+
+def _inplace(t, name, fn, args, kwargs):
+    """The general in-place op: ``fn(t, *args, **kwargs)`` out of place, written back into
+    ``t``'s buffer. In grad mode with something requiring grad, ``t`` takes over the result's
+    Node; otherwise this is a plain write."""
+    if not _tracked(t, args + tuple(kwargs.values())):
+        from tapegrad.autograd.grad_mode import no_grad
+
+        with no_grad():
+            result = fn(t, *args, **kwargs)
+        return _write(t, result._data, name)
+    if t._data.base is not None and type(getattr(t, "_view", None)) is tuple:
+        return _inplace_view(t, name, fn, args, kwargs)
+    node = t.grad_fn
+    if node is None and t._requires_grad:
+        raise RuntimeError(f"{name}: a leaf Variable that requires grad is being used in an "
+                           "in-place operation.")
+    old = Tensor._make(t._data.copy(), grad_fn=node)
+    old._requires_grad = t._requires_grad
+    result = _inplace_result(t, name, fn(old, *args, **kwargs))
+    xp.copyto(t._data, result._data, casting="unsafe")
+    t._version[0] += 1
+    new = result.grad_fn
+    t.grad_fn = new
+    t._requires_grad = result._requires_grad
+    if new is not None:
+        if new.out is result._data:  # the Node saved its output: make that ``t`` itself
+            new.out = t._data
+            new.out_version = (t._version, t._version[0])
+        if node is not None and node.retained is not None:
+            new.retained, node.retained = node.retained, None
+    _mark_views(t)  # views of t regenerate their grad_fn from t's new history when next used
+    return t
