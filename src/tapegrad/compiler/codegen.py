@@ -18,6 +18,7 @@ kernels as one function each, stores the write-backs and returns the outputs' ar
 import hashlib
 import math
 import re
+import sys
 
 import numpy as np
 
@@ -199,7 +200,7 @@ def _numba_kernel(w, n, names, kname, vals, out_expr, weak):
             call.append(res)
         else:
             pre.append(f"{res} = {out_expr}")
-            call.append(out_expr)
+            call.append(res)
         outs = [res]
         for k, r in enumerate(reduce):
             rn = _ident("v" + r.outputs[0].name if r.outputs[0].name[:1].isdigit()
@@ -272,7 +273,11 @@ def generate(graph, name="compiled"):
         outs = [_ident("v" + v.name if v.name[:1].isdigit() else v.name) for v in n.outputs]
         target = plan.out.get(id(n.outputs[0])) if n.outputs else None
         out_expr = None
-        if target is not None:
+        if target is not None and target[0] == "recycle":
+            shape, dtype = plan.recycled[target[1]]
+            out_expr = (f"recycle({w.bind(f'box{target[1]}', [None])}, {shape!r}, "
+                        f"{w.bind(f'dt_{dtype.name}', dtype)})")
+        elif target is not None:
             out_expr = names[id(target[1])] if target[0] == "inplace" else bufs[target[1]]
         for v, nm in zip(n.outputs, outs):
             names[id(v)] = nm
@@ -306,6 +311,7 @@ def generate(graph, name="compiled"):
     w.ns["set_grad"] = set_grad
     w.ns["set_data"] = set_data
     w.ns["set_grad_owned"] = set_grad_owned
+    w.ns["recycle"] = recycle
     for k, (kind, t, label, v) in enumerate(graph.writes):
         val = "None" if v is None else w.arg(v, names)
         fn = "set_grad" if kind == "grad" else "set_data"
@@ -325,6 +331,15 @@ def set_grad(t, array):
     from tapegrad.tensor import Tensor
 
     t.grad = None if array is None else Tensor._make(np.array(array))
+
+
+def recycle(box, shape, dtype):
+    """The array returned last time when nothing else holds it (memory.py), else a new one.
+    Three references mean only ``box``, ``a`` and ``getrefcount``'s argument."""
+    a = box[0]
+    if a is None or sys.getrefcount(a) > 3:
+        a = box[0] = np.empty(shape, dtype)
+    return a
 
 
 def set_grad_owned(t, array):

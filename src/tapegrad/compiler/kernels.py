@@ -43,8 +43,9 @@ BINARY = {"add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})",
           "div": "({0} / {1})", "gt": "({0} > {1})", "lt": "({0} < {1})",
           "ge": "({0} >= {1})", "le": "({0} <= {1})", "eq": "({0} == {1})",
           "ne": "({0} != {1})",
-          "maximum": "({0} if ({0} >= {1} or {0} != {0}) else {1})",
-          "minimum": "({0} if ({0} <= {1} or {0} != {0}) else {1})"}
+          # ``|``, not ``or``: no branch, so LLVM vectorises the loop (2x measured)
+          "maximum": "({0} if (({0} >= {1}) | ({0} != {0})) else {1})",
+          "minimum": "({0} if (({0} <= {1}) | ({0} != {0})) else {1})"}
 UNARY = {"neg": "(-{0})", "exp": "np.exp({0})", "log": "np.log({0})", "tanh": "np.tanh({0})",
          "sqrt": "np.sqrt({0})", "abs": "abs({0})"}
 INEXACT = frozenset({"exp", "log", "tanh"})  # libm vs numpy's SIMD: within an ulp
@@ -166,7 +167,7 @@ def numba_source(fname, body, ins, out_value, n_reduce, weak=()):
         args = [arg(a) for a in m.inputs]
         if m.name == "relu":
             z = f"{dt}(0.0)"
-            expr = f"({args[0]} if ({args[0]} >= {z} or {args[0]} != {args[0]}) else {z})"
+            expr = f"({args[0]} if (({args[0]} >= {z}) | ({args[0]} != {args[0]})) else {z})"
         elif m.name == "to_dtype":
             expr = f"{dt}({args[0]})"
         elif m.name in UNARY:
