@@ -57,6 +57,8 @@ def _outputs(out):
 
 def to_numpy(t):
     if isinstance(t, torch.Tensor):
+        if t._is_zerotensor():  # forward mode's zero tangent (slogdet's sign)
+            return np.zeros(tuple(t.shape), dtype=str(t.dtype).split(".")[-1])
         return t.detach().numpy()
     return np.asarray(t.detach().numpy()) if isinstance(t, tapegrad.Tensor) else np.asarray(t)
 
@@ -182,7 +184,28 @@ def check_forward(fn, arrays, rtol=RTOL, seed=2, second_order=True, eps=1e-6):
     except NotImplementedError:  # torch lacks a second-order forward rule (huber_loss)
         return
     for k, (a, b) in enumerate(zip(jj_a, jj_b)):
-        assert_close(a, b, rtol=1e-10, what=f"second-order jvp of output {k} vs torch")
+        try:
+            assert_close(a, b, rtol=1e-10, what=f"second-order jvp of output {k} vs torch")
+        except AssertionError:
+            # torch's nested jvp is wrong for a few ops (layer_norm, linalg.solve, det): accept
+            # a disagreement only where torch disagrees with central differences of its own
+            # first-order jvp, and then hold tapegrad to central differences of its own
+            fd_a = _central(lambda *xs: inner(tapegrad.func.jvp, tg_f, tg_t)(*xs)[k], tg_p,
+                            s2[0], eps)
+            fd_b = _central(lambda *xs: inner(torch.func.jvp, th_f, th_t)(*xs)[k], th_p,
+                            s2[1], eps)
+            scale = max(float(np.max(np.abs(fd_b))) if fd_b.size else 0.0, 1.0)
+            if np.allclose(to_numpy(b), fd_b, rtol=1e-5, atol=1e-6 * scale):
+                raise
+            np.testing.assert_allclose(to_numpy(a), fd_a, rtol=1e-5, atol=1e-6 * scale,
+                                       err_msg=f"second-order jvp of output {k} vs central "
+                                               "differences (torch's own is off)")
+
+
+def _central(f, primals, tangents, eps):
+    plus = f(*[p + eps * t for p, t in zip(primals, tangents)])
+    minus = f(*[p - eps * t for p, t in zip(primals, tangents)])
+    return (to_numpy(plus) - to_numpy(minus)) / (2 * eps)
 
 
 def check_vmap(fn, arrays, others=(), rtol=RTOL, seed=3, size=3):

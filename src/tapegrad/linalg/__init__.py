@@ -263,6 +263,13 @@ def _(g, out, r):
                        "differentiate through linalg.qr.")
 
 
+@_qr_r_only.jvp
+def _(t, out, r):
+    raise RuntimeError("The derivative of linalg.qr depends on Q, which is not computed when "
+                       "mode='r'. Please use linalg.qr(A, mode='reduced') if you are going to "
+                       "differentiate through linalg.qr.")
+
+
 def svd(A, full_matrices=True, *, driver=None):
     """As ``torch.linalg.svd``: ``(U, S, Vh)`` with ``A = U diag(S) Vh``, singular values
     descending; ``full_matrices=False`` gives the reduced factors."""

@@ -117,6 +117,21 @@ def _(g, out, a, b, needs=(True, True)):
     return (-matmul(gb, out.mT) if needs[0] else None), (gb if needs[1] else None)
 
 
+def _tangent_sum(*terms):
+    r = None
+    for x in terms:
+        if x is not None:
+            r = x if r is None else r + x
+    return r
+
+
+@solve_op.jvp
+def _(t, out, a, b):
+    # dX = A^-1 (dB - dA X)
+    rhs = _tangent_sum(t[1], -matmul(t[0], out) if t[0] is not None else None)
+    return None if rhs is None else solve_op(a, rhs)
+
+
 @op(flops=2, saves="both", needs=True, name="linalg_solve_triangular")
 def solve_triangular_op(a, b, upper, unitriangular=False):
     """``X`` with ``A X = B``, ``A`` read as upper or lower triangular (batched, left side)."""
@@ -167,6 +182,20 @@ def _(g, out, a, b, upper, unitriangular=False, needs=(True, True)):
     return ga, (gb if needs[1] else None)
 
 
+@solve_triangular_op.jvp
+def _(t, out, a, b, upper, unitriangular=False):
+    # dX = T^-1 (dB - dT X), dT the tangent's triangle (no diagonal when unitriangular)
+    ta = t[0]
+    if ta is not None:
+        k = 1 if unitriangular else 0
+        ta = triu(ta, diagonal=k) if upper else tril(ta, diagonal=-k)
+        ta = -matmul(ta, out)
+    rhs = _tangent_sum(t[1], ta)
+    if rhs is None:
+        return None
+    return solve_triangular_op(a, rhs, upper=upper, unitriangular=unitriangular)
+
+
 @op(flops=2, saves="out", name="linalg_inv")
 def inv_op(a):
     try:
@@ -178,6 +207,11 @@ def inv_op(a):
 @inv_op.grad
 def _(g, out, a):
     return -matmul(out.mT, matmul(g, out.mT))
+
+
+@inv_op.jvp
+def _(t, out, a):
+    return -matmul(out, matmul(t[0], out))
 
 
 # --- determinants ------------------------------------------------------------------------
@@ -223,6 +257,20 @@ def _(g, out, a):
                     nonsingular(where_op(mask, eye, a)))
 
 
+def _scalar_per_matrix_jvp(o, t, out, a, **params):
+    """J t for an op with one scalar per matrix: ``<d out / dA, dA>`` over the last two dims,
+    the derivative being the gradient rule at g = 1 (exact for singular matrices too)."""
+    ones = _registry.Tensor._make(xp.ones(tuple(out.shape), _data(out).dtype))
+    d = o.rule(ones, out, a, **params)
+    return _R.sum_op(d * t[0], dims=(a.ndim - 2, a.ndim - 1))
+
+
+@det_op.jvp
+def _(t, out, a):
+    # det(A) tr(A^-1 dA) for invertible A
+    return _scalar_per_matrix_jvp(det_op, t, out, a)
+
+
 @op(flops=2, name="linalg_slogdet_sign")
 def slogdet_sign_op(a):
     return xp.linalg.slogdet(a)[0].astype(a.dtype, copy=False)
@@ -231,6 +279,11 @@ def slogdet_sign_op(a):
 @slogdet_sign_op.grad
 def _(g, out, a):
     return zeros_like_grad(a)  # a real sign is piecewise constant (PyTorch records it too)
+
+
+@slogdet_sign_op.jvp
+def _(t, out, a):
+    return out * 0  # piecewise constant: a zero tangent, as PyTorch's
 
 
 @op(flops=2, name="linalg_slogdet")
@@ -242,6 +295,12 @@ def logabsdet_op(a):
 def _(g, out, a):
     n = a.shape[-1]
     return solve_op(a.mT, _diag(_unsqueeze(g, -1) * xp.ones(n, dtype=_data(a).dtype)))
+
+
+@logabsdet_op.jvp
+def _(t, out, a):
+    # tr(A^-1 dA)
+    return _scalar_per_matrix_jvp(logabsdet_op, t, out, a)
 
 
 # --- Cholesky ----------------------------------------------------------------------------
@@ -279,6 +338,19 @@ def _(g, out, a, upper=False):
     ga = solve_triangular_op(factor.mT, ga, upper=True)
     # X L = G  <=>  L^T X^T = G^T
     return solve_triangular_op(factor.mT, ga.mT, upper=True).mT
+
+
+@cholesky_op.jvp
+def _(t, out, a, upper=False):
+    # dL = L phi(L^-1 dA L^-T), phi: the lower triangle with the diagonal halved; dA read
+    # from its lower triangle, as the forward reads A
+    factor = out.mT if upper else out
+    ta = tril(t[0]) + tril(t[0], diagonal=-1).mT
+    y = solve_triangular_op(factor, ta, upper=False)
+    z = solve_triangular_op(factor, y.mT, upper=False)  # L^-1 dA L^-T (dA symmetric)
+    phi = tril(z) - _diag(diagonal_op(z, offset=0, dim1=z.ndim - 2, dim2=z.ndim - 1) * 0.5)
+    dl = matmul(factor, phi)
+    return dl.mT if upper else dl
 
 
 # --- packed decompositions ---------------------------------------------------------------
@@ -357,6 +429,57 @@ def _svd_backward(gu, gs, gvh, u, s, vh, m, n):
     return matmul(u, matmul(ga, vh))
 
 
+def _zero_diag(x):
+    return x - _diag(diagonal_op(x, offset=0, dim1=x.ndim - 2, dim2=x.ndim - 1))
+
+
+def _svd_jvp_tall(da, u, s, vh):
+    """dU, dS, dVh of the reduced SVD of a tall (m >= n) matrix: with dP = U^T dA V,
+    dS = diag(dP), dU = U Om_U + (dA V - U dP) S^-1, dVh = -Om_V Vh, where
+    Om_U = (dP S + S dP^T) / E, Om_V = (S dP + dP^T S) / E, E_ij = s_j^2 - s_i^2."""
+    v = vh.mT
+    dav = matmul(da, v)
+    dp = matmul(u.mT, dav)
+    ds = diagonal_op(dp, offset=0, dim1=dp.ndim - 2, dim2=dp.ndim - 1)
+    s2 = s * s
+    e = _unsqueeze(s2, -2) - _unsqueeze(s2, -1) + _eye_of(s)
+    row, col = _unsqueeze(s, -1), _unsqueeze(s, -2)
+    om_u = _zero_diag((dp * col + row * dp.mT) / e)
+    om_v = _zero_diag((row * dp + dp.mT * col) / e)
+    du = matmul(u, om_u) + (dav - matmul(u, dp)) / col
+    dvh = -matmul(om_v, vh)
+    return du, ds, dvh
+
+
+@svd_op.jvp
+def _(t, out, a, full_matrices=False):
+    u, s, vh = _svd_factors(out, a.shape, full_matrices)
+    m, n = a.shape[-2], a.shape[-1]
+    k = min(m, n)
+    if full_matrices and m != n:  # as PyTorch: the extra columns/rows get a zero tangent
+        u, vh = u[..., :, :k], vh[..., :k, :]
+    if m >= n:
+        du, ds, dvh = _svd_jvp_tall(t[0], u, s, vh)
+    else:  # A^T = V S U^T is tall
+        dv, ds, duh = _svd_jvp_tall(t[0].mT, vh.mT, s, u.mT)
+        du, dvh = duh.mT, dv.mT
+    if full_matrices and m != n:
+        batch = ((0, 0),) * (a.ndim - 2)
+        if m > n:
+            du = constant_pad(du, widths=batch + ((0, 0), (0, m - k)))
+        else:
+            dvh = constant_pad(dvh, widths=batch + ((0, n - k), (0, 0)))
+    return _pack_tangent([du, _unsqueeze(ds, -2), dvh])
+
+
+def _pack_tangent(parts):
+    """The recorded counterpart of ``_pack``: the factors' tangents along the last dim."""
+    from tapegrad.ops.movement import cat
+
+    batch = tuple(parts[0].shape[:-2])
+    return cat([reshape(x, shape=batch + (-1,)) for x in parts], dim=len(batch))
+
+
 def _eye_of(v):
     """The identity matching the last dim of ``v`` (a constant array)."""
     return xp.eye(v.shape[-1], dtype=_data(v).dtype)
@@ -387,6 +510,19 @@ def _(g, out, a, upper=False):
     # the diagonal of vhgv is zero (skew), so gA's diagonal is gw's
     ga = ga - _diag(diagonal_op(ga, offset=0, dim1=ga.ndim - 2, dim2=ga.ndim - 1)) + _diag(gw)
     return matmul(v, matmul(ga, v.mT))
+
+
+@eigh_op.jvp
+def _(t, out, a, upper=False):
+    # as PyTorch's linalg_eig_jvp (hermitian): dP = V^T dA V, dw = diag(dP),
+    # dV = V (dP / E) with E_ij = w_j - w_i and a zero diagonal
+    n = a.shape[-1]
+    w, v = _eigh_factors(out, n)
+    dp = matmul(v.mT, matmul(t[0], v))
+    dw = diagonal_op(dp, offset=0, dim1=dp.ndim - 2, dim2=dp.ndim - 1)
+    e = _unsqueeze(w, -2) - _unsqueeze(w, -1) + _eye_of(w)
+    dv = matmul(v, _zero_diag(dp / e))
+    return _pack_tangent([_unsqueeze(dw, -2), dv])
 
 
 _QR_MODES = ("reduced", "complete", "r")
@@ -428,6 +564,37 @@ def _(g, out, a, mode="reduced"):
     ga = solve_triangular_op(r1, ga.mT, upper=True).mT
     ga = constant_pad(ga, widths=((0, 0),) * (ga.ndim - 1) + ((0, n - m),))
     return ga + matmul(q, gr)
+
+
+def _qr_jvp_square(da, q, r):
+    """dQ, dR of A = Q R (m >= n, R square invertible): C = Q^T dA R^-1,
+    Om = tril(C, -1) - tril(C, -1)^T, dR = (C - Om) R, dQ = dA R^-1 - Q (C - Om)."""
+    # X R = dA  <=>  R^T X^T = dA^T
+    da_rinv = solve_triangular_op(r.mT, da.mT, upper=False).mT
+    c = matmul(q.mT, da_rinv)
+    low = tril(c, diagonal=-1)
+    up = c - (low - low.mT)
+    return da_rinv - matmul(q, up), matmul(up, r)
+
+
+@qr_op.jvp
+def _(t, out, a, mode="reduced"):
+    m, n = a.shape[-2], a.shape[-1]
+    if mode == "complete" and m > n:
+        raise RuntimeError("linalg.qr: The QR decomposition is not differentiable when "
+                           f"mode='complete' and nrows > ncols (input shape {tuple(a.shape)}).")
+    q, r = _unpack(out, _qr_shapes(a.shape, mode))
+    if m >= n:
+        dq, dr = _qr_jvp_square(t[0], q, r)
+        return _pack_tangent([dq, dr])
+    # wide: A = Q [R1 R2] with A1 = Q R1 square; dR2 = Q^T (dA2 - dQ R2)
+    da1, da2 = t[0][..., :, :m], t[0][..., :, m:]
+    r1, r2 = r[..., :, :m], r[..., :, m:]
+    dq, dr1 = _qr_jvp_square(da1, q, r1)
+    dr2 = matmul(q.mT, da2 - matmul(dq, r2))
+    from tapegrad.ops.movement import cat
+
+    return _pack_tangent([dq, cat([dr1, dr2], dim=r.ndim - 1)])
 
 
 # --- pseudo-inverse and least squares ----------------------------------------------------
@@ -473,6 +640,18 @@ def _pinv_backward(g, p, a):
         matmul(matmul(ph_k, p), a)
 
 
+def _pinv_jvp(p, a, da):
+    # dP = -P dA P + P P^T dA^T (I - A P) + (I - P A) dA^T P^T P
+    dah = da.mT
+    return (-matmul(p, matmul(da, p)) + matmul(matmul(p, p.mT), dah - matmul(dah, matmul(a, p)))
+            + matmul(dah - matmul(p, matmul(a, dah)), matmul(p.mT, p)))
+
+
+@pinv_op.jvp
+def _(t, out, a, atol=None, rtol=None, hermitian=False):
+    return _pinv_jvp(out, a, t[0])
+
+
 @op(flops=10, saves="inputs", needs=True, name="linalg_lstsq")
 def lstsq_op(a, b, rcond=None):
     """The least-squares solution of ``A X = B`` (matrix ``B``, equal batch dims)."""
@@ -492,6 +671,14 @@ def _(g, out, a, b, rcond=None, needs=(True, True)):
     return ga, (matmul(p.mT, g) if needs[1] else None)
 
 
+@lstsq_op.jvp
+def _(t, out, a, b, rcond=None):
+    # X = pinv(A) B: dX = dpinv(A) B + pinv(A) dB
+    p = pinv_op(a) if t[0] is not None or t[1] is not None else None
+    return _tangent_sum(matmul(_pinv_jvp(p, a, t[0]), b) if t[0] is not None else None,
+                        matmul(p, t[1]) if t[1] is not None else None)
+
+
 # --- cross product ---------------------------------------------------------------------
 @op(flops=3, needs=True, uses=((1,), (0,)), name="linalg_cross")
 def cross_op(a, b, dim):
@@ -502,3 +689,9 @@ def cross_op(a, b, dim):
 def _(g, out, a, b, dim, needs=(True, True)):
     return (cross_op(b, g, dim=dim) if needs[0] else None), \
         (cross_op(g, a, dim=dim) if needs[1] else None)
+
+
+@cross_op.jvp
+def _(t, out, a, b, dim):
+    return _tangent_sum(cross_op(t[0], b, dim=dim) if t[0] is not None else None,
+                        cross_op(a, t[1], dim=dim) if t[1] is not None else None)

@@ -81,6 +81,12 @@ def _(g, out, x, w, b=None, needs=(True, True, True)):
     return linear.rule(g * (out > 0), None, x, w, b, needs=needs)
 
 
+@linear_relu.jvp
+def _(t, out, x, w, b=None):
+    r = linear.jvp_rule(t, None, x, w, b)
+    return None if r is None else r * (out > 0)
+
+
 def _contraction(flops):
     """A cost rule whose FLOPs are ``flops(arrays, out)`` (a multiply-add counts 2, as in
     ``torch.utils.flop_counter``; bias adds and attention's softmax are not counted, as there)."""
@@ -192,6 +198,12 @@ def _(g, out, x, dim):
     return x * (g / where(zero, 1.0, out)) * (out != 0)
 
 
+@l2_norm.jvp
+def _(t, out, x, dim):
+    zero = out == 0
+    return where(zero, 0.0, sum_op(x * t[0], dims=dim, keepdim=True) / where(zero, 1.0, out))
+
+
 # --- softmax family ----------------------------------------------------------------------
 @op(flops=5, saves="out", float_only=True, fused=True)
 def softmax(x, dim):
@@ -255,6 +267,20 @@ def _(g, out, x, q, dim, needs=(True, True)):
     return gx, gq
 
 
+@softmax_cross_entropy.jvp
+def _(t, out, x, q, dim):
+    # d(-sum q logp) = sum(q) <softmax, tx> - <q, tx> - <tq, logp>
+    logp = log_softmax(x, dim=dim)
+    r = None
+    if t[0] is not None:
+        r = (sum_op(exp(logp) * t[0], dims=(dim,)) * sum_op(q, dims=(dim,))
+             - sum_op(q * t[0], dims=(dim,)))
+    if len(t) > 1 and t[1] is not None:
+        rq = nll_loss(logp, t[1], dim=dim)
+        r = rq if r is None else r + rq
+    return r
+
+
 @op(flops=8, fused=True)
 def cross_entropy_index(x, t, ignore_index=-100, mean=True):
     """Mean (or sum) cross-entropy of logits (N, C) against class indices (N,): one node.
@@ -293,6 +319,14 @@ def _(g, out, x, t, ignore_index=-100, mean=True):
     return (softmax(x, dim=1) * keep - target) * (g * scale), None
 
 
+@cross_entropy_index.jvp
+def _(t, out, x, target, ignore_index=-100, mean=True):
+    # a scalar loss: J t = <d loss / dx, t>, the derivative being (softmax - onehot) * valid
+    one = _registry.Tensor._make(xp.ones((), np_dtype(x.dtype)))
+    d = cross_entropy_index.rule(one, out, x, target, ignore_index, mean)[0]
+    return sum_op(d * t[0], dims=tuple(range(x.ndim)))
+
+
 @op(flops=2, needs=True, fused=True)
 def nll_loss(x, q, dim):
     """Per-sample ``-sum(q * x, dim)``: q is the one-hot target scaled by the class weight."""
@@ -303,6 +337,16 @@ def nll_loss(x, q, dim):
 def _(g, out, x, q, dim, needs=(True, True)):
     ge = _keep(g, x.shape, (dim,))
     return (-ge * q if needs[0] else None), (-ge * x if needs[1] else None)
+
+
+@nll_loss.jvp
+def _(t, out, x, q, dim):
+    # bilinear in (x, q)
+    r = nll_loss(t[0], q, dim=dim) if t[0] is not None else None
+    if len(t) > 1 and t[1] is not None:
+        rq = nll_loss(x, t[1], dim=dim)
+        r = rq if r is None else r + rq
+    return r
 
 
 _BCE_EPS = 1e-12
@@ -324,6 +368,18 @@ def _(g, out, x, t, needs=(True, True)):
     if needs[1]:
         gt = -g * log(x / (1 - x))
     return gx, gt
+
+
+@binary_cross_entropy.jvp
+def _(t, out, x, y):
+    r = None
+    if t[0] is not None:
+        d = (1 - x) * x
+        r = t[0] * (x - y) / where(d < _BCE_EPS, _BCE_EPS, d)
+    if len(t) > 1 and t[1] is not None:
+        ry = -t[1] * log(x / (1 - x))
+        r = ry if r is None else r + ry
+    return r
 
 
 # these reduce: their FLOPs are per element of the input, not of the (smaller) output
@@ -366,6 +422,34 @@ def _norm_rule(g, out, x, w=None, b=None, *, axes, eps, param_shape, needs=(True
     return gx, gw, gb
 
 
+def _norm_jvp(t, out, x, w=None, b=None, *, axes, eps, param_shape):
+    # d xhat = rstd * (dxc - xhat * mean(xhat * dxc)), dxc = tx - mean(tx)
+    n = 1
+    for a in axes:
+        n *= x.shape[a]
+    n = max(n, 1)
+    tx = t[0]
+    tw = t[1] if len(t) > 1 else None
+    tb = t[2] if len(t) > 2 else None
+    r = None
+    if tx is not None or tw is not None:
+        xc = x - _mean_keep(x, axes, n)
+        rstd = 1 / sqrt(_mean_keep(xc * xc, axes, n) + eps)
+        xhat = xc * rstd
+    if tx is not None:
+        dxc = tx - _mean_keep(tx, axes, n)
+        r = rstd * (dxc - xhat * _mean_keep(xhat * dxc, axes, n))
+        if w is not None:
+            r = r * reshape(w, shape=param_shape)
+    if tw is not None:
+        rw = xhat * reshape(tw, shape=param_shape)
+        r = rw if r is None else r + rw
+    if tb is not None:
+        rb = reshape(tb, shape=param_shape)
+        r = rb if r is None else r + rb
+    return r
+
+
 def _norm_op(name, doc):
     def forward(x, w=None, b=None, *, axes, eps, param_shape):
         return _norm_forward(x, w, b, axes=axes, eps=eps, param_shape=param_shape)
@@ -373,6 +457,7 @@ def _norm_op(name, doc):
     forward.__doc__ = doc
     o = op(flops=8, needs=True, fused=True, name=name)(forward)
     o.grad(_norm_rule)
+    o.jvp(_norm_jvp)
     return o
 
 
@@ -393,6 +478,11 @@ def embedding(w, idx, padding_idx=None, scale=None):
 def _(g, out, w, idx, padding_idx=None, scale=None):
     return embedding_backward(g, idx, num_weights=w.shape[0], padding_idx=padding_idx,
                               scale=scale), None
+
+
+@embedding.jvp
+def _(t, out, w, idx, padding_idx=None, scale=None):
+    return embedding(t[0], idx, padding_idx=padding_idx, scale=scale)  # linear in w
 
 
 @op(fused=True, linear=True)
@@ -527,6 +617,15 @@ def _(gg, out, g, w, size, stride, padding, dilation, groups, needs=(True, True)
     return dg, dw
 
 
+@conv2d_input.jvp
+def _(t, out, g, w, size, stride, padding, dilation, groups):
+    p = dict(size=size, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    r = conv2d_input(t[0], w, **p) if t[0] is not None else None  # bilinear in (g, w)
+    if t[1] is not None:
+        r = conv2d_input(g, t[1], **p) if r is None else r + conv2d_input(g, t[1], **p)
+    return r
+
+
 @op(flops=2, needs=True, fused=True)
 def conv2d_weight(x, g, kernel, stride, padding, dilation, groups):
     """conv2d's gradient for its weight: patches of ``x`` contracted with ``g``."""
@@ -544,6 +643,15 @@ def _(gg, out, x, g, kernel, stride, padding, dilation, groups, needs=(True, Tru
     dx = conv2d_input(g, gg, size=x.shape[2:], **p) if needs[0] else None
     dg = conv2d(x, gg, out_size=g.shape[2:], **p) if needs[1] else None
     return dx, dg
+
+
+@conv2d_weight.jvp
+def _(t, out, x, g, kernel, stride, padding, dilation, groups):
+    p = dict(kernel=kernel, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    r = conv2d_weight(t[0], g, **p) if t[0] is not None else None  # bilinear in (x, g)
+    if t[1] is not None:
+        r = conv2d_weight(x, t[1], **p) if r is None else r + conv2d_weight(x, t[1], **p)
+    return r
 
 
 # each is one GEMM over im2col patches: 2 * (output positions) * (one filter's taps), the
@@ -718,6 +826,31 @@ def _(g, out, q, k, v, bias=None, scale=1.0, keep=None, needs=(True,) * 4):
         if bias is not None and needs[3]:
             gb = _sum_to(gs, bias.shape)
     return gq, gk, gv, gb
+
+
+@scaled_dot_product_attention.jvp
+def _(t, out, q, k, v, bias=None, scale=1.0, keep=None):
+    # ds = (tq k^T + q tk^T) scale + tbias; dp = p (ds - sum(p ds)); dout = dp keep v + p keep tv
+    tq, tk, tv = t[0], t[1], t[2]
+    tb = t[3] if len(t) > 3 else None
+    scale = xp.asarray(scale, np_dtype(q.dtype))
+    s = matmul(q, k.mT) * scale
+    if bias is not None:
+        s = s + bias
+    p = softmax(s, dim=s.ndim - 1)
+    ds = None
+    for term in ((matmul(tq, k.mT) * scale) if tq is not None else None,
+                 (matmul(q, tk.mT) * scale) if tk is not None else None, tb):
+        if term is not None:
+            ds = term if ds is None else ds + term
+    r = None
+    if ds is not None:
+        dp = p * (ds - sum_op(ds * p, dims=(p.ndim - 1,), keepdim=True))
+        r = matmul(dp * keep if keep is not None else dp, v)
+    if tv is not None:
+        rv = matmul(p * keep if keep is not None else p, tv)
+        r = rv if r is None else r + rv
+    return r
 
 
 @scaled_dot_product_attention.costs
