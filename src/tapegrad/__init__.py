@@ -15,6 +15,7 @@ from tapegrad.ops.elementwise import *  # noqa: F401,F403
 from tapegrad.ops.elementwise import add_alpha as add, sub_alpha as sub  # noqa: F401
 from tapegrad.ops.reduce import *  # noqa: F401,F403
 from tapegrad.ops.movement import *  # noqa: F401,F403
+from tapegrad.ops.indexing import *  # noqa: F401,F403
 from tapegrad.ops.linalg import *  # noqa: F401,F403
 from tapegrad.creation import *  # noqa: F401,F403
 from tapegrad.random import *  # noqa: F401,F403

@@ -628,9 +628,9 @@ class Tensor:
         if _tracked(self, (value,)):
             if not isinstance(value, Tensor):
                 value = Tensor._make(xp.asarray(value, dtype=self._data.dtype))
-            key, basic, _ = _M.index_key(self, index)
+            key, basic, _ = _I.index_key(self, index)
             if basic:  # as PyTorch: copy_ into the view (the base's history is CopySlices)
-                view = _M.getitem(self, index=key)
+                view = _I.getitem(self, index=key)
                 extra = value.ndim - view.ndim  # leading 1s of value are dropped, as PyTorch
                 if extra > 0 and all(n == 1 for n in value.shape[:extra]):
                     value = _M.reshape(value, value.shape[extra:])
@@ -645,10 +645,10 @@ class Tensor:
                         f"{tuple(self.shape)}")
                 view.copy_(value)
                 return
-            _inplace(self, "__setitem__", lambda a, v: _M.index_put(a, v, index=index),
+            _inplace(self, "__setitem__", lambda a, v: _I.index_put(a, v, index=index),
                      (value,), {})
             return
-        key = _M.index_key(self, index)[0]
+        key = _I.index_key(self, index)[0]
         v = value._data if isinstance(value, Tensor) else value
         try:
             self._data[key] = v
@@ -933,7 +933,7 @@ registry.make = make
 
 # --- operators and methods: each delegates to an op --------------------------------------
 from tapegrad.ops import elementwise as _E, reduce as _R, movement as _M, linalg as _L  # noqa: E402
-from tapegrad.ops import selection as _S  # noqa: E402
+from tapegrad.ops import selection as _S, indexing as _I  # noqa: E402
 from tapegrad.ops import extra_elementwise as _X, extra_reduce as _XR  # noqa: E402
 from tapegrad.ops import extra_scan as _XS, extra_stats as _XT  # noqa: E402
 from tapegrad.ops import extra_index as _XI, extra_pointwise as _XP  # noqa: E402
@@ -946,7 +946,7 @@ def _method(fn):
     return fn  # plain functions and ops (Op.__get__) both bind as methods
 
 
-for _module in (_E, _R, _M, _L, _S, _X, _XR, _XS, _XT, _XI, _XP):
+for _module in (_E, _R, _M, _I, _L, _S, _X, _XR, _XS, _XT, _XI, _XP):
     for _name in _module.TENSOR_METHODS:
         setattr(Tensor, _name, _method(getattr(_module, _name)))
 for _name in _X.INPLACE + _XR.INPLACE + _XS.INPLACE + _XI.INPLACE + _XP.INPLACE:
@@ -1008,5 +1008,5 @@ Tensor.add = _E.add_alpha
 Tensor.sub = _E.sub_alpha
 Tensor.T = property(lambda self: _M.permute_op(self, dims=tuple(range(self.ndim))[::-1]))
 Tensor.mT = property(lambda self: _M.transpose(self, -2, -1))
-Tensor.__getitem__ = _M.tensor_getitem
+Tensor.__getitem__ = _I.tensor_getitem
 from tapegrad import sparse as _sparse  # noqa: E402  (layouts, sparse_coo tensors)

@@ -15,7 +15,7 @@ from tapegrad.ops.elementwise import where, sqrt, to_dtype, exp, log, expm1, log
 from tapegrad.ops.linalg import matmul
 from tapegrad.ops.movement import reshape_op, permute_op, broadcast_to, pad  # noqa: F401
 from tapegrad.ops.movement import _dim  # the one dim normaliser (negative dims, range error)
-from tapegrad.ops.movement import out_of_range  # the one index range check
+from tapegrad.ops.indexing import out_of_range  # the one index range check
 from tapegrad.ops.reduce import sum_op
 from tapegrad.amp.autocast_mode import autocast_composite  # PyTorch's autocast lists
 from tapegrad.tensor import Tensor
@@ -254,7 +254,7 @@ def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
         return _in_place(input, "hardtanh_", lambda t: hardtanh(t, min_val, max_val))
     x = input._data
     inside = _const((x > min_val) & (x < max_val))
-    return where(inside, input, _const(xp.clip(x, min_val, max_val)))
+    return where(inside, input, _const(xp.clip(x, min_val, max_val).astype(x.dtype)))
 
 
 def relu6(input, inplace=False):
@@ -486,7 +486,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
         raise RuntimeError("cross_entropy: input must have at least 1 dimension (got a scalar)")
     cdim = 0 if input.ndim == 1 else 1
     n_classes = input.shape[cdim]
-    if target._data.dtype.kind == "f":  # class probabilities
+    if target.dtype.is_floating_point:  # class probabilities
         _same_dtype("cross_entropy", input, target)
         if tuple(target.shape) != tuple(input.shape):
             raise ValueError(
@@ -858,7 +858,8 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
             f"rms_norm: Given normalized_shape={list(shape)}, expected input with shape "
             f"[*, {', '.join(map(str, shape))}], but got input of size {_shape(input)}")
     if eps is None:
-        eps = float(xp.finfo(input._data.dtype).eps)
+        low = input.dtype is dtypes.bfloat16  # numpy's finfo knows no bfloat16
+        eps = float((dtypes._ml_dtypes.finfo if low else xp.finfo)(input._data.dtype).eps)
     axes = tuple(range(input.ndim - k, input.ndim))
     ms = sum_op(input * input, dims=axes, keepdim=True) / max(math.prod(shape), 1)
     out = input * (1 / sqrt(ms + eps))
@@ -1422,7 +1423,7 @@ def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corne
         if dim == 2:
             return adaptive_avg_pool2d(input, out)
         raise NotImplementedError(f"{name}: area mode supports 3D and 4D input in tapegrad")
-    from tapegrad.ops.movement import index_select
+    from tapegrad.ops.indexing import index_select
 
     x = input
     dt = input._data.dtype

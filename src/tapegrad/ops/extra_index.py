@@ -14,10 +14,9 @@ from tapegrad.ops import registry
 from tapegrad.ops.elementwise import where_op
 from tapegrad.ops.extra_reduce import _index_args
 from tapegrad.ops.extra_scan import cumprod
-from tapegrad.ops.movement import (_check_gather_bounds, _check_index_shape, _dim, _grid,
-                                   _index_array, broadcast_tensors, cat, flip, getitem,
-                                   index_op, index_put_op, out_of_range, permute_op,
-                                   reshape_op, stack)
+from tapegrad.ops.movement import _dim, broadcast_tensors, cat, flip, permute_op, reshape_op, stack
+from tapegrad.ops.indexing import (_check_gather_bounds, _check_index_shape, _grid,
+                                   _index_array, getitem, index_op, index_put_op, out_of_range)
 from tapegrad.ops.reduce import norm_op
 from tapegrad.ops.registry import op, xp
 

@@ -14,10 +14,9 @@ import operator
 from tapegrad.ops import registry
 from tapegrad.ops.elementwise import where_op, isnan, logical_not
 from tapegrad.ops.linalg import bmm, einsum, matmul, mm, outer
-from tapegrad.ops.movement import (_dim, _dims, _grid, _index_array, _check_index_shape,
-                                   broadcast_tensors, flip, getitem, index_op, index_put_op,
-                                   reshape_op,
-                                   transpose)
+from tapegrad.ops.movement import _dim, _dims, broadcast_tensors, flip, reshape_op, transpose
+from tapegrad.ops.indexing import (_grid, _index_array, _check_index_shape, getitem, index_op,
+                                   index_put_op)
 from tapegrad.ops.reduce import amax, amin, mean, std, sum, var
 from tapegrad.ops.registry import xp
 

@@ -12,8 +12,8 @@ import operator
 from tapegrad import dtypes
 from tapegrad.ops import registry
 from tapegrad.ops.elementwise import abs, exp, log, logical_xor, where_op
-from tapegrad.ops.movement import (_dim, _grid, broadcast_to_op, cat, flip_op, getitem,
-                                   index_op, reshape_op)
+from tapegrad.ops.movement import _dim, broadcast_to_op, cat, flip_op, reshape_op
+from tapegrad.ops.indexing import _grid, getitem, index_op
 from tapegrad.ops.reduce import _cast_back, reverse_cumsum, sum_op
 from tapegrad.ops.registry import op, xp
 

@@ -14,7 +14,8 @@ import warnings
 from tapegrad.ops import registry
 from tapegrad.ops.extra_elementwise import lerp
 from tapegrad.ops.linalg import mm
-from tapegrad.ops.movement import _dim, _grid, index_op, permute_op, reshape_op
+from tapegrad.ops.movement import _dim, permute_op, reshape_op
+from tapegrad.ops.indexing import _grid, index_op
 from tapegrad.ops.reduce import _spread, take_along_reduce
 from tapegrad.ops.registry import op, xp
 from tapegrad.ops.selection import sort

@@ -8,7 +8,8 @@ import functools
 from tapegrad.ops import registry as _registry
 from tapegrad.ops.registry import op, xp
 from tapegrad.backend.blas import matmul as blas_matmul  # xp.matmul, small ones on 1 thread
-from tapegrad.ops.movement import sum_to, broadcast_to_op, reshape_op as reshape, index_op
+from tapegrad.ops.movement import sum_to, broadcast_to_op, reshape_op as reshape
+from tapegrad.ops.indexing import index_op
 from tapegrad.ops import elementwise as _E
 from tapegrad.amp.autocast_mode import autocast_composite  # PyTorch's autocast lists
 

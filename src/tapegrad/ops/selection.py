@@ -10,7 +10,8 @@ import collections
 import operator
 
 from tapegrad.ops import registry as _registry
-from tapegrad.ops.movement import _dim, _grid, getitem, index_op, reshape_op
+from tapegrad.ops.movement import _dim, reshape_op
+from tapegrad.ops.indexing import _grid, getitem, index_op
 from tapegrad.ops.registry import op, xp
 
 

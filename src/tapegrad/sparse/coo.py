@@ -19,8 +19,8 @@ from tapegrad import dtypes
 from tapegrad.autograd.grad_mode import state as grad_state
 from tapegrad.backend import xp
 from tapegrad.ops import elementwise as _E, linalg as _L
-from tapegrad.ops.movement import (index_op, index_backward, reshape_op, permute_op, _dim,
-                                   _dims)
+from tapegrad.ops.movement import reshape_op, permute_op, _dim, _dims
+from tapegrad.ops.indexing import index_op, index_backward
 from tapegrad.ops.reduce import sum_op
 from tapegrad.ops.registry import op
 from tapegrad import tensor as _T

@@ -1,0 +1,533 @@
+"""Indexing ops: ``Tensor.__getitem__``/``__setitem__``'s keys (``index_key``: PyTorch's
+index forms as one tuple numpy understands, with PyTorch's errors), the primitives ``getitem``
+(basic indexing, a view), ``index`` (integer-array and mask indexing), ``index_backward``
+and ``index_put``, the gather family expressed through them (``gather``, ``scatter_add``,
+``index_select``, ``take_along_dim``) and the index checks (``out_of_range``: the one range
+check of the index-taking ops). Split out of ``movement.py``, whose shape ops these use.
+"""
+import operator
+import warnings
+
+from tapegrad.ops.registry import op, xp
+from tapegrad.ops import registry as _registry
+from tapegrad.ops.movement import (_check_tensor, _dim, expand, reshape_op, sum_to)
+from tapegrad.ops import elementwise as _E
+
+
+# --- indexing: one key format (a tuple numpy understands, normalised by ``index_key``) ---
+@op(saves="none", view=True, name="getitem", linear=True)
+def getitem(a, index):
+    """Basic indexing (ints, slices, None, Ellipsis): a view, as in numpy and PyTorch."""
+    return a[index]
+
+
+@getitem.grad
+def _(g, out, a, index):
+    return index_backward(g, shape=a.shape, index=index, accumulate=False)
+
+
+@op(saves="none", name="index", linear=True)
+def index_op(a, index, accumulate=True):
+    """Integer-array / mask indexing (a copy). ``accumulate``: the index may repeat elements."""
+    return a[index]
+
+
+@index_op.grad
+def _(g, out, a, index, accumulate=True):
+    return index_backward(g, shape=a.shape, index=index, accumulate=accumulate)
+
+
+@op(saves="none", linear=True)
+def index_backward(g, shape, index, accumulate=True):
+    """``zeros(shape)`` with ``g`` put at ``index``; repeated indices add (``np.add.at``)."""
+    if accumulate and len(index) == 2 and index[1] is Ellipsis and g.dtype.kind == "f" \
+            and isinstance(index[0], xp.ndarray) and index[0].dtype.kind in "iu":
+        return _add_rows(g, shape, index[0])
+    out = xp.zeros(shape, dtype=g.dtype)
+    if accumulate:
+        xp.add.at(out, index, g)
+    else:
+        out[index] = g
+    return out
+
+
+def _add_rows(g, shape, rows):
+    """``zeros(shape)`` with the rows of ``g`` added at ``rows`` (x[idx]'s gradient, as in an
+    embedding): one bincount, ~4x faster than ``np.add.at`` and summing in the same order."""
+    n = shape[0]
+    width = 1
+    for m in shape[1:]:
+        width *= m
+    rows = rows.reshape(-1)
+    rows = xp.where(rows < 0, rows + n, rows)
+    flat = rows if width == 1 else (rows[:, None] * width + xp.arange(width)).reshape(-1)
+    out = xp.bincount(flat, weights=g.reshape(-1), minlength=n * width)
+    return out.astype(g.dtype, copy=False).reshape(shape)
+
+
+@index_backward.grad
+def _(g, out, a, shape, index, accumulate=True):
+    return _take(g, index, accumulate)
+
+
+def _take(a, index, accumulate, basic=False):
+    if basic:
+        return getitem(a, index=index)
+    return index_op(a, index=index, accumulate=accumulate)
+
+
+@op(saves="none", needs=True, name="index_put", linear=True)
+def index_put_op(a, v, index, accumulate=False, basic=False):
+    """A copy of ``a`` with ``a[index] = v`` (or ``+= v``, repeats adding, if ``accumulate``)."""
+    out = a.copy()
+    if accumulate:
+        if isinstance(v, xp.ndarray) and v.dtype != a.dtype:
+            v = v.astype(a.dtype)
+        xp.add.at(out, index, v)
+    else:
+        out[index] = v
+    return out
+
+
+@index_put_op.grad
+def _(g, out, a, v, index, accumulate=False, basic=False, needs=(True, True)):
+    ga = gv = None
+    if needs[0]:
+        ga = g if accumulate else index_put_op(g, 0, index=index, basic=basic)
+    if needs[1]:
+        gv = _take(g, index, True, basic)
+        shape = tuple(v.shape)
+        lead = len(shape) - gv.ndim  # v may carry extra leading 1s
+        core = shape[lead:] if lead > 0 else shape
+        if tuple(gv.shape) != core:
+            gv = sum_to(gv, shape=core)
+        if lead > 0:
+            gv = reshape_op(gv, shape=shape)
+        if _E.np_dtype(gv.dtype) != _E.np_dtype(v.dtype):
+            gv = _E.to_dtype(gv, dtype=_E.np_dtype(v.dtype))
+    return ga, gv
+
+
+def _index_array(index, name):
+    """An integer index argument (Tensor, ndarray or list) as a backend integer array."""
+    data = index._data if isinstance(index, _registry.Tensor) else xp.asarray(index)
+    if data.dtype != xp.int64 and data.dtype != xp.int32:  # as PyTorch: no int8/int16/uint8
+        if data.size == 0 and data.dtype.kind == "f" and not isinstance(index, _registry.Tensor):
+            return data.astype(xp.int64)
+        raise RuntimeError(f"{name}(): Expected dtype int32/int64 for index, got {data.dtype}")
+    return data
+
+
+def out_of_range(idx, n):
+    """The first index of an integer array outside [0, n) (the smallest if any is negative,
+    else the largest), or None. The one range check of the index-taking ops: a single
+    reduction when all are in range, since a negative int viewed as unsigned is >= 2**63."""
+    if idx.size == 0:
+        return None
+    if idx.dtype.kind == "i":
+        if idx.view(f"u{idx.dtype.itemsize}").max() < n:
+            return None
+    elif idx.max() < n:
+        return None
+    lo = idx.min()
+    return int(lo) if lo < 0 else int(idx.max())
+
+
+def _out_of_bounds(idx, n):
+    """The first index in ``idx`` outside [-n, n), or None."""
+    if idx.size == 0:
+        return None
+    lo, hi = idx.min(), idx.max()
+    if lo >= -n and hi < n:
+        return None
+    return int(lo) if lo < -n else int(hi)
+
+
+# --- gather, scatter and friends: advanced indexing with an open grid ---------------------
+def _grid(idx, d):
+    """The advanced-index key that picks ``a[..., idx[i, j, k], ...]`` along dim ``d``."""
+    nd = idx.ndim
+    return tuple(idx if k == d else xp.arange(n).reshape((1,) * k + (n,) + (1,) * (nd - k - 1))
+                 for k, n in enumerate(idx.shape))
+
+
+def _check_index_shape(input, d, idx, name):
+    if idx.ndim != max(input.ndim, 1) and not (idx.ndim == 0 and input.ndim <= 1):
+        raise RuntimeError(f"{name}(): Index tensor must have the same number of dimensions as "
+                           f"input tensor (index {tuple(idx.shape)}, input "
+                           f"{tuple(input.shape)})")
+    shape = input.shape if input.ndim else (1,)
+    for k in range(idx.ndim):
+        if k != d and idx.shape[k] > shape[k]:
+            raise RuntimeError(
+                f"{name}(): Size does not match at dimension {k} expected index "
+                f"{list(idx.shape)} to be no larger than self {list(input.shape)} apart from "
+                f"dimension {d}")
+
+
+def _check_gather_bounds(idx, n, d, name):
+    bad = out_of_range(idx, n)
+    if bad is not None:
+        raise RuntimeError(f"{name}(): index {bad} is out of bounds for dimension {d} with "
+                           f"size {n}")
+
+
+def gather(input, dim, index, *, sparse_grad=False):
+    """As ``torch.gather``: ``out[i][j] = input[index[i][j]][j]`` for ``dim=0``."""
+    idx = _index_array(index, "gather")
+    d = _dim(dim, input.ndim, "gather")
+    _check_index_shape(input, d, idx, "gather")
+    if input.ndim == 0 or idx.ndim == 0:
+        flat = reshape_op(input, shape=(1,)) if input.ndim == 0 else input
+        out = gather(flat, 0, idx.reshape((1,) * flat.ndim))
+        return reshape_op(out, shape=idx.shape)
+    _check_gather_bounds(idx, input.shape[d], d, "gather")
+    return index_op(input, index=_grid(idx, d), accumulate=True)
+
+
+def scatter_add(input, dim, index, src):
+    """As ``torch.scatter_add`` (out of place): ``out[index[i][j]][j] += src[i][j]`` for
+    ``dim=0``; the gradient to ``src`` is a gather."""
+    _check_tensor(src, "scatter_add", "src")
+    idx = _index_array(index, "scatter_add")
+    d = _dim(dim, input.ndim, "scatter_add")
+    if input.dtype is not src.dtype:
+        raise RuntimeError(f"scatter_add(): Expected self.dtype to be equal to src.dtype "
+                           f"(got {input.dtype} and {src.dtype})")
+    _check_index_shape(input, d, idx, "scatter_add")
+    if idx.ndim != src.ndim or any(i > s for i, s in zip(idx.shape, src.shape)):
+        raise RuntimeError(f"scatter_add(): Expected index {list(idx.shape)} to be no larger "
+                           f"than self {list(input.shape)} apart from dimension {d} and to be "
+                           f"no larger size than src {list(src.shape)}")
+    if input.ndim == 0:
+        out = scatter_add(reshape_op(input, shape=(1,)), 0, idx.reshape(1),
+                          reshape_op(src, shape=(1,)))
+        return reshape_op(out, shape=())
+    _check_gather_bounds(idx, input.shape[d], d, "scatter_add")
+    if src.shape != idx.shape:  # only src[:index.shape] takes part
+        src = getitem(src, index=tuple(slice(0, n) for n in idx.shape) + (Ellipsis,))
+    return index_put_op(input, src, index=_grid(idx, d), accumulate=True)
+
+
+def index_select(input, dim, index):
+    """As ``torch.index_select``: the entries of ``index`` (a vector) along ``dim``."""
+    idx = _index_array(index, "index_select")
+    if idx.ndim > 1:
+        raise IndexError(f"index_select(): Index is supposed to be a vector (got shape "
+                         f"{tuple(idx.shape)})")
+    d = _dim(dim, input.ndim, "index_select")
+    n = input.shape[d] if input.ndim else 1
+    if idx.size:
+        if n == 0 and input.ndim > 1:
+            raise RuntimeError(f"index_select(): self indexing axis dim should be positive "
+                               f"(dimension {d} of input {tuple(input.shape)} has size 0, index "
+                               f"has {idx.size} entries)")
+        bad = out_of_range(idx, n)
+        if bad is not None:
+            # PyTorch's CPU kernels raise IndexError, but RuntimeError on their dim-1 and
+            # empty-input paths
+            exc = RuntimeError if input.ndim > 1 and (d == 1 or input.numel() == 0) else \
+                IndexError
+            raise exc(f"index_select(): index {bad} is out of range "
+                      f"for dimension {d} with size {n}")
+    if input.ndim == 0:
+        return reshape_op(index_op(reshape_op(input, shape=(1,)), index=(idx, Ellipsis)),
+                          shape=())
+    return index_op(input, index=(slice(None),) * d + (idx.reshape(-1), Ellipsis))
+
+
+def take_along_dim(input, indices, dim=None):
+    """As ``torch.take_along_dim``: gather along ``dim`` after broadcasting input and indices;
+    with ``dim``, indices are taken modulo the size of ``dim`` (PyTorch 2.13 wraps every
+    index, not only negative ones); without ``dim``, a gather from the flattened tensor, where
+    any index outside [0, numel) raises."""
+    idx = _index_array(indices, "take_along_dim")
+    if dim is None:
+        idx = idx.reshape(-1)
+        _check_gather_bounds(idx, input.numel(), 0, "take_along_dim")
+        return gather(reshape_op(input, shape=(-1,)), 0, idx)
+    if idx.dtype != xp.int64:
+        raise RuntimeError(f"take_along_dim(): dtype of indices should be int64 (Long) but got "
+                           f"{idx.dtype}")
+    d = _dim(dim, input.ndim, "take_along_dim")
+    if idx.ndim != input.ndim:
+        raise RuntimeError(f"take_along_dim(): input and indices should have the same number of "
+                           f"dimensions, but got {input.ndim} dimensions for input, and "
+                           f"{idx.ndim} dimensions for indices")
+    wanted = list(input.shape)
+    wanted[d] = idx.shape[d]
+    have = list(idx.shape)
+    have[d] = input.shape[d]
+    try:
+        idx_shape = xp.broadcast_shapes(tuple(wanted), idx.shape)
+        in_shape = xp.broadcast_shapes(tuple(have), input.shape)
+    except ValueError:
+        raise RuntimeError(f"take_along_dim(): input of shape {tuple(input.shape)} and indices "
+                           f"of shape {tuple(idx.shape)} cannot be broadcast apart from dimension "
+                           f"{d}") from None
+    idx = xp.broadcast_to(idx, idx_shape)
+    n = input.shape[d]
+    if out_of_range(idx, n) is not None:
+        if n == 0:
+            raise RuntimeError(f"take_along_dim(): ZeroDivisionError: indices {tuple(idx.shape)} "
+                               f"taken modulo the size 0 of dimension {d} of input "
+                               f"{tuple(input.shape)}")
+        idx = idx % n
+    return gather(expand(input, in_shape), d, idx)
+
+
+# --- Tensor.__getitem__ and index_put (which Tensor.__setitem__ uses) ----------------------
+_INDEX_TYPES_MSG = ("only integers, slices (`:`), ellipsis (`...`), None and long or byte "
+                    "Variables are valid indices")
+
+
+def _sequence_as_tuple(index):
+    # PyTorch's (and old numpy's) heuristic: a short list holding sequences, tensors,
+    # slices, None or Ellipsis is a tuple of indices, not one integer-array index
+    if len(index) >= 32:
+        return False
+    for i in index:
+        if isinstance(i, (_registry.Tensor, list, tuple, slice, xp.ndarray)) or i is None \
+                or i is Ellipsis:
+            return True
+    return False
+
+
+def _index_item(i):
+    """One index entry as (entry, kind, dims consumed): kind 0 basic, 1 mask, 2 int array."""
+    if i is None:
+        return None, 0, 0
+    if i is Ellipsis:
+        return i, 0, 0
+    if isinstance(i, slice):
+        step = i.step
+        if step is not None and operator.index(step) <= 0:
+            raise ValueError("slice step cannot be zero" if operator.index(step) == 0 else
+                             "step must be greater than zero")
+        return slice(None if i.start is None else operator.index(i.start),
+                     None if i.stop is None else operator.index(i.stop),
+                     None if step is None else operator.index(step)), 0, 1
+    if isinstance(i, (bool, xp.bool_)):
+        return xp.asarray(bool(i)), 1, 0
+    if isinstance(i, _registry.Tensor):
+        data = i._data
+    elif isinstance(i, (int, xp.integer)):
+        return int(i), 0, 1
+    elif isinstance(i, (list, tuple, xp.ndarray)):
+        data = xp.asarray(i)
+        if data.size == 0 and data.dtype.kind == "f":
+            data = data.astype(xp.int64)
+    else:
+        try:
+            return operator.index(i), 0, 1
+        except TypeError:
+            raise IndexError(f"{_INDEX_TYPES_MSG} (got {type(i).__name__})") from None
+    kind = data.dtype.kind
+    if kind == "b" or data.dtype == xp.uint8:
+        data = data.astype(bool, copy=False)
+        return data, 1, data.ndim
+    if kind not in "iu" or data.ndim and data.dtype != xp.int64 and data.dtype != xp.int32 \
+            and isinstance(i, _registry.Tensor):  # as PyTorch: not int8/int16 Tensors
+        raise IndexError(f"tensors used as indices must be long, int, byte or bool tensors "
+                         f"(got {data.dtype})")
+    if data.ndim == 0:
+        return int(data), 0, 1
+    return data, 2, 1
+
+
+def _basic_tuple_key(index, shape):
+    """The key for the common tuple of ints, slices (positive int steps) and None, or None
+    when the index needs the general path (which also raises the errors)."""
+    d = 0
+    ndim = len(shape)
+    for i in index:
+        t = type(i)
+        if t is int:
+            if d >= ndim or not -shape[d] <= i < shape[d]:
+                return None
+            d += 1
+        elif t is slice:
+            step = i.step
+            if step is not None and (type(step) is not int or step <= 0):
+                return None
+            d += 1
+        elif i is not None:
+            return None
+    if d > ndim:
+        return None
+    return index + (Ellipsis,)
+
+
+def index_key(input, index):
+    """PyTorch's index (ints, slices, None, Ellipsis, bools, integer/bool Tensors, lists and
+    ndarrays, or a tuple of them) as ``(key, basic, accumulate)``: a tuple numpy indexes with
+    the same result, whether it is basic indexing (a view), and whether it may repeat
+    elements. Raises IndexError naming the index, dim and size as PyTorch does."""
+    shape = input.shape
+    if type(index) is int:  # the common case first
+        n = shape[0] if shape else None
+        if n is None:
+            raise IndexError("invalid index of a 0-dim tensor. Use `tensor.item()` in Python or "
+                             "`tensor.item<T>()` in C++ to convert a 0-dim tensor to a number")
+        if not -n <= index < n:
+            raise IndexError(f"index {index} is out of bounds for dimension 0 with size {n}")
+        return (index, Ellipsis), True, False
+    if type(index) is tuple:
+        key = _basic_tuple_key(index, shape)
+        if key is not None:
+            return key, True, False
+    elif type(index) is slice and (index.step is None or type(index.step) is int and
+                                   index.step > 0) and shape:
+        return (index, Ellipsis), True, False
+    if type(index) is not tuple:
+        if type(index) is list and _sequence_as_tuple(index):
+            warnings.warn("Using a non-tuple sequence for multidimensional indexing is "
+                          "deprecated; use x[tuple(seq)] instead of x[seq] (tapegrad, like "
+                          "PyTorch, reads it as a tuple)", UserWarning, stacklevel=3)
+            index = tuple(index)
+        else:
+            index = (index,)
+    items, used, kinds, ellipsis = [], 0, 0, False
+    for i in index:
+        entry, kind, dims = _index_item(i)
+        if entry is Ellipsis:
+            if ellipsis:
+                raise IndexError("an index can only have a single ellipsis ('...')")
+            ellipsis = True
+        items.append((entry, kind, dims))
+        used += dims
+        kinds |= 1 << kind
+    ndim = len(shape)
+    if used > ndim:
+        if ndim == 0 and used == 1 and isinstance(items[0][0], int):
+            raise IndexError("invalid index of a 0-dim tensor. Use `tensor.item()` in Python or "
+                             "`tensor.item<T>()` in C++ to convert a 0-dim tensor to a number")
+        raise IndexError(f"too many indices for tensor of dimension {ndim} (got {used} indices "
+                         f"for shape {tuple(shape)})")
+    d = 0
+    ints = False
+    for entry, kind, dims in items:
+        if entry is Ellipsis:
+            d += ndim - used
+        elif kind == 0 and dims:
+            if type(entry) is int:
+                ints = True
+                n = shape[d]
+                if not -n <= entry < n:
+                    raise IndexError(f"index {entry} is out of bounds for dimension {d} with "
+                                     f"size {n}")
+            d += 1
+        elif kind == 2:
+            bad = _out_of_bounds(entry, shape[d])
+            if bad is not None:
+                raise IndexError(f"index {bad} is out of bounds for dimension {d} with size "
+                                 f"{shape[d]}")
+            d += 1
+        elif kind == 1 and dims:
+            for j, m in enumerate(entry.shape):
+                if m != shape[d + j]:
+                    raise IndexError(
+                        f"The shape of the mask {list(entry.shape)} at index {j} does not match "
+                        f"the shape of the indexed tensor {list(shape)} at index {d + j}")
+            d += dims
+    if kinds & 6:  # advanced indices must broadcast together
+        shapes = [list(e.shape) if k == 2 else [int(e.sum())] for e, k, dims in items
+                  if k == 2 or k == 1 and dims]
+        try:
+            xp.broadcast_shapes(*map(tuple, shapes))
+        except ValueError:
+            raise IndexError("shape mismatch: indexing tensors could not be broadcast together "
+                             "with shapes " + ", ".join(map(str, shapes))) from None
+    if ints and kinds > 1 and all(dims for _, kind, dims in items if kind == 1):
+        return _all_advanced_key(items, shape, used), False, bool(kinds & 4)
+    if ellipsis and used == ndim and kinds > 1:
+        # an Ellipsis standing for no dims does not separate advanced indices in PyTorch
+        items = [it for it in items if it[0] is not Ellipsis]
+        ellipsis = False
+    key = tuple(e for e, _, _ in items)
+    if not ellipsis:
+        key += (Ellipsis,)  # numpy then returns a 0-d array, never a scalar
+    return key, kinds <= 1, bool(kinds & 4)
+
+
+def _all_advanced_key(items, shape, used):
+    """The key for an index that mixes ints with integer arrays or masks, in PyTorch's order.
+
+    PyTorch applies ints (selects) before the advanced indices, so whether those are adjacent
+    (and where their dims go) is decided without the ints; numpy counts ints as advanced. One
+    integer array per input dim, broadcasting to PyTorch's result shape, gives PyTorch's result
+    in one numpy step (reads, writes and ``np.add.at`` alike).
+    """
+    ndim = len(shape)
+    out = []  # PyTorch's result dims after the selects: ("s", d, slice) / ("n",) / ("a", d, arr)
+    d = 0
+    for entry, kind, dims in items:
+        if entry is Ellipsis:
+            for _ in range(ndim - used):
+                out.append(("s", d, slice(None)))
+                d += 1
+        elif entry is None:
+            out.append(("n",))
+        elif kind == 0:
+            if type(entry) is not int:
+                out.append(("s", d, entry))
+            d += 1
+        else:
+            for j, nz in enumerate(entry.nonzero() if kind == 1 else (entry,)):
+                out.append(("a", d + j, nz))
+            d += dims
+    while d < ndim:
+        out.append(("s", d, slice(None)))
+        d += 1
+    adv = [i for i, o in enumerate(out) if o[0] == "a"]
+    block = xp.broadcast_shapes(*(out[i][2].shape for i in adv))
+    start = adv[0] if adv == list(range(adv[0], adv[0] + len(adv))) else 0
+    rest = [o for o in out if o[0] != "a"]
+    n_out = len(rest) + len(block)
+    axes = list(range(start)) + list(range(start + len(block), n_out))
+    key = [None] * ndim
+    for o, axis in zip(rest, axes):
+        if o[0] == "s":
+            r = xp.arange(*o[2].indices(shape[o[1]]))
+            key[o[1]] = r.reshape((1,) * axis + (r.size,) + (1,) * (n_out - axis - 1))
+    for i in adv:
+        a = out[i][2]
+        key[out[i][1]] = a.reshape((1,) * start + (1,) * (len(block) - a.ndim) + a.shape
+                                   + (1,) * (n_out - start - len(block)))
+    d = 0
+    for entry, kind, dims in items:  # the selects: ints broadcast as 0-d indices
+        if entry is Ellipsis:
+            d += ndim - used
+        elif kind == 0 and dims:
+            if type(entry) is int:
+                key[d] = entry
+            d += 1
+        else:
+            d += dims
+    return tuple(key)
+
+
+def tensor_getitem(input, index):
+    """As ``Tensor.__getitem__``: basic indexing gives a view, integer-array and mask
+    indexing a copy; the gradient of repeated indices accumulates (``np.add.at``)."""
+    key, basic, accumulate = index_key(input, index)
+    if basic:
+        return getitem(input, index=key)
+    return index_op(input, index=key, accumulate=accumulate)
+
+
+def index_put(input, values, index, accumulate=False):
+    """Out of place ``input[index] = values`` (or ``+= values`` with ``accumulate``, repeated
+    indices adding): the op behind ``Tensor.__setitem__``. ``index`` is anything
+    ``Tensor.__getitem__`` takes; ``values`` (Tensor, array or number) broadcasts to the
+    indexed shape and is cast to ``input``'s dtype. Gradients: ``input`` gets ``g`` with
+    zeros at ``index`` (all of ``g`` with ``accumulate``), ``values`` gets ``g[index]``
+    summed back to its shape."""
+    key, basic, _ = index_key(input, index)
+    if not isinstance(values, (_registry.Tensor, int, float, bool)):
+        values = _registry.Tensor._from_data(values)
+    return index_put_op(input, values, index=key, accumulate=accumulate, basic=basic)
+
+
+__all__ = ["gather", "scatter_add", "index_select", "take_along_dim"]
+TENSOR_METHODS = list(__all__)
