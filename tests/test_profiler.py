@@ -172,7 +172,8 @@ def test_forward_and_backward_events_and_self_times():
         step.cpu_time_total - sum(e.cpu_time_total for e in inner), abs=1e-3)
     linear = _only(prof, "linear")
     assert linear.input_shapes == [[8, 4], [3, 4]]
-    assert linear.cpu_memory_usage == 8 * 3 * 8
+    # measured by tracemalloc: the output's buffer plus the Tensor and Node objects
+    assert 8 * 3 * 8 <= linear.cpu_memory_usage <= 8 * 3 * 8 + 2048
     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=4)
     assert len(table.splitlines()) == 3 + 4 + 2  # rule, header, rule; 4 rows; rule, total
     by_flops = prof.key_averages().table(sort_by="flops")
@@ -222,6 +223,135 @@ def test_chrome_trace_is_valid_json_with_forward_and_backward(tmp_path):
         assert e["dur"] >= 0 and e["ts"] >= 0
     fwd = next(e for e in events if e["name"] == "forward")
     assert fwd["ts"] <= mul["ts"] and mul["ts"] + mul["dur"] <= fwd["ts"] + fwd["dur"] + 1e-3
+
+
+# --- profile_memory: measured per event (tracemalloc) -------------------------------------
+_SLACK = 4096  # a Tensor, a Node, a shape tuple: the Python objects an op call keeps
+
+
+def test_profile_memory_measures_what_each_op_allocates():
+    n = 500 * 400
+    x = _t(500, 400)
+    with profile(profile_memory=True) as prof:
+        y = x + 1.0  # noqa: F841 - held: its buffer stays allocated
+        z = x.t().reshape(-1)  # noqa: F841 - a view op whose numpy call had to copy
+        x.add_(1.0)  # in place: nothing new
+        with record_function("temporary"):
+            (x * 2.0).sum()  # the product is freed before the range ends
+    add, mul = _only(prof, "add"), _only(prof, "mul")
+    assert n * 8 <= add.cpu_memory_usage <= n * 8 + _SLACK
+    assert n * 8 <= mul.cpu_memory_usage <= n * 8 + _SLACK
+    assert abs(_only(prof, "permute").cpu_memory_usage) <= _SLACK
+    # reshape is a view op: an output-bytes estimate said 0; tracemalloc sees numpy's copy
+    assert n * 8 <= _only(prof, "reshape").cpu_memory_usage <= n * 8 + _SLACK
+    assert abs(_only(prof, "add_").cpu_memory_usage) <= _SLACK
+    tmp = _only(prof, "temporary")
+    assert abs(tmp.cpu_memory_usage) <= _SLACK  # what the range allocated, it freed
+    assert tmp.self_cpu_memory_usage <= -n * 8 + _SLACK  # its children's net, given back
+    table = prof.key_averages().table(sort_by="cpu_memory_usage")
+    assert "CPU Mem" in table and "Self CPU Mem" in table
+    assert table.index("add ") < table.index("permute")
+
+
+def test_profile_memory_in_backward_and_tracemalloc_stopped():
+    import tracemalloc
+
+    x = _t(300, 200, grad=True)
+    with profile(profile_memory=True) as prof:
+        (x * 3.0).sum().backward()
+    assert _only(prof, "MulBackward").cpu_memory_usage >= 300 * 200 * 8
+    assert not tracemalloc.is_tracing()  # the profiler's tracemalloc session ended with it
+    with profile() as prof:  # without profile_memory: nothing measured
+        x * 3.0
+    assert _only(prof, "mul").cpu_memory_usage == 0
+
+
+# --- in-place ops and optimizer updates ----------------------------------------------------
+def test_inplace_ops_are_events_with_hand_counted_costs():
+    n = 1000
+    p, q = _t(n), _t(n)
+    with profile(with_flops=True, record_shapes=True) as prof:
+        p.add_(q, alpha=0.5)
+        p -= q
+        p.mul_(2.0)
+        p.zero_()  # zero_ fills through fill_: one event, the nested call inside it
+        p.copy_(q)
+    add_ = _only(prof, "add_")
+    assert (add_.kind, add_.flops, add_.bytes_read, add_.bytes_written) == (
+        "inplace", n, 2 * n * 8, n * 8)
+    assert add_.input_shapes == [[n], [n]]  # self and other, as PyTorch lists aten::add_
+    sub_ = _only(prof, "sub_")  # p -= q is Tensor.__isub__
+    assert (sub_.flops, sub_.bytes_read, sub_.bytes_written) == (n, 2 * n * 8, n * 8)
+    mul_ = _only(prof, "mul_")
+    assert (mul_.flops, mul_.bytes_read, mul_.bytes_written) == (n, n * 8, n * 8)
+    zero_ = _only(prof, "zero_")
+    assert (zero_.flops, zero_.bytes_read, zero_.bytes_written) == (0, 0, n * 8)
+    assert "fill_" not in [e.name for e in prof.events()]
+    copy_ = _only(prof, "copy_")
+    assert (copy_.flops, copy_.bytes_read, copy_.bytes_written) == (0, n * 8, n * 8)
+    assert np.array_equal(p.numpy(), q.numpy())
+
+
+def test_inplace_in_grad_mode_is_one_event_and_gradients_are_unchanged():
+    x = _t(6, 4, grad=True)
+    with profile() as prof:
+        y = x * 1.0
+        y.add_(2.0)
+        y.mul_(x)
+        y.sum().backward()
+    names = [e.name for e in prof.events() if e.kind != "backward"]
+    assert names == ["mul", "add_", "mul_", "sum"]  # the out-of-place ops inside are hidden
+    assert np.allclose(x.grad.numpy(), 2 * x.detach().numpy() + 2.0, rtol=0, atol=1e-12)
+
+
+def test_optimizer_updates_are_events_and_the_hooks_go_away():
+    original_add_, original_sgd = tapegrad.Tensor.add_, vars(tapegrad.optim.SGD)["update"]
+    model = tapegrad.nn.Linear(4, 3).double()
+    opt = tapegrad.optim.SGD(model.parameters(), lr=0.1)
+    big = tapegrad.nn.Parameter(_t(300, 300))
+    adam = tapegrad.optim.Adam([big], lr=1e-3)
+    model(_t(5, 4)).sum().backward()
+    (big * big).sum().backward()
+    with profile() as prof:
+        opt.step()
+        adam.step()
+    sgd = [e for e in prof.events() if e.name == "SGD.update"]
+    assert sgd and all(e.kind == "inplace" for e in sgd)
+    n_params = 4 * 3 + 3
+    assert sum(e.bytes_written for e in sgd) == n_params * 8  # no state: the parameters
+    assert sum(e.bytes_read for e in sgd) == 2 * n_params * 8  # parameters and gradients
+    a = _only(prof, "Adam.update")  # parameter, exp_avg, exp_avg_sq written
+    assert a.bytes_written == 3 * 300 * 300 * 8 and a.bytes_read == 4 * 300 * 300 * 8
+    # closed: the plain methods are back, so unprofiled code pays nothing
+    assert tapegrad.Tensor.add_ is original_add_
+    assert vars(tapegrad.optim.SGD)["update"] is original_sgd
+    assert tapegrad.Tensor.__isub__ is tapegrad.Tensor.sub_
+
+
+def test_inplace_events_are_only_this_threads():
+    p = _t(100)
+    seen = []
+    with profile() as prof:
+        t = threading.Thread(target=lambda: seen.append(p.add_(1.0)))
+        t.start()
+        t.join()
+    assert seen and "add_" not in [e.name for e in prof.events()]
+
+
+# --- the plot extra ----------------------------------------------------------------------------
+def test_plot_extra_is_declared_and_named_by_the_error(monkeypatch, tmp_path):
+    import os
+    import sys
+    import tomllib
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    extras = tomllib.load(open(os.path.join(root, "pyproject.toml"), "rb"))[
+        "project"]["optional-dependencies"]
+    assert any(d.startswith("matplotlib") for d in extras["plot"])
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
+    result = R.Roofline([], R.Ceilings({"float64": 10.0}, 5.0, 5.0, 1.0))
+    with pytest.raises(ImportError, match=r"tapegrad\[plot\]"):
+        result.plot(str(tmp_path / "r.png"))
 
 
 # --- roofline --------------------------------------------------------------------------------

@@ -377,3 +377,113 @@ def _inplace(t, name, fn, args, kwargs):
             new.retained, node.retained = node.retained, None
     _mark_views(t)  # views of t regenerate their grad_fn from t's new history when next used
     return t
+
+
+# --- watchers of in-place ops -------------------------------------------------------------
+# In-place ops (``add_``, ``p -= lr * g``, ``copy_``...) and optimizers' per-parameter updates
+# write into buffers without going through dispatch, so op watchers never see them. While a
+# watcher that wants them is open (``watch_inplace(True)``; the op profiler), Tensor's in-place
+# methods and every optimizer class's ``update`` are swapped for wrappers that tell this
+# thread's watchers having ``before_inplace(name)`` / ``after_inplace(name, written, read)``
+# (``written``: the arrays updated in place; ``read``: the operands); nested in-place calls and
+# the ops they dispatch are inside the event, as ops inside a watched op. With no such watcher
+# open, the plain methods are in place: no cost at all.
+_NOT_INPLACE = {"requires_grad_", "detach_", "share_memory_", "retain_grad", "resize_",
+                "resize_as_", "set_", "pin_memory_"}
+_AUGMENTED = ("__iadd__", "__isub__", "__imul__", "__itruediv__", "__ipow__")
+_swapped = {}  # (owner class, attribute) -> the original
+_inplace_users = [0]
+_inplace_lock = __import__("threading").Lock()
+
+
+def _inplace_watchers():
+    from tapegrad.autograd.engine import WATCH, watchers
+
+    if not WATCH or grad_state.watching:
+        return ()
+    return [w for w in watchers() if hasattr(w, "after_inplace")]
+
+
+def _told(name, run):
+    """Run ``run()`` (returning ``(result, written, read)``) with the watchers told."""
+    mine = _inplace_watchers()
+    if not mine:
+        return run()[0]
+    for w in mine:
+        w.before_inplace(name)
+    grad_state.watching = True  # ops (and in-place calls) inside are part of this event
+    try:
+        out, written, read = run()
+    finally:
+        grad_state.watching = False
+    for w in mine:
+        w.after_inplace(name, written, read)
+    return out
+
+
+def _watched_method(name, method):
+    overwrite = name in ("fill_", "zero_", "copy_", "normal_", "uniform_", "random_",
+                         "exponential_", "geometric_", "cauchy_", "log_normal_", "bernoulli_")
+
+    def watched(self, *args, **kwargs):
+        def run():
+            out = method(self, *args, **kwargs)
+            read = [a._data if isinstance(a, Tensor) else a for a in args]
+            return out, [self._data], read if overwrite else [self._data] + read
+        return _told(name, run)
+
+    watched.__name__, watched.__doc__, watched.__wrapped__ = name, method.__doc__, method
+    return watched
+
+
+def _watched_update(name, update):
+    """``update``: an optimizer's pure per-parameter update (a staticmethod or a method)."""
+    fn = update.__func__ if isinstance(update, staticmethod) else update
+
+    def watched(*args):
+        param, grad, state = args[-4:-1]
+
+        def run():
+            out = fn(*args)
+            arrays = [v for v in state.values() if hasattr(v, "nbytes") and v.ndim]
+            return out, [param] + arrays, [param, grad] + arrays
+        return _told(name, run)
+
+    watched.__name__, watched.__doc__, watched.__wrapped__ = "update", fn.__doc__, fn
+    return staticmethod(watched) if isinstance(update, staticmethod) else watched
+
+
+def _optimizer_classes():
+    from tapegrad.optim.optimizer import Optimizer
+
+    todo, seen = [Optimizer], []
+    while todo:
+        c = todo.pop()
+        seen.append(c)
+        todo.extend(c.__subclasses__())
+    return seen
+
+
+def watch_inplace(on):
+    """Count one more (``on``) or one fewer user of the in-place watcher wrappers; the first
+    installs them, the last removes them (see above)."""
+    with _inplace_lock:
+        _inplace_users[0] += 1 if on else -1
+        if on and _inplace_users[0] == 1:
+            names = [k for k, v in vars(Tensor).items() if k.endswith("_")
+                     and not k.startswith("_") and callable(v) and k not in _NOT_INPLACE]
+            for k in names + [k for k in _AUGMENTED if k in vars(Tensor)]:
+                method = vars(Tensor)[k]
+                label = {"__iadd__": "add_", "__isub__": "sub_", "__imul__": "mul_",
+                         "__itruediv__": "div_", "__ipow__": "pow_"}.get(k, k)
+                _swapped[(Tensor, k)] = method
+                setattr(Tensor, k, _watched_method(label, method))
+            for c in _optimizer_classes():
+                update = vars(c).get("update")
+                if callable(update) or isinstance(update, staticmethod):
+                    _swapped[(c, "update")] = update
+                    setattr(c, "update", _watched_update(f"{c.__name__}.update", update))
+        elif not on and _inplace_users[0] == 0:
+            for (owner, k), original in _swapped.items():
+                setattr(owner, k, original)
+            _swapped.clear()

@@ -226,14 +226,15 @@ class Roofline:
 
     def plot(self, path="roofline.png"):
         """Save the log-log roofline: both roofs, the ridge point, each op as a point sized
-        by its time. Needs matplotlib (``pip install tapegrad[examples]``)."""
+        by its time. Needs matplotlib (``pip install tapegrad[plot]``)."""
         try:
             import matplotlib
             matplotlib.use("Agg")
             import matplotlib.pyplot as plt
         except ImportError:
-            raise ImportError("roofline: the plot needs matplotlib (pip install matplotlib, or "
-                              "tapegrad[examples]); pass plot=False for the table only") from None
+            raise ImportError("roofline: the plot needs matplotlib: pip install 'tapegrad[plot]' "
+                              "(or pip install matplotlib); pass plot=False for the table "
+                              "only") from None
         c = self.ceilings
         bw = c.bandwidth_gbs
         pts = [r for r in self.rows if r.flops and r.bytes and r.seconds]

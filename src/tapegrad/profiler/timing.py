@@ -17,6 +17,10 @@ per input that wants a gradient (exact for products: each input's gradient is a 
 the same size), bytes read the incoming gradient and what the node saved, bytes written the
 gradients. Times are wall-clock (``time.perf_counter_ns``) in microseconds, as PyTorch's
 tables; an op's time includes its dispatch (dtype promotion, broadcasting, recording).
+In-place ops (``add_``, ``p -= lr * g``, ``copy_``) and optimizers' per-parameter updates
+(events ``SGD.update``, ``Adam.update``...) bypass dispatch; while a profiler is open they
+are events too (kind "inplace", through ``tapegrad.inplace.watch_inplace``, which swaps the
+plain methods back when the last profiler closes).
 
 Limitation: a watcher is not shown an op call's keyword parameters; a recorded call keeps
 them on its Node, an unrecorded one (no grad) does not, so an op whose cost rule needs them
@@ -28,10 +32,13 @@ import os
 import sys
 import threading
 import time
+import tracemalloc
 import weakref
 
 from tapegrad.autograd.engine import Node, add_watcher, remove_watcher
+from tapegrad.inplace import watch_inplace
 from tapegrad.ops import registry
+from tapegrad.profiler.memory import _start_tracing, _stop_tracing
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _local = threading.local()  # .profilers: the profilers open in this thread, innermost last
@@ -54,7 +61,7 @@ class FunctionEvent:
 
     __slots__ = ("id", "name", "kind", "start_ns", "end_ns", "child_ns", "thread",
                  "input_shapes", "dtypes", "flops", "bytes_read", "bytes_written",
-                 "memory_bytes", "stack", "parent")
+                 "memory_bytes", "memory_start", "child_memory", "stack", "parent")
 
     def __init__(self, id, name, kind, start_ns, thread, parent):
         self.id, self.name, self.kind, self.start_ns = id, name, kind, start_ns
@@ -64,13 +71,14 @@ class FunctionEvent:
         self.parent = parent
         self.input_shapes = self.dtypes = self.stack = None
         self.flops = self.bytes_read = self.bytes_written = self.memory_bytes = 0
+        self.memory_start = self.child_memory = 0
 
     key = property(lambda self: self.name)
     cpu_time_total = property(lambda self: (self.end_ns - self.start_ns) / 1e3)
     self_cpu_time_total = property(lambda self: (self.end_ns - self.start_ns - self.child_ns) / 1e3)
     time_range = property(lambda self: (self.start_ns / 1e3, self.end_ns / 1e3))
     cpu_memory_usage = property(lambda self: self.memory_bytes)
-    self_cpu_memory_usage = property(lambda self: self.memory_bytes)
+    self_cpu_memory_usage = property(lambda self: self.memory_bytes - self.child_memory)
 
     def __repr__(self):
         return (f"<FunctionEvent {self.name} ({self.kind}) cpu_time_total="
@@ -250,7 +258,10 @@ class profile:
     """Time ops, gradient rules and ``record_function`` ranges (``torch.profiler.profile``).
 
     ``record_shapes``: keep input shapes (``key_averages(group_by_input_shape=True)``);
-    ``profile_memory``: bytes each op allocated (its output; a gradient rule's gradients);
+    ``profile_memory``: the bytes each event allocated and still held when it returned,
+    measured with tracemalloc as ``tapegrad.profiler.memory`` measures them (numpy reports its
+    buffers to tracemalloc): ``cpu_memory_usage`` includes nested events, ``self_cpu_memory_usage``
+    not (negative when an event freed more than it allocated);
     ``with_flops``: show FLOPs (always counted, for ``roofline``); ``with_stack``: the Python
     call site of each op (in the trace and ``key_averages(group_by_stack_n=n)``).
     ``activities``: accepted for PyTorch's signature; only ``ProfilerActivity.CPU`` exists.
@@ -285,20 +296,28 @@ class profile:
         self._next_id = 0
         self._t0 = None
         self._open = False
+        self._tracing = False
 
     # --- context manager --------------------------------------------------------------
     def start(self):
         self._thread = threading.get_ident()
+        if self.profile_memory:
+            self._tracing = _start_tracing()
         self._t0 = time.perf_counter_ns()
         _local.profilers = _active() + (self,)
         add_watcher(self)
+        watch_inplace(True)
         self._open = True
         return self
 
     def stop(self):
         if not self._open:
             return
+        watch_inplace(False)
         remove_watcher(self)
+        if self._tracing:
+            _stop_tracing()
+            self._tracing = False
         _local.profilers = tuple(p for p in _active() if p is not self)
         self._open = False
         self._stack.clear()
@@ -323,6 +342,8 @@ class profile:
                           parent.id if parent is not None else None)
         self._next_id += 1
         self._stack.append(e)
+        if self.profile_memory and tracemalloc.is_tracing():
+            e.memory_start = tracemalloc.get_traced_memory()[0]
         return e
 
     def _end(self, name):
@@ -335,8 +356,11 @@ class profile:
         else:
             return None
         e.end_ns = end
+        if self.profile_memory and tracemalloc.is_tracing():
+            e.memory_bytes = tracemalloc.get_traced_memory()[0] - e.memory_start
         if stack:
             stack[-1].child_ns += end - e.start_ns
+            stack[-1].child_memory += e.memory_bytes
         self._events.append(e)
         return e
 
@@ -365,12 +389,32 @@ class profile:
                 registry.written_bytes(data))
         if recorded:
             self._forward_flops[node] = e.flops
-        if self.profile_memory and not op.view:
-            e.memory_bytes = e.bytes_written
         if self.record_shapes:
             e.input_shapes = _shapes(arrays)
         e.dtypes = [str(getattr(a, "dtype", type(a).__name__)) for a in arrays
                     if type(a) is not list]
+        self._stack_of(e)
+
+    def before_inplace(self, name):
+        self._begin(name, "inplace")
+
+    def after_inplace(self, name, written, read):
+        """An in-place op or an optimizer's update (``tapegrad.inplace.watch_inplace``): bytes
+        read are its operands (and the old value), bytes written the updated buffers; FLOPs
+        those of the out-of-place pointwise op per element written (``add_``: 1), 0 for
+        copies, fills and optimizer updates (no op record counts their arithmetic)."""
+        e = self._end(name)
+        if e is None:
+            return
+        arrays = [a for a in read if hasattr(a, "shape")]
+        o = registry.REGISTRY.get(name.rstrip("_"))
+        if o is not None and (o.elementwise or o.pointwise):
+            e.flops = o.flops * registry.numel(written[0])
+        e.bytes_read = registry.read_bytes(arrays)
+        e.bytes_written = registry.written_bytes(written)
+        if self.record_shapes:
+            e.input_shapes = _shapes(read)
+        e.dtypes = [str(a.dtype) for a in written]
         self._stack_of(e)
 
     def before_backward(self, node):
@@ -394,8 +438,6 @@ class profile:
                         + registry.read_bytes([a for a in saved if hasattr(a, "strides")])
                         + (node.out.nbytes if node.out is not None else 0))
         e.bytes_written = registry.written_bytes([_array(g) for g in grads if g is not None])
-        if self.profile_memory:
-            e.memory_bytes = e.bytes_written
         if self.record_shapes:
             e.input_shapes = [list(node.shape)]
         e.dtypes = [str(node.dtype)]
@@ -433,7 +475,8 @@ class profile:
         """Write the events in the Chrome trace format (JSON; opens in Perfetto and
         chrome://tracing): forward ops, gradient rules and ``record_function`` ranges."""
         pid = os.getpid()
-        category = {"op": "cpu_op", "backward": "autograd", "user": "user_annotation"}
+        category = {"op": "cpu_op", "inplace": "cpu_op", "backward": "autograd",
+                    "user": "user_annotation"}
         trace = []
         for e in sorted(self._events, key=lambda e: (e.start_ns, -e.end_ns)):
             args = {"External id": e.id}
