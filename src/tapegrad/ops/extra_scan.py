@@ -15,6 +15,8 @@ from tapegrad.ops.elementwise import abs, exp, log, logical_xor, where_op
 from tapegrad.ops.movement import _dim, broadcast_to_op, cat, flip_op, reshape_op
 from tapegrad.ops.indexing import _grid, getitem, index_op
 from tapegrad.ops.reduce import _cast_back, reverse_cumsum, sum_op
+from tapegrad.ops.reduce import _cast_back, reverse_cumsum, sum_op
+from tapegrad.ops.reduce import cumsum_op
 from tapegrad.ops.registry import op, xp
 
 
@@ -57,6 +59,25 @@ def _(g, out, a, dim, dtype=None):
     if not (_data(a) == 0).any():
         return reverse_cumsum(_cast_back(out, a) * g, dim=dim) / a
     return _cumprod_grad_with_zeros(g, a, dim)
+
+
+@cumprod_op.jvp
+def _(t, out, a, dim, dtype=None):
+    # d out_j = sum_{k <= j} t_k prod_{m <= j, m != k} a_m; out * cumsum(t / a) without zeros
+    t = t[0]
+    if a.ndim == 0 or a.shape[dim] <= 1:
+        return t
+    if not (_data(a) == 0).any():
+        return _cast_back(out, a) * cumsum_op(t / a, dim=dim)
+    s, n, d = tuple(a.shape), a.shape[dim], dim
+    lifted = broadcast_to_op(reshape_op(a, shape=s[:d] + (1,) + s[d:]),
+                             shape=s[:d] + (n,) + s[d:])
+    tail = (1,) * (len(s) - d - 1)
+    eye = xp.eye(n, dtype=bool).reshape((n, n) + tail)
+    upper = xp.triu(xp.ones((n, n), dtype=bool)).reshape((n, n) + tail)  # j >= k
+    omitted = cumprod_op(where_op(eye, 1.0, lifted), dim=d + 1)  # [k, j]: a_k set to 1
+    tk = reshape_op(t, shape=s[:d] + (n, 1) + s[d + 1:])
+    return sum_op(where_op(upper, omitted * tk, 0.0), dims=(d,))
 
 
 def cumprod(input, dim, *, dtype=None):
@@ -129,13 +150,27 @@ def _(g, out, a, dim):
     if a.ndim == 0:
         return g
     # PyTorch's stable rule: positive and negative parts of g, each summed in log space
-    lowest = float(xp.finfo(_data(g).dtype).min)
+    dt = _data(g).dtype
+    low = dtypes.bfloat16 is not None and dt == dtypes.bfloat16.np  # numpy's finfo: no bf16
+    lowest = float((dtypes._ml_dtypes.finfo if low else xp.finfo)(dt).min)
     with xp.errstate(divide="ignore", over="ignore"):  # lowest - out may round to -inf
         log_abs = log(abs(g))
         pos = where_op(_data(g) > 0, log_abs, lowest)
         neg = where_op(_data(g) < 0, log_abs, lowest)
         return (exp(_reverse_logcumsumexp(pos - out, dim) + a)
                 - exp(_reverse_logcumsumexp(neg - out, dim) + a))
+
+
+@logcumsumexp_op.jvp
+def _(t, out, a, dim):
+    # PyTorch's logcumsumexp_jvp: cumsum(e t) / cumsum(e), e = exp(a - max), 0 where the
+    # running sum underflows below 1e-13
+    if a.ndim == 0:
+        return t[0]
+    e = exp(a - xp.max(_data(a), axis=dim, keepdims=True))
+    running = cumsum_op(e, dim=dim)
+    tiny = _data(running) < 1e-13
+    return where_op(tiny, 0.0, cumsum_op(e * t[0], dim=dim) / where_op(tiny, 1.0, running))
 
 
 def logcumsumexp(input, dim):

@@ -16,7 +16,7 @@ from tapegrad.ops.extra_elementwise import lerp
 from tapegrad.ops.linalg import mm
 from tapegrad.ops.movement import _dim, permute_op, reshape_op
 from tapegrad.ops.indexing import _grid, index_op
-from tapegrad.ops.reduce import _spread, take_along_reduce
+from tapegrad.ops.reduce import _spread, _spread_jvp, take_along_reduce
 from tapegrad.ops.registry import op, xp
 from tapegrad.ops.selection import sort
 
@@ -64,6 +64,11 @@ def median_all(a, ignore_nan=False):
 @median_all.grad
 def _(g, out, a, ignore_nan=False):
     return _spread(g, out, a, tuple(range(a.ndim)), False, True)
+
+
+@median_all.jvp
+def _(t, out, a, ignore_nan=False):
+    return _spread_jvp(t[0], out, a, tuple(range(a.ndim)), False, True)
 
 
 def _median_index(a, d, ignore_nan):
@@ -353,6 +358,12 @@ def _(g, out, weights, idx, minlength):
                        "PyTorch)")
 
 
+@bincount_op.jvp
+def _(t, out, weights, idx, minlength):
+    raise RuntimeError("bincount: the derivative for 'bincount' is not implemented (as in "
+                       "PyTorch, forward mode included)")
+
+
 def bincount(input, weights=None, minlength=0):
     """As ``torch.bincount``: the count of each value of a 1-d non-negative integer tensor
     (the sum of ``weights`` at it: float32 weights give float32, others float64), at least
@@ -487,6 +498,12 @@ def unique_op(a, dim=None, consecutive=False):
 @unique_op.grad
 def _(g, out, a, dim=None, consecutive=False):
     raise NotImplementedError("the derivative for 'unique' is not implemented (as in PyTorch)")
+
+
+@unique_op.jvp
+def _(t, out, a, dim=None, consecutive=False):
+    raise NotImplementedError("the derivative for 'unique' is not implemented (as in PyTorch, "
+                              "forward mode included)")
 
 
 def _unique(name, input, return_inverse, return_counts, dim, consecutive):

@@ -73,7 +73,7 @@ def _alias(name, doc):
     """An identity op over values: gives the sparse result its own ``grad_fn`` (PyTorch's
     name) so that it is not mistaken for the leaf it was built from."""
 
-    @op(saves="none", name=name)
+    @op(saves="none", name=name, linear=True)
     def alias(values):
         return values
 
@@ -92,7 +92,7 @@ values_op = _alias("values", "A coalesced sparse tensor's values(), differentiab
 transpose_op = _alias("sparse_transpose", "The values of a transposed sparse tensor.")
 
 
-@op(flops=1, saves="none", name="coalesce")
+@op(flops=1, saves="none", name="coalesce", linear=True)
 def coalesce_op(values, inverse, n):
     """Sum the values of duplicate entries: entry k goes to slot ``inverse[k]`` of ``n``."""
     return index_backward(values, shape=(n,) + values.shape[1:], index=(inverse, Ellipsis))
@@ -103,7 +103,7 @@ def _(g, out, values, inverse, n):
     return index_op(g, index=(inverse, Ellipsis))
 
 
-@op(flops=1, saves="none", name="to_dense")
+@op(flops=1, saves="none", name="to_dense", linear=True)
 def to_dense_op(values, flat, shape):
     """Scatter-add the values into zeros(shape); ``flat``: each entry's linear position over
     the sparse dims (duplicates add, as PyTorch's to_dense does)."""
@@ -119,7 +119,7 @@ def _(g, out, values, flat, shape):
                     index=(flat, Ellipsis))
 
 
-@op(saves="none", name="to_sparse")
+@op(saves="none", name="to_sparse", linear=True)
 def to_sparse_op(a, index):
     """The entries of dense ``a`` at ``index`` (a tuple of index arrays): a sparse values."""
     return a[index]
@@ -151,6 +151,15 @@ def _(g, out, values, dense, rows, cols, n, needs=(True, True)):
     if needs[1]:  # S^T @ g
         grad_dense = sparse_addmm(values, g, rows=cols, cols=rows, n=dense.shape[0])
     return grad_values, grad_dense
+
+
+@sparse_addmm.jvp
+def _(t, out, values, dense, rows, cols, n):
+    r = sparse_addmm(t[0], dense, rows=rows, cols=cols, n=n) if t[0] is not None else None
+    if t[1] is not None:
+        rd = sparse_addmm(values, t[1], rows=rows, cols=cols, n=n)
+        r = rd if r is None else r + rd
+    return r
 
 
 # --- the tensor ---------------------------------------------------------------------------
