@@ -158,6 +158,28 @@ def _(g, out, a, src, index, dim, reduce, include_self=True, needs=(True, True))
     return ga if needs[0] else None, gs if needs[1] else None
 
 
+@scatter_reduce_op.jvp
+def _(t, out, a, src, index, dim, reduce, include_self=True):
+    ta, ts = t[0], t[1]
+    if reduce in ("sum", "mean"):  # linear in (a, src)
+        zero = registry.Tensor._make
+        ta = ta if ta is not None else zero(xp.zeros(tuple(a.shape), _data(out).dtype))
+        ts = ts if ts is not None else zero(xp.zeros(tuple(src.shape), _data(out).dtype))
+        return scatter_reduce_op(ta, ts, index=index, dim=dim, reduce=reduce,
+                                 include_self=include_self)
+    # prod, amax, amin: each output depends on its own entry of a and the src entries
+    # scattered to it, so J t = D_a t_a + scatter_add(D_src t_src), the local derivatives D
+    # being the gradient rule at g = 1
+    ones = registry.Tensor._make(xp.ones(tuple(out.shape), _data(out).dtype))
+    da, ds = scatter_reduce_op.rule(ones, out, a, src, index, dim, reduce, include_self,
+                                    needs=(ta is not None, ts is not None))
+    r = da * ta if ta is not None else None
+    if ts is not None:
+        rs = index_put_op(ones * 0, ds * ts, index=_grid(index, dim), accumulate=True)
+        r = rs if r is None else r + rs
+    return r
+
+
 def _scatter_reduce_args(name, input, dim, index, src):
     idx = _index_array(index, name)
     d = _dim(dim, input.ndim, name)
