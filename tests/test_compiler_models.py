@@ -11,6 +11,7 @@ import pytest
 import tapegrad as tg
 import tapegrad.nn as nn
 import tapegrad.nn.functional as F
+from tapegrad.compiler import api
 from tapegrad.examples import char_gpt, digits_cnn
 
 
@@ -280,3 +281,86 @@ def test_tapegrad_logs_prints_graphs_passes_code_and_breaks(monkeypatch, capsys)
     monkeypatch.delenv("TAPEGRAD_LOGS")
     tg.compile(lambda x: x + 1)(tg.ones(2))
     assert capsys.readouterr().err == ""
+
+
+# --- graph breaks split into compiled pieces -------------------------------------------------
+def _two_pieces(x):
+    y = (x * 2.0).exp()
+    scale = y.sum().item()  # the break: piece 0 | Python reads the value | piece 1
+    return ((y * (1.0 / scale) + x).tanh() * scale).sum(dim=0)
+
+
+def test_item_in_the_middle_runs_compiled_piece_python_compiled_piece():
+    c = tg.compile(_two_pieces)
+    rng = np.random.default_rng(9)
+    for _ in range(5):
+        x = tg.tensor(rng.standard_normal((4, 3)))
+        np.testing.assert_array_equal(c(x).numpy(), _two_pieces(x).numpy())
+    (e,) = c.entries
+    assert isinstance(e, api.SplitEntry) and len(e.pieces) == 2
+    assert e.n_replays == 4 and e.n_fallbacks == 0 and c.n_hits == 4
+    names = [[n.name for n in g.nodes] for g in e.graphs]
+    assert "exp" in str(e.graphs[0]) and "tanh" in str(e.graphs[1])  # each piece optimised
+    assert len(names) == 2
+    (b,) = c.breaks
+    assert "item" in b.reason and "test_compiler_models.py" in b.where
+    assert "y.sum().item()" in b.where
+
+
+def test_explain_and_fullgraph_name_the_break():
+    out = tg.compiler.explain(_two_pieces)(tg.ones(2, 3, dtype=tg.float64))
+    assert out.graph_count == 2 and out.graph_break_count == 1
+    text = str(out)
+    assert "Graph Count: 2" in text and "Graph Break Count: 1" in text
+    assert "Tensor.item() reads" in text and "y.sum().item()" in text
+    assert "Passes (nodes before -> after):" in text
+    with pytest.raises(tg.compiler.GraphBreak) as err:
+        tg.compile(_two_pieces, fullgraph=True)(tg.ones(2, 3, dtype=tg.float64))
+    assert "test_compiler_models.py" in str(err.value) and "y.sum().item()" in str(err.value)
+
+
+def test_python_branch_on_a_read_falls_back_exactly():
+    """The pieces follow the branch taken when recording; another branch is detected at its
+    first differing op: what was issued is evaluated and the call finishes eagerly."""
+    def f(x):
+        s = x.sum()
+        if s.item() > 0:
+            return (x * 2).exp()
+        return (x - 1).tanh()
+
+    c = tg.compile(f)
+    for v in (1.0, 2.0, -1.0, 3.0, -2.0):
+        x = tg.tensor([v, 0.5 * v], dtype=tg.float64)
+        np.testing.assert_array_equal(c(x).numpy(), f(x).numpy())
+    (e,) = c.entries
+    assert e.n_replays == 4 and e.n_fallbacks == 2
+
+
+def test_read_inside_a_training_step_runs_that_call_eagerly():
+    """A read in a step with backward() and optimizer.step(): that call and later ones with
+    the same argument types run eagerly (exact); the break is reported with its line."""
+    rng = np.random.default_rng(10)
+    x, y = tg.tensor(rng.standard_normal((8, 3))), tg.tensor(rng.integers(0, 2, 8))
+
+    def make():
+        tg.manual_seed(0)
+        model = nn.Linear(3, 2).double()
+        opt = tg.optim.SGD(model.parameters(), lr=0.1)
+
+        def step(x, y):
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            if loss.item() > 0:  # read in the middle of a training step
+                opt.step()
+            return loss
+
+        return step, model
+
+    (s1, m1), (s2, m2) = make(), make()
+    c = tg.compile(s2)
+    for _ in range(5):
+        assert s1(x, y).item() == c(x, y).item()
+    for p, q in zip(m1.parameters(), m2.parameters()):
+        np.testing.assert_array_equal(p.detach().numpy(), q.detach().numpy())
+    assert not c.entries and len(c.breaks) == 1 and "loss.item() > 0" in c.breaks[0].where

@@ -17,8 +17,11 @@ import numpy as np
 
 from tapegrad.autograd.grad_mode import state as grad_state
 from tapegrad.compiler import codegen, passes
-from tapegrad.compiler.ir import Graph, Input, Value
-from tapegrad.compiler.tracer import GraphBreak, _sgd_key, trace_call, unflatten
+from tapegrad.autograd.engine import DispatchMode
+from tapegrad.compiler.ir import Graph, Input, Node, Value, call_node, freeze
+from tapegrad.compiler.tracer import (GraphBreak, _sgd_key, _traced_class, trace_call,
+                                      unflatten)
+from tapegrad.ops.registry import _prepare_elementwise, dispatch
 from tapegrad.tensor import Tensor
 
 cache_size_limit = 8  # as torch._dynamo.config.cache_size_limit
@@ -244,8 +247,24 @@ class CompiledFunction:
     def _compile(self, args, kwargs, spec, training):
         t0 = time.perf_counter()
         grad_mode = grad_state.enabled
-        result, graph, tracer = trace_call(self.fn, args, kwargs, self.fullgraph, joint=True)
+        result, graph, tracer = trace_call(self.fn, args, kwargs, self.fullgraph, joint=True,
+                                           split_reads=True)
         logs = log_kinds()
+        if graph is not None and tracer.splits:
+            if _splittable(graph, tracer):
+                entry = SplitEntry(spec, grad_mode, training, graph, tracer, self.passes,
+                                   _fname(self.__name__))
+                self.breaks.extend(b for _, _, b in tracer.splits)
+                self.entries.append(entry)
+                self.compile_times.append(time.perf_counter() - t0)
+                if "breaks" in logs:
+                    _log(self.__name__, "breaks", "\n".join(
+                        f"{b.reason}\n    at {b.where}" for _, _, b in tracer.splits))
+                if "code" in logs:
+                    _log(self.__name__, "code", entry.source)
+                return result
+            tracer.breaks = [b for _, _, b in tracer.splits[:1]]
+            graph = None  # reads inside a training step: eager (below)
         if graph is None:
             self.breaks.extend(tracer.breaks[:1])
             self.eager_specs.add(spec)
@@ -278,6 +297,8 @@ class CompiledFunction:
         return result
 
     def _run(self, e, args):
+        if isinstance(e, SplitEntry):
+            return e.replay(self.fn, args)
         if e.joint is not None:
             return e.joint(args)
         arrays = e.run(args, e.refs, e.writes)
@@ -347,6 +368,258 @@ class CompiledFunction:
         del arg_pos
         entry.joint = run
         entry.n_saved = n_saved
+
+
+def _splittable(graph, tracer):
+    """Pieces replay forward work only: no backward, effects, write-backs, random draws, or
+    op results that need grad (their tape would be missing)."""
+    if tracer.n_backward or graph.writes or tracer.mutated:
+        return False
+    if any(n.effect for n in graph.nodes):
+        return False
+    made = {id(v) for n in graph.nodes for v in n.outputs}
+    return all(src.kind in ("arg", "ref", "grad") for _, src in graph.inputs) and \
+        not any(t._requires_grad for t, v, _ in tracer.tmap.values() if id(v) in made)
+
+
+class SplitEntry(Entry):
+    """A function whose value reads (``.item()``, ``bool(t)``...) split it: each stretch of ops
+    between reads is one compiled piece. Each call runs the function's Python again under
+    ``_Replay``: ops that match the recorded ones return placeholder tensors, and when the
+    ops of a piece are all issued (just before the read) its generated code runs and fills
+    them; the read then sees real values. Any divergence (another branch taken, an op not
+    seen when recording) evaluates what was issued so far and finishes the call eagerly."""
+
+    def __init__(self, spec, grad_mode, training, graph, tracer, passes_, name):
+        super().__init__(spec, grad_mode, training, graph, tracer)
+        bounds = sorted({k for k, _, _ in tracer.splits if 0 < k < len(graph.nodes)})
+        # a Python number operand after a read (``y * v`` with v = t.item()) is an input of
+        # its piece, read from ``self.slots`` at each call (a weak scalar, as in eager)
+        self.slots = {}
+        self.slot_values = set()
+        nodes = []
+        for k, n in enumerate(graph.nodes):
+            if bounds and k >= bounds[0] and any(type(a) in (float, int) for a in n.inputs):
+                ins = []
+                for a in n.inputs:
+                    if type(a) in (float, int):
+                        v = graph.new_value((), np.float64 if type(a) is float else np.int64,
+                                            "s")
+                        self.slots[v.name] = a
+                        self.slot_values.add(id(v))
+                        graph.inputs.append((v, Input("hyper", index=0, ref=self.slots,
+                                                      label=v.name)))
+                        a = v
+                    ins.append(a)
+                n = Node(n.op, n.name, ins, n.params, n.outputs, n.effect, n.variadic,
+                         n.impl, n.meta)
+            nodes.append(n)
+        graph.nodes = nodes
+        bounds.append(len(nodes))
+        self.ends = set(bounds)
+        reads = {id(v) for _, v, _ in tracer.splits if v is not None}
+        seg_of, pieces, start = {}, [], 0
+        for b in bounds:
+            pieces.append(nodes[start:b])
+            for n in nodes[start:b]:
+                for v in n.outputs:
+                    seg_of[id(v)] = len(pieces) - 1
+            start = b
+        needed = [dict() for _ in pieces]
+        for k, ns in enumerate(pieces):
+            for n in ns:
+                for a in n.values_in():
+                    j = seg_of.get(id(a))
+                    if j is not None and j != k:
+                        needed[j][id(a)] = a
+        for v in [v for v in graph.outputs if isinstance(v, Value)]:
+            if id(v) in seg_of:
+                needed[seg_of[id(v)]][id(v)] = v
+        for n in nodes:
+            for v in n.outputs:
+                if id(v) in reads:
+                    needed[seg_of[id(v)]][id(v)] = v
+        consts = {id(v) for v in graph.consts}
+        self.pieces, sources, self.graphs = [], [], []
+        for k, ns in enumerate(pieces):
+            made = {id(v) for n in ns for v in n.outputs}
+            ins, seen = [], set()
+            for n in ns:
+                for a in n.values_in():
+                    if id(a) not in made and id(a) not in consts and id(a) not in seen and \
+                            id(a) not in self.slot_values:
+                        seen.add(id(a))
+                        ins.append(a)
+            g = Graph()
+            g._names = graph._names
+            g.inputs = [(v, Input("array", index=j)) for j, v in enumerate(ins)]
+            g.inputs += [(v, src) for v, src in graph.inputs if src.kind == "hyper" and
+                         any(x is v for n in ns for x in n.inputs)]
+            g.consts = {v: a for v, a in graph.consts.items()
+                        if any(x is v for n in ns for x in n.inputs)}
+            g.nodes = list(ns)
+            g.outputs = list(needed[k].values())
+            g = passes.optimize(g, passes_, log=self.log)
+            src, run = codegen.generate(g, f"{name}_piece{k}")
+            sources.append(src)
+            self.graphs.append(g)
+            self.pieces.append((ins, list(needed[k].values()), run))
+        self.source = "\n".join(sources)
+        self.graph = graph
+        self.n_replays = self.n_fallbacks = 0  # calls run as pieces; of those, gone eager
+
+    def replay(self, fn, args):
+        mode = _Replay(self, args)
+        try:
+            with mode:
+                result = fn(*args)
+            mode.flush_end()
+        finally:
+            mode.restore()
+        self.n_replays += 1
+        self.n_fallbacks += mode.fallen
+        return result
+
+
+class _Replay(DispatchMode):
+    """Runs a SplitEntry's function again, issuing its ops lazily into compiled pieces."""
+
+    def __init__(self, entry, args):
+        self.e = entry
+        self.nodes = entry.graph.nodes
+        self.i = 0
+        self.piece = 0
+        self.fallen = False
+        self.env = {}  # id(Value) -> array
+        self.tv = {}  # id(Tensor) -> (Tensor, Value)
+        self.placeholders = []  # (Tensor, Value)
+        self.filled = set()  # ids of placeholder Tensors holding real values
+        self.slots = entry.slots
+        for v, src in entry.graph.inputs:
+            if src.kind == "hyper":
+                self.env[id(v)] = src.ref[src.label]
+                continue
+            t = (args[src.index] if src.kind == "arg" else
+                 src.ref if src.kind == "ref" else src.ref.grad)
+            self.tv[id(t)] = (t, v)
+            self.env[id(v)] = t._data
+        for v, a in entry.graph.consts.items():
+            self.env[id(v)] = a
+        self.consts = {id(v) for v in entry.graph.consts}
+
+    def _match(self, n, flat, params):
+        if len(flat) != len(n.inputs) or freeze(params) != freeze(n.params):
+            return False
+        for a, want in zip(flat, n.inputs):
+            if isinstance(a, Tensor):
+                got = self.tv.get(id(a))
+                if got is not None and got[0] is a:
+                    if got[1] is not want:
+                        return False
+                elif not (isinstance(want, Value) and id(want) in self.consts):
+                    return False
+            elif isinstance(want, Value) and id(want) in self.e.slot_values:
+                if type(a) is not type(self.e.slots[want.name]):
+                    return False
+            elif isinstance(want, Value) or freeze(a) != freeze(want):
+                return False
+        for a, want in zip(flat, n.inputs):
+            if isinstance(want, Value) and id(want) in self.e.slot_values:
+                self.slots[want.name] = a
+                self.env[id(want)] = a
+        return True
+
+    def _issue(self, n):
+        outs = []
+        for v in n.outputs:
+            t = Tensor._make(np.empty(v.shape, v.dtype))
+            t.__class__ = _traced_class(Tensor)
+            self.tv[id(t)] = (t, v)
+            self.placeholders.append((t, v))
+            outs.append(t)
+        self.i += 1
+        if self.i in self.e.ends:
+            self._flush()
+        return outs
+
+    def interpret(self, o, args, params):
+        if self.fallen:
+            return dispatch(o, args, params)
+        if o.elementwise:
+            modes = grad_state.modes
+            grad_state.modes = modes + [self]
+            try:
+                args = _prepare_elementwise(o, args)
+            finally:
+                grad_state.modes = modes
+            if self.fallen:
+                return dispatch(o, args, params)
+        n = self.nodes[self.i] if self.i < len(self.nodes) else None
+        flat = args[0] if args and type(args[0]) is list else args
+        if n is None or n.op is not o or not self._match(n, flat, params):
+            self._fall()
+            return dispatch(o, args, params)
+        return self._issue(n)[0]
+
+    def array_fn(self, name, fn, tensors, params, random=False):
+        n = self.nodes[self.i] if self.i < len(self.nodes) else None
+        if not self.fallen and n is not None and n.op is None and n.name == name and \
+                not random and self._match(n, list(tensors), params):
+            outs = self._issue(n)
+            return tuple(outs) if len(outs) > 1 else outs[0]
+        self._fall()
+        out = fn(*[t._data for t in tensors], **params)
+        return tuple(map(Tensor._make, out)) if isinstance(out, tuple) else Tensor._make(out)
+
+    def assign(self, t, value):
+        self._fall()
+        np.copyto(t._data, value._data, casting="unsafe")
+        t._version[0] += 1
+        return t
+
+    def constant(self, t):
+        pass
+
+    def on_read(self, t):
+        if not self.fallen and id(t) not in self.filled and \
+                any(p is t for p, _ in self.placeholders):
+            self._fall()
+
+    def _flush(self):
+        ins, outs, run = self.e.pieces[self.piece]
+        arrays = run([self.env[id(v)] for v in ins], [None] * len(ins), [])
+        for v, a in zip(outs, arrays):
+            self.env[id(v)] = a
+        for t, v in self.placeholders:
+            if id(t) not in self.filled and id(v) in self.env:
+                np.copyto(t._data, self.env[id(v)])
+                self.filled.add(id(t))
+        self.piece += 1
+
+    def _fall(self):
+        """Evaluate every op issued so far from the inputs (exact), fill every placeholder;
+        the rest of the call runs eagerly."""
+        if self.fallen:
+            return
+        self.fallen = True
+        env = {id(v): self.env[id(v)] for v, _ in self.e.graph.inputs}
+        env.update({id(v): a for v, a in self.e.graph.consts.items()})
+        for n in self.nodes[:self.i]:
+            args = [env[id(a)] if isinstance(a, Value) else a for a in n.inputs]
+            for v, o in zip(n.outputs, call_node(n, args)):
+                env[id(v)] = o
+        for t, v in self.placeholders:
+            if id(t) not in self.filled:
+                np.copyto(t._data, env[id(v)])
+                self.filled.add(id(t))
+
+    def flush_end(self):
+        if not self.fallen and self.i != len(self.nodes):
+            self._fall()  # fewer ops than recorded: fill what was issued
+
+    def restore(self):
+        for t, _ in self.placeholders:
+            t.__class__ = Tensor
 
 
 def _aliased_outputs(graph):
@@ -479,7 +752,8 @@ def explain(fn):
         c = CompiledFunction(fn)
         c(*args, **kwargs)
         log = [x for e in c.entries for x in e.log]
-        return ExplainOutput([e.graph for e in c.entries], c.breaks, log)
+        graphs = [g for e in c.entries for g in getattr(e, "graphs", [e.graph])]
+        return ExplainOutput(graphs, c.breaks, log)
 
     return run
 

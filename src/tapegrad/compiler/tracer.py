@@ -80,9 +80,18 @@ def _reader(name):
     base = getattr(Tensor, name)
 
     def method(self, *args, **kwargs):
+        reason = f"Tensor.{name.strip('_')}() reads a tensor's value into Python"
         tr = active()
         if tr is not None:
-            tr.graph_break(f"Tensor.{name.strip('_')}() reads a tensor's value into Python")
+            if tr.split_reads and not tr.broken:
+                tr.split_at(reason, self)
+            else:
+                tr.graph_break(reason)
+        else:
+            for m in reversed(grad_state.modes):  # a compiled function replaying its pieces
+                if hasattr(m, "on_read"):
+                    m.on_read(self)
+                    break
         return base(self, *args, **kwargs)
 
     method.__name__ = name
@@ -217,6 +226,8 @@ class Tracer(DispatchMode):
         # numbers during the call; constants of the graph, no break
         self.static = {}
         self.in_effect = False  # inside a python_effect call: nested ones are part of it
+        self.split_reads = False  # value reads split the graph into pieces (api.SplitEntry)
+        self.splits = []  # (node index, Value read, GraphBreak)
         # the census: tensors alive before the call (state the graph reads by reference)
         from tapegrad import random as _random
         objs, gens = [], []
@@ -303,6 +314,18 @@ class Tracer(DispatchMode):
         return v
 
     # --- breaks -------------------------------------------------------------------------
+    def split_at(self, reason, t):
+        """A value read (``split_reads``): the graph so far is one compiled piece, the read
+        runs in Python, the next piece starts here (as torch.compile's graph breaks)."""
+        brk = GraphBreak(reason, user_frame())
+        self.breaks.append(brk)
+        if self.fullgraph:
+            self.broken = brk
+            raise brk
+        v = self.value_of(t)
+        if not self.broken:
+            self.splits.append((len(self.graph.nodes), v if isinstance(v, Value) else None, brk))
+
     def graph_break(self, reason):
         brk = GraphBreak(reason, user_frame())
         self.breaks.append(brk)
@@ -876,16 +899,17 @@ def _install():
     Optimizer.step = step
 
 
-def trace_call(fn, args, kwargs=None, fullgraph=False, joint=False):
+def trace_call(fn, args, kwargs=None, fullgraph=False, joint=False, split_reads=False):
     """Run ``fn(*args, **kwargs)`` under a Tracer: ``(result, graph or None, tracer)``."""
     _install()
     tr = Tracer(args)
     tr.fullgraph = fullgraph
+    tr.split_reads = split_reads
     try:
         with tr:
             result = fn(*args, **(kwargs or {}))
-            if joint and not tr.broken and grad_state.enabled and not tr.n_backward and \
-                    not any(n.effect for n in tr.graph.nodes):
+            if joint and not tr.broken and not tr.splits and grad_state.enabled and \
+                    not tr.n_backward and not any(n.effect for n in tr.graph.nodes):
                 tr.joint = tr.joint_backward(result)
         graph = tr.finish(result)
     except BaseException:
