@@ -364,3 +364,20 @@ def test_read_inside_a_training_step_runs_that_call_eagerly():
     for p, q in zip(m1.parameters(), m2.parameters()):
         np.testing.assert_array_equal(p.detach().numpy(), q.detach().numpy())
     assert not c.entries and len(c.breaks) == 1 and "loss.item() > 0" in c.breaks[0].where
+
+
+def test_an_intermediate_kept_outside_the_function_is_filled():
+    kept = []
+
+    def f(x):
+        y = x.exp()
+        z = y * 3.0  # used by nothing after the read: no piece needs to fill it
+        kept.append(z)
+        return y * y.sum().item()
+
+    c = tg.compile(f)
+    for k in range(3):
+        x = tg.tensor([0.1 * k, 0.2], dtype=tg.float64)
+        np.testing.assert_array_equal(c(x).numpy(), f(x).numpy())
+        np.testing.assert_array_equal(kept[-2].numpy(), kept[-1].numpy())
+    assert c.entries[0].n_replays == 2

@@ -12,6 +12,7 @@ import os
 import sys
 import time
 import warnings
+import weakref
 
 import numpy as np
 
@@ -616,6 +617,20 @@ class _Replay(DispatchMode):
     def flush_end(self):
         if not self.fallen and self.i != len(self.nodes):
             self._fall()  # fewer ops than recorded: fill what was issued
+            return
+        # a placeholder no piece had to fill, still held after the call (stored by the
+        # function somewhere): evaluated now, so no tensor the caller can reach is undefined
+        pending = [(weakref.ref(t), v) for t, v in self.placeholders
+                   if id(t) not in self.filled]
+        if not pending:
+            return
+        self.placeholders = [(t, v) for t, v in self.placeholders if id(t) in self.filled]
+        self.tv = {}
+        alive = [(r(), v) for r, v in pending if r() is not None]
+        if alive:
+            self.placeholders += alive
+            self.fallen = False
+            self._fall()
 
     def restore(self):
         for t, _ in self.placeholders:
