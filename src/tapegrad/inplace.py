@@ -14,7 +14,6 @@ from tapegrad.ops import elementwise as _E, movement as _M
 
 _FLOAT_NP = dtypes.FLOAT_NP  # ml_dtypes' bfloat16 has numpy kind "V", not "f"
 _new = object.__new__
-make = Tensor._make
 
 # --- in-place machinery -------------------------------------------------------------------
 # Outside grad mode (optimizers, init) an in-place op is a numpy operation on the buffer plus a
@@ -181,7 +180,7 @@ def view_of(a, data, o, params):
     b = data.base
     ab = ad.base
     if b is not ad and (b is None or b is not ab) and not xp.may_share_memory(data, ad):
-        return make(data)  # numpy had to copy (a reshape of a non-contiguous input): no view
+        return Tensor._make(data)  # numpy had to copy (a reshape of a non-contiguous input): no view
     t = _new(Tensor)
     t._data = data
     t._grad = t.grad_fn = t._hooks = None

@@ -46,7 +46,7 @@ def multigammaln(input, p):
     if data.dtype.kind in "iub":
         raise RuntimeError(f"multigammaln: expected a floating point input, got {input.dtype}")
     # PyTorch's order: x + (-(p-1)/2, ..., -1/2, 0), lgamma, summed over that new last dim
-    offsets = _registry.make(_registry.xp.arange(-(p - 1) / 2, 0.25, 0.5, dtype=data.dtype))
+    offsets = _registry.Tensor._make(_registry.xp.arange(-(p - 1) / 2, 0.25, 0.5, dtype=data.dtype))
     terms = gammaln(_E.add(_unsqueeze_last(input), offsets))
     return _R.sum(terms, -1) + p * (p - 1) / 4 * math.log(math.pi)
 

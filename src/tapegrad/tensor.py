@@ -62,10 +62,6 @@ class Tensor:
         t._requires_grad = grad_fn is not None
         return t
 
-    @classmethod
-    def _wrap(cls, value):
-        return value if isinstance(value, Tensor) else Tensor._from_data(value)
-
     # --- attributes -------------------------------------------------------------------
     @property
     def grad(self):
@@ -927,9 +923,8 @@ def _has_numpy_ints(data):
 
 
 _new = object.__new__
-make = Tensor._make
 registry.Tensor = engine.Tensor = Tensor
-registry.make = make
+registry.make = Tensor._make  # dispatch's own name for it (ops modules predate Tensor)
 
 # --- operators and methods: each delegates to an op --------------------------------------
 from tapegrad.ops import elementwise as _E, reduce as _R, movement as _M, linalg as _L  # noqa: E402

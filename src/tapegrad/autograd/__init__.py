@@ -71,19 +71,13 @@ def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False, 
             if create_graph:
                 t._grad = g if t._grad is None else t._grad + g
             elif t._grad is None:
-                t._grad = _wrap(xp.array(g))
+                t._grad = engine.Tensor._make(xp.array(g))
             else:
                 t._grad._data += g
             if engine.POST_HOOKS and t.grad_fn is None:
                 engine.run_post_accumulate_hooks(t)
         return
     run_backward(tensors, grads, retain_graph, create_graph)
-
-
-def _wrap(a):
-    from tapegrad.tensor import Tensor
-
-    return Tensor._make(a)
 
 
 def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False,
@@ -112,7 +106,7 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
                 from tapegrad.backend import xp
 
                 g = xp.zeros_like(t._data)
-                g = _wrap(g) if create_graph else g
+                g = engine.Tensor._make(g) if create_graph else g
             elif not allow_unused:
                 raise RuntimeError(
                     f"grad: one of the differentiated Tensors (input {i}, shape "
@@ -121,7 +115,7 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
             else:
                 result.append(None)
                 continue
-        result.append(g if create_graph else _wrap(g))
+        result.append(g if create_graph else engine.Tensor._make(g))
     return tuple(result)
 
 

@@ -108,7 +108,8 @@ def gradgradcheck(func, inputs, grad_outputs=None, *, eps=1e-6, atol=1e-5, rtol=
         grad_outputs = [Tensor._from_data(rng.standard_normal(o.shape), requires_grad=True)
                         for o in outs]
     else:
-        grad_outputs = [Tensor._wrap(g) for g in grad_outputs]
+        grad_outputs = [g if isinstance(g, Tensor) else Tensor._from_data(g)
+                        for g in grad_outputs]
     n = len(inputs)
 
     def vjp(*args):

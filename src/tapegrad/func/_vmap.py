@@ -50,7 +50,7 @@ def wrap(value, bdim, level):
     logical = shape[:bdim] + shape[bdim + 1:]
     arr = xp.broadcast_to(xp.zeros((), value._data.dtype), logical).view(BatchedArray)
     arr.value, arr.bdim, arr.level = value, bdim, level
-    return registry.make(arr)
+    return registry.Tensor._make(arr)
 
 
 def unwrap(t, level):

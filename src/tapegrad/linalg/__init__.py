@@ -245,7 +245,7 @@ def qr(A, mode="reduced"):
         _, R = _D._unpack(packed, _D._qr_shapes(A.shape, "reduced"))
         if R.requires_grad:
             R = _qr_r_only(R)
-        return _qr_result(_registry.make(xp.zeros((0,), A._data.dtype)), R)
+        return _qr_result(_registry.Tensor._make(xp.zeros((0,), A._data.dtype)), R)
     packed = _D.qr_op(A, mode=mode)
     return _qr_result(*_D._unpack(packed, _D._qr_shapes(A.shape, mode)))
 
@@ -332,7 +332,7 @@ def matrix_rank(A, *, atol=None, rtol=None, hermitian=False):
         rtol = 0.0 if atol is not None and atol > 0 else max(m, n) * xp.finfo(a.dtype).eps
     smax = s.max(axis=-1, keepdims=True) if s.shape[-1] else xp.zeros(s.shape[:-1] + (1,))
     tol = xp.maximum(0.0 if atol is None else atol, rtol * smax)
-    return _registry.make(xp.asarray((s > tol).sum(axis=-1), dtype=xp.int64))
+    return _registry.Tensor._make(xp.asarray((s > tol).sum(axis=-1), dtype=xp.int64))
 
 
 _LSTSQ_DRIVERS = ("gels", "gelsy", "gelsd", "gelss")
@@ -364,12 +364,12 @@ def lstsq(A, B, rcond=None, *, driver=None):
     eps_rcond = xp.finfo(dt).eps * max(m, n) if rcond is None else float(rcond)
     smax = s.max(axis=-1, keepdims=True) if s.shape[-1] else xp.zeros(s.shape[:-1] + (1,), dt)
     rank = (s > eps_rcond * smax).sum(axis=-1).astype(xp.int64)
-    empty = _registry.make(xp.zeros((0,), dt))
+    empty = _registry.Tensor._make(xp.zeros((0,), dt))
     if driver == "gels":
-        rank_t = _registry.make(xp.zeros((0,), xp.int64))
+        rank_t = _registry.Tensor._make(xp.zeros((0,), xp.int64))
     else:
-        rank_t = _registry.make(xp.asarray(rank))
-    sv = _registry.make(s) if driver in ("gelsd", "gelss") else empty
+        rank_t = _registry.Tensor._make(xp.asarray(rank))
+    sv = _registry.Tensor._make(s) if driver in ("gelsd", "gelss") else empty
     residuals = empty
     if driver != "gelsy" and m > n and bool((rank == n).all()):
         r = matmul(A, X) - B
@@ -585,8 +585,8 @@ def cdist(x1, x2, p=2.0, compute_mode="use_mm_for_euclid_dist_if_necessary"):
     if use_mm:
         n1 = _R.sum(x1 * x1, -1, keepdim=True)
         n2 = _R.sum(x2 * x2, -1, keepdim=True)
-        ones1 = _registry.make(xp.ones(tuple(n1.shape), x1._data.dtype))
-        ones2 = _registry.make(xp.ones(tuple(n2.shape), x2._data.dtype))
+        ones1 = _registry.Tensor._make(xp.ones(tuple(n1.shape), x1._data.dtype))
+        ones2 = _registry.Tensor._make(xp.ones(tuple(n2.shape), x2._data.dtype))
         left = _M.cat([x1 * -2, n1, ones1], -1)
         right = _M.cat([x2, ones2, n2], -1)
         squared = matmul(left, right.mT)
@@ -627,9 +627,10 @@ def _torch_svd(input, some=True, compute_uv=True):
         zeros = xp.zeros
         m, n = input.shape[-2], input.shape[-1]
         dt = input._data.dtype
-        return _torch_svd_result(_registry.make(zeros(tuple(input.shape[:-2]) + (m, m), dt)),
+        make = _registry.Tensor._make
+        return _torch_svd_result(make(zeros(tuple(input.shape[:-2]) + (m, m), dt)),
                                  S.detach(),
-                                 _registry.make(zeros(tuple(input.shape[:-2]) + (n, n), dt)))
+                                 make(zeros(tuple(input.shape[:-2]) + (n, n), dt)))
     return _torch_svd_result(U, S, Vh.mT)
 
 

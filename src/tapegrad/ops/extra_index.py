@@ -21,10 +21,6 @@ from tapegrad.ops.reduce import norm_op
 from tapegrad.ops.registry import op, xp
 
 
-def _make(a):
-    return registry.make(xp.asarray(a))
-
-
 def _data(a):
     return a._data if isinstance(a, registry.Tensor) else a
 
@@ -267,7 +263,7 @@ def renorm(input, p, dim, maxnorm):
 
 
 def _zeros(shape, dt):
-    return registry.make(xp.zeros(shape, dt.np))
+    return registry.Tensor._make(xp.zeros(shape, dt.np))
 
 
 def block_diag(*tensors):
@@ -324,7 +320,7 @@ def combinations(input, r=2, with_replacement=False):
     if r < 0:
         raise RuntimeError(f"Expect a non-negative number, but got {r}")
     if r == 0:
-        return registry.make(xp.zeros((0,), input._data.dtype))
+        return registry.Tensor._make(xp.zeros((0,), input._data.dtype))
     n = input.shape[0]
     pick = itertools.combinations_with_replacement if with_replacement else \
         itertools.combinations
@@ -348,7 +344,7 @@ def vander(x, N=None, increasing=False):
         x = x.to(dt)
     if n == 0:
         return _zeros((x.shape[0], 0), dt)
-    ones = registry.make(xp.ones((x.shape[0], 1), dt.np))
+    ones = registry.Tensor._make(xp.ones((x.shape[0], 1), dt.np))
     if n == 1:
         out = ones
     else:

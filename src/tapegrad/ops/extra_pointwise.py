@@ -49,7 +49,7 @@ def float_power(input, exponent):
         return x
 
     if not isinstance(input, registry.Tensor):
-        input = registry.make(xp.asarray(input, xp.float64))
+        input = registry.Tensor._make(xp.asarray(input, xp.float64))
     return pow(as_double(input), as_double(exponent))
 
 

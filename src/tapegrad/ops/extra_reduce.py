@@ -23,10 +23,6 @@ from tapegrad.ops.registry import xp
 Tensor = None  # registry.Tensor, looked up at call time
 
 
-def _make(a):
-    return registry.make(xp.asarray(a))
-
-
 # --- reductions -----------------------------------------------------------------------------
 def nansum(input, dim=None, keepdim=False, *, dtype=None):
     """As ``torch.nansum``: ``sum`` treating NaN as zero (whose gradient is then zero)."""
@@ -71,7 +67,7 @@ def aminmax(input, *, dim=None, keepdim=False):
 def count_nonzero(input, dim=None):
     """As ``torch.count_nonzero``: int64 counts of the nonzero entries over ``dim``."""
     d = None if dim is None else _dims(dim, input.ndim, "count_nonzero")
-    return _make(xp.count_nonzero(input._data, axis=d)).long()
+    return registry.Tensor._make(xp.asarray(xp.count_nonzero(input._data, axis=d))).long()
 
 
 # --- comparisons (no gradient) ----------------------------------------------------------------
@@ -84,7 +80,8 @@ def isclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):
     a, b = input._data, other._data
     if a.dtype.kind in "iub":
         a, b = a.astype(xp.float64), b.astype(xp.float64)
-    return _make(xp.isclose(a, b, rtol=rtol, atol=atol, equal_nan=equal_nan))
+    return registry.Tensor._make(
+        xp.asarray(xp.isclose(a, b, rtol=rtol, atol=atol, equal_nan=equal_nan)))
 
 
 def allclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):
@@ -102,10 +99,10 @@ def nonzero(input, *, as_tuple=False):
     order; ``as_tuple=True`` gives one index vector per dim."""
     idx = xp.nonzero(xp.atleast_1d(input._data))
     if as_tuple:
-        return tuple(_make(i.astype(xp.int64)) for i in idx)
+        return tuple(registry.Tensor._make(i.astype(xp.int64)) for i in idx)
     out = xp.stack(idx, axis=1).astype(xp.int64) if input.ndim else \
         xp.zeros((len(idx[0]), 0), xp.int64)
-    return _make(out)
+    return registry.Tensor._make(xp.asarray(out))
 
 
 def argwhere(input):
@@ -119,7 +116,8 @@ def _tri_indices(name, fn, row, col, offset, dtype):
     r, c = fn(row, offset, col)
     from tapegrad.dtypes import to_dtype, int64
 
-    return _make(xp.stack([r, c]).astype((to_dtype(dtype) if dtype else int64).np))
+    return registry.Tensor._make(
+        xp.stack([r, c]).astype((to_dtype(dtype) if dtype else int64).np))
 
 
 def tril_indices(row, col, offset=0, *, dtype=None, device=None, layout=None):
@@ -365,7 +363,7 @@ def scatter(input, dim, index, src=None, *, value=None, reduce=None):
     if reduce not in ("add", "multiply"):
         raise RuntimeError(f"scatter(): reduce argument must be either add or multiply, got "
                            f"{reduce!r}")
-    v = src if src is not None else registry.make(xp.full(idx.shape, value,
+    v = src if src is not None else registry.Tensor._make(xp.full(idx.shape, value,
                                                           input._data.dtype))
     if input.requires_grad or getattr(v, "requires_grad", False):
         raise RuntimeError(f"scatter(reduce={reduce!r}): the derivative is not implemented (as "
@@ -374,7 +372,7 @@ def scatter(input, dim, index, src=None, *, value=None, reduce=None):
         return index_put_op(input, v, index=key, accumulate=True)
     out = input._data.copy()
     xp.multiply.at(out, key, v._data)
-    return registry.make(out)
+    return registry.Tensor._make(out)
 
 
 def take(input, index):

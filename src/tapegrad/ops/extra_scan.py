@@ -114,13 +114,13 @@ def _cum_extreme(name, ufunc, result):
     def fn(input, dim):
         d = _dim(dim, input.ndim, name)
         if input.ndim == 0:
-            return result(input.clone(), registry.make(xp.zeros((), xp.int64)))
+            return result(input.clone(), registry.Tensor._make(xp.zeros((), xp.int64)))
         if input.shape[d] == 0:
-            return result(input.clone(), registry.make(xp.zeros(input.shape, xp.int64)))
+            return result(input.clone(), registry.Tensor._make(xp.zeros(input.shape, xp.int64)))
         idx = _running_extreme_index(input._data, d, ufunc)
         # the values are a gather at the indices: the gradient is PyTorch's scatter_add
         return result(index_op(input, index=_grid(idx, d), accumulate=True),
-                      registry.make(idx))
+                      registry.Tensor._make(idx))
 
     fn.__name__ = name
     fn.__doc__ = (f"As ``torch.{name}``: ``(values, indices)`` of the running "
@@ -222,7 +222,7 @@ def _check_not_bool(name, *ts):
 
 def _zeros_except(y, d):
     shape = tuple(y.shape[:d]) + tuple(y.shape[d + 1:])
-    return registry.make(xp.zeros(shape, y._data.dtype))
+    return registry.Tensor._make(xp.zeros(shape, y._data.dtype))
 
 
 def _dx_from_x(name, y, x, d):

@@ -26,17 +26,13 @@ KthvalueResult = collections.namedtuple("kthvalue", ["values", "indices"])
 ModeResult = collections.namedtuple("mode", ["values", "indices"])
 
 
-def _make(a):
-    return registry.make(xp.asarray(a))
-
-
 def _pick(input, idx, d, keepdim):
     """``(values, indices)``: ``input`` at ``idx`` (one per slice along ``d``)."""
     if input.ndim == 0:
-        return input.clone(), _make(xp.zeros((), xp.int64))
+        return input.clone(), registry.Tensor._make(xp.zeros((), xp.int64))
     idx = idx.astype(xp.int64, copy=False)
     values = take_along_reduce(input, idx=idx, dim=d, keepdim=keepdim)
-    return values, _make(idx)
+    return values, registry.Tensor._make(xp.asarray(idx))
 
 
 def _nonempty(name, input, d):
@@ -288,7 +284,7 @@ def _quantile(name, input, q, dim, keepdim, interpolation, ignore_nan):
             (ranks - below).astype(dt)
         above = index_op(s, index=_grid(xp.ceil(ranks).astype(xp.int64), last),
                          accumulate=True)
-        out = lerp(out, above, _make(weights))
+        out = lerp(out, above, registry.Tensor._make(xp.asarray(weights)))
     # batch + (Q,) -> (Q,) + batch, then the kept dims
     out = permute_op(out, dims=(last,) + tuple(range(last)))
     if keepdim:
@@ -343,7 +339,7 @@ def histc(input, bins=100, min=0, max=0):
     # in the last bin
     pos = ((x - lo) * a.dtype.type(bins) / (hi - lo)).astype(xp.int64)
     pos = xp.minimum(pos, bins - 1)
-    return _make(xp.bincount(pos, minlength=bins).astype(a.dtype))
+    return registry.Tensor._make(xp.bincount(pos, minlength=bins).astype(a.dtype))
 
 
 @op(flops=1, saves="none", name="bincount")
@@ -381,7 +377,7 @@ def bincount(input, weights=None, minlength=0):
         raise RuntimeError(f"bincount only supports 1-d non-negative integral inputs (got "
                            f"shape {tuple(input.shape)})")
     if weights is None:
-        return _make(xp.bincount(a, minlength=minlength).astype(xp.int64))
+        return registry.Tensor._make(xp.bincount(a, minlength=minlength).astype(xp.int64))
     if tuple(weights.shape) != tuple(input.shape):
         raise RuntimeError(f"weights should be 1-d and have the same length as input (input "
                            f"{tuple(input.shape)}, weights {tuple(weights.shape)})")
@@ -446,7 +442,7 @@ def searchsorted(sorted_sequence, input, *, out_int32=False, right=False, side=N
             f"boundaries tensor {list(seq.shape)} and input value tensor "
             f"{list(values.shape)}")
     out = _sorted_search("searchsorted", seq, values, "right" if right else "left", sorter)
-    return _make(xp.asarray(out).astype(xp.int32 if out_int32 else xp.int64))
+    return registry.Tensor._make(xp.asarray(out).astype(xp.int32 if out_int32 else xp.int64))
 
 
 def bucketize(input, boundaries, *, out_int32=False, right=False):
@@ -520,9 +516,9 @@ def _unique(name, input, return_inverse, return_counts, dim, consecutive):
     _, inverse, counts = _unique_parts(input._data, d, consecutive)
     out = [values]
     if return_inverse:
-        out.append(_make(inverse.astype(xp.int64)))
+        out.append(registry.Tensor._make(inverse.astype(xp.int64)))
     if return_counts:
-        out.append(_make(counts.astype(xp.int64)))
+        out.append(registry.Tensor._make(counts.astype(xp.int64)))
     return tuple(out)
 
 
@@ -587,7 +583,7 @@ def cov(input, *, correction=1, fweights=None, aweights=None):
                                f"{float(aweights._data.min())}")
         w = aweights if w is None else w * aweights
     if w is None:
-        w_sum = _make(xp.asarray(n, xp.int64))
+        w_sum = registry.Tensor._make(xp.asarray(n, xp.int64))
     else:
         w_sum = w.sum()
         if not w_sum._data.any():

@@ -528,7 +528,7 @@ def _extreme_public(name, full_op, dim_op, arg_op, pairwise):
             return ReturnTypes[name](dim_op(input, idx=idx, dim=d, keepdim=keepdim), idx)
         idx = arg_op.forward(input._data, dim=d, keepdim=keepdim)
         values = dim_op(input, idx=idx, dim=d, keepdim=keepdim)
-        return ReturnTypes[name](values, registry.make(idx))
+        return ReturnTypes[name](values, registry.Tensor._make(idx))
 
     f.__name__ = name
     f.__doc__ = (

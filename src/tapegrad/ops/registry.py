@@ -27,8 +27,8 @@ ndarray = xp.ndarray
 
 REGISTRY = {}  # name -> Op: read by the profiler and the compiler
 Tensor = None  # set by tapegrad.tensor (breaks the import cycle)
-make = None  # tapegrad.tensor.make: wrap an array as a Tensor without copying
-view_of = None  # tapegrad.tensor.view_of: wrap a view op's output (base, chain)
+make = None  # Tensor._make (set by tapegrad.tensor): dispatch's binding of the no-copy wrap
+view_of = None  # tapegrad.inplace.view_of: wrap a view op's output (base, chain)
 
 _SAVES = ("inputs", "out", "both", "none")
 

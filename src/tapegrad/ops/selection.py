@@ -170,12 +170,12 @@ def sort(input, dim=-1, descending=False, stable=False):
     picked positions. tapegrad's sort is always stable (ties keep their order), which is
     what PyTorch guarantees with ``stable=True``."""
     idx, d = _sort_order(input, dim, descending, "sort")
-    return SortResult(_gather(input, idx, d), _registry.make(idx))
+    return SortResult(_gather(input, idx, d), _registry.Tensor._make(idx))
 
 
 def argsort(input, dim=-1, descending=False, stable=False):
     """As ``torch.argsort``: the indices that sort ``input`` along ``dim`` (stable)."""
-    return _registry.make(_sort_order(input, dim, descending, "argsort")[0])
+    return _registry.Tensor._make(_sort_order(input, dim, descending, "argsort")[0])
 
 
 def topk(input, k, dim=-1, largest=True, sorted=True):
@@ -199,7 +199,7 @@ def topk(input, k, dim=-1, largest=True, sorted=True):
     else:
         order = _order(input._data, d, largest)
         idx = xp.take(order, xp.arange(k), axis=d).astype(xp.int64, copy=False)
-    return TopkResult(_gather(input, idx, d), _registry.make(idx))
+    return TopkResult(_gather(input, idx, d), _registry.Tensor._make(idx))
 
 
 __all__ = ["diagonal", "diag_embed", "diag", "narrow", "sort", "argsort", "topk"]

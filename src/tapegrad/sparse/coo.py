@@ -28,7 +28,6 @@ from tapegrad import printing as _P
 from tapegrad.sparse.layout import sparse_coo
 
 Tensor = _T.Tensor
-make = _T.make
 
 _UNSUPPORTED = ("expected a strided (dense) tensor but got layout=tapegrad.sparse_coo: this "
                 "operation does not support sparse tensors (convert with .to_dense() first)")
@@ -238,7 +237,7 @@ class SparseCooTensor(Tensor):
 
     def _indices(self):
         """As ``Tensor._indices()``: the stored indices, coalesced or not."""
-        return make(self._indices_array)
+        return Tensor._make(self._indices_array)
 
     def _values(self):
         """As ``Tensor._values()``: the stored values, detached (as PyTorch's)."""
@@ -249,7 +248,7 @@ class SparseCooTensor(Tensor):
         if not self._coalesced:
             raise RuntimeError("Cannot get indices on an uncoalesced tensor, please call "
                                ".coalesce() first")
-        return make(self._indices_array)
+        return Tensor._make(self._indices_array)
 
     def values(self):
         """As ``Tensor.values()``: needs a coalesced tensor; differentiable."""
@@ -317,10 +316,10 @@ class SparseCooTensor(Tensor):
         if g is None or self.grad_fn is not None:
             return None
         if self._coalesced:
-            return _sparse(self._indices_array, make(g._data), self.shape, True)
+            return _sparse(self._indices_array, Tensor._make(g._data), self.shape, True)
         unique, _, first = self._coalesce_plan()
         # every duplicate of a position holds the gradient at that position: take one
-        return _sparse(unique, make(g._data[first]), self.shape, True)
+        return _sparse(unique, Tensor._make(g._data[first]), self.shape, True)
 
     @grad.setter
     def grad(self, value):
