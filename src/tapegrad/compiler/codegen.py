@@ -106,8 +106,9 @@ def _kernel(w, n, names, out_expr=None, weak=()):
     w.n_kernels += 1
     vals = [a for a in ins if isinstance(a, Value)]
     main = n.outputs[0]
-    if kernels.backend() == "numba" and kernels.supported(body, vals, main.shape, weak) and \
-            all(len(main.shape) == 2 for _ in reduce):
+    con = n.meta.get("contract", ())
+    if kernels.backend() == "numba" and kernels.supported(body, vals, main.shape, weak, con) \
+            and all(len(main.shape) == 2 for _ in reduce):
         return _numba_kernel(w, n, names, kname, vals, out_expr, weak)
     local = {}
     params = []
@@ -154,6 +155,12 @@ def _kernel(w, n, names, out_expr=None, weak=()):
     for k, r in enumerate(reduce):
         outs.append(f"r{k}")
         lines.append(f"    r{k} = {w.call(r, {id(r.inputs[0]): res})}")
+    local[id(body[-1].outputs[0])] = res
+    for k, (mm, p, _, _, _) in enumerate(con):  # eager's own permute and matmul calls
+        lines.append(f"    pt{k} = {w.call(p, local)}")
+        local[id(p.outputs[0])] = f"pt{k}"
+        lines.append(f"    c{k} = {w.call(mm, local)}")
+        outs.append(f"c{k}")
     lines.append(f"    return {', '.join(outs)}{',' if len(outs) > 1 else ''}")
     w.kernels.append("\n".join(lines))
     exec("\n".join(lines), w.ns)  # noqa: S102 - the kernel source is ours
@@ -177,13 +184,16 @@ def _numba_kernel(w, n, names, kname, vals, out_expr, weak):
     digest = hashlib.sha1(repr((kname, [str(m) for m in body], [(a.shape, a.dtype.str)
                                 for a in vals], len(reduce))).encode()).hexdigest()[:12]
     fname = f"k_{digest}"
+    mats = kernels.matrices(body, n.meta.get("contract", ()))
     direct = len(shape) in (1, 2) and all(
         len(a.shape) == 1 for a in vals
-        if kernels.operand_kind(a, shape, weak) == "row") and not (reduce and len(shape) == 1)
+        if kernels.operand_kind(a, shape, weak, mats) == "row") and not (
+            reduce and len(shape) == 1)
     kmain = Value(main.name, shape, main.dtype)
+    con = n.meta.get("contract", ())
     src, kinds = kernels.numba_source(fname, body, vals, kmain if direct else
                                       Value(main.name, (rows, cols), main.dtype),
-                                      len(reduce), weak)
+                                      len(reduce), weak, con, n.meta.get("store", True))
     kfn = w.bind(fname, kernels.load(fname, src))
     dt = w.bind(f"dt_{main.dtype.name}", main.dtype)
     if direct:  # operands as they are: no wrapper, no reshape; the kernel call inline
@@ -208,6 +218,11 @@ def _numba_kernel(w, n, names, kname, vals, out_expr, weak):
             pre.append(f"{rn} = np.empty(({cols},), {dt})")
             call.append(rn)
             outs.append(rn)
+        for c in con:
+            v = c[0].outputs[0]
+            cn = _ident("v" + v.name if v.name[:1].isdigit() else v.name)
+            pre.append(f"{cn} = np.empty({v.shape!r}, {dt})")
+            call.append(cn)
         pre.append(f"{kfn}({', '.join(call)})  # {' -> '.join(m.name for m in body)}"
                    + (" -> sum" * len(reduce)))
         return pre, None
@@ -221,6 +236,8 @@ def _numba_kernel(w, n, names, kname, vals, out_expr, weak):
     for p, kind in zip(params, kinds):
         if kind == "full":
             call.append(f"{p}.reshape({rows}, {cols})")
+        elif kind == "matrix":
+            call.append(p)
         elif kind == "row":
             call.append(f"{p}.reshape({cols})")
         else:
@@ -231,6 +248,10 @@ def _numba_kernel(w, n, names, kname, vals, out_expr, weak):
         lines.append(f"    r{k} = np.empty(({cols},), {dt})")
         call.append(f"r{k}")
         outs.append(f"r{k}")
+    for k, c in enumerate(con):
+        lines.append(f"    c{k} = np.empty({c[0].outputs[0].shape!r}, {dt})")
+        call.append(f"c{k}")
+        outs.append(f"c{k}")
     lines.append(f"    {kfn}({', '.join(call)})")
     if out_expr is not None:
         lines.append("    if out is not None and o is not out:")

@@ -78,13 +78,22 @@ def cache_dir():
     return os.path.join(base, "tapegrad", "kernels")
 
 
-def operand_kind(a, out_shape, weak=()):
+def matrices(body, contract=()):
+    """ids of the Values a group's small matmuls and contractions read whole rows of."""
+    return {id(a) for m in body if m.name == "matmul" for a in m.inputs} | {
+        id(c[4]) for c in contract}
+
+
+def operand_kind(a, out_shape, weak=(), mats=()):
     """How a kernel reads one input: "full" (same shape), "row" (broadcast over the leading
-    dims), "scalar" (0-d or a Python number), or None (not a kernel operand)."""
+    dims), "scalar" (0-d or a Python number), "matrix" (a small matmul's operand, indexed
+    by the product), or None (not a kernel operand)."""
     if not isinstance(a, Value):
         return "scalar" if type(a) in (int, float) else None
     if a.shape == tuple(out_shape):
         return "full"
+    if id(a) in mats:
+        return "matrix"
     if a.shape == () or id(a) in weak:
         return "scalar"
     if out_shape and len(a.shape) <= len(out_shape) and a.shape[-1:] == tuple(out_shape[-1:]) \
@@ -93,20 +102,31 @@ def operand_kind(a, out_shape, weak=()):
     return None
 
 
-def supported(body, ins, out_shape, weak=()):
+def supported(body, ins, out_shape, weak=(), contract=()):
     """Whether numba can compile this group exactly: float/bool values, known ops, each op's
     array operands of its result's dtype (so no mixed-precision promotion is implied)."""
     if not out_shape or any(d == 0 for d in out_shape):
         return False
+    if contract and (len(out_shape) != 2 or any(
+            c[3].dtype != body[-1].outputs[0].dtype or c[4].dtype != c[3].dtype
+            for c in contract)):
+        return False
+    mats = matrices(body, contract)
     for a in ins:
-        if operand_kind(a, out_shape, weak) is None or a.dtype.kind not in "fb":
+        if operand_kind(a, out_shape, weak, mats) is None or a.dtype.kind not in "fb":
             return False
+    inputs = {id(a) for a in ins}
     for m in body:
         out = m.outputs[0]
         if m.params and m.name != "to_dtype":
             return False
         if m.name == "relu":
             pass
+        elif m.name == "matmul":
+            a, b = m.inputs
+            if len(out_shape) != 2 or id(a) not in inputs or id(b) not in inputs or \
+                    a.shape != (out_shape[0], b.shape[0]) or b.shape[1] != out_shape[1]:
+                return False
         elif m.name == "to_dtype":
             if out.dtype.kind not in "f" or m.inputs[0].dtype.kind not in "fb":
                 return False
@@ -132,11 +152,15 @@ def _np_type(dt):
     return f"np.{np.dtype(dt).name}"
 
 
-def numba_source(fname, body, ins, out_value, n_reduce, weak=()):
-    """The numba source of one kernel (see the module docstring) and the operand kinds."""
+def numba_source(fname, body, ins, out_value, n_reduce, weak=(), contract=(), store=True):
+    """The numba source of one kernel (see the module docstring) and the operand kinds.
+    ``contract``: ``(matmul, permute, form, wide, narrow)`` accumulated over the rows:
+    "left" ``narrow.T @ wide`` (k, C), "right" ``wide.T @ narrow`` (C, k)."""
     shape = out_value.shape
-    kinds = [operand_kind(a, shape, weak) for a in ins]
-    params = [f"x{i}" for i in range(len(ins))] + ["out0"] + [f"red{k}" for k in range(n_reduce)]
+    kinds = [operand_kind(a, shape, weak, matrices(body, contract)) for a in ins]
+    param = {id(a): f"x{i}" for i, a in enumerate(ins)}
+    params = [f"x{i}" for i in range(len(ins))] + ["out0"] + [
+        f"red{k}" for k in range(n_reduce)] + [f"con{k}" for k in range(len(contract))]
     flat = len(shape) == 1  # a 1-D result: one loop (else the operands come as (R, C))
     lines = ["import numpy as np", "from numba import njit", "",
              "", '@njit(error_model="numpy", cache=True)',
@@ -145,12 +169,17 @@ def numba_source(fname, body, ins, out_value, n_reduce, weak=()):
     odt = _np_type(out_value.dtype)
     for k in range(n_reduce):
         lines += ["    for j in range(C):", f"        red{k}[j] = {odt}(0)"]
+    for k in range(len(contract)):
+        lines += [f"    for a in range(con{k}.shape[0]):",
+                  f"        for b in range(con{k}.shape[1]):",
+                  f"            con{k}[a, b] = {odt}(0)"]
     lines += ["    for j in range(C):"] if flat else ["    for i in range(R):",
                                                      "        for j in range(C):"]
     local = {}
     for i, (a, kind) in enumerate(zip(ins, kinds)):
         full = f"x{i}[j]" if flat else f"x{i}[i, j]"
-        local[id(a)] = {"full": full, "row": f"x{i}[j]", "scalar": f"x{i}"}[kind]
+        local[id(a)] = {"full": full, "row": f"x{i}[j]", "scalar": f"x{i}",
+                        "matrix": None}[kind]
     pad = " " * (8 if flat else 12)
     for j, m in enumerate(body):
         out = m.outputs[0]
@@ -165,7 +194,11 @@ def numba_source(fname, body, ins, out_value, n_reduce, weak=()):
             return f"{peer}({float(a)!r})"
 
         args = [arg(a) for a in m.inputs]
-        if m.name == "relu":
+        if m.name == "matmul":  # a few multiply-adds, in the contraction's order
+            a, b = (param[id(x)] for x in m.inputs)
+            expr = "(" + " + ".join(f"{a}[i, {k}] * {b}[{k}, j]"
+                                    for k in range(m.inputs[0].shape[1])) + ")"
+        elif m.name == "relu":
             z = f"{dt}(0.0)"
             expr = f"({args[0]} if (({args[0]} >= {z}) | ({args[0]} != {args[0]})) else {z})"
         elif m.name == "to_dtype":
@@ -178,9 +211,16 @@ def numba_source(fname, body, ins, out_value, n_reduce, weak=()):
         lines.append(f"{pad}{t} = {expr}")
         local[id(out)] = t
     res = local[id(body[-1].outputs[0])]
-    lines.append(f"{pad}out0[j] = {res}" if flat else f"{pad}out0[i, j] = {res}")
+    if store:
+        lines.append(f"{pad}out0[j] = {res}" if flat else f"{pad}out0[i, j] = {res}")
     for k in range(n_reduce):
         lines.append(f"{pad}red{k}[j] += {res}")
+    for k, (_, _, form, wide, narrow) in enumerate(contract):
+        w = res if wide is body[-1].outputs[0] else local[id(wide)]
+        nm = param[id(narrow)]
+        for c in range(narrow.shape[1]):  # X.T @ Y: X[i, c] * Y[i, j], rows in order
+            lines.append(f"{pad}con{k}[{c}, j] += {nm}[i, {c}] * {w}" if form == "left"
+                         else f"{pad}con{k}[j, {c}] += {w} * {nm}[i, {c}]")
     lines.append("    return out0")
     return "\n".join(lines) + "\n", kinds
 

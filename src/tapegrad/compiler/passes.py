@@ -153,6 +153,22 @@ def simplify(graph):
     return _substitute(graph, subst, drop)
 
 
+SMALL_K = 4  # a product with this few terms per element is a pointwise step of a kernel
+
+
+def small_k_matmul(n):
+    """``matmul(a, b)`` of 2-D operands with a contraction of at most ``SMALL_K`` terms
+    (the first layer's ``x @ W.T`` on 2-D inputs, ``g @ W`` for 3 classes): each output
+    element is a few multiply-adds, so it fuses with its pointwise reader (the matrix it
+    would write and the next kernel read is never made)."""
+    if n.name != "matmul" or len(n.inputs) != 2:
+        return False
+    a, b = n.inputs
+    return (isinstance(a, Value) and isinstance(b, Value) and len(a.shape) == 2
+            and len(b.shape) == 2 and a.shape[1] <= SMALL_K and a.dtype == b.dtype
+            and a.dtype.kind == "f")
+
+
 def fuse(graph):
     """Fusion of pointwise chains (and trees) into single kernels: a pointwise node whose only
     reader is the next pointwise node of the same shape joins that node's group, unless an
@@ -175,16 +191,16 @@ def fuse(graph):
         return r
 
     def pointwise(n):
-        return (n.op is not None and n.name in POINTWISE and len(n.outputs) == 1
-                and n.outputs[0].shape != ())
+        return (n.op is not None and (n.name in POINTWISE or small_k_matmul(n))
+                and len(n.outputs) == 1 and n.outputs[0].shape != ())
 
     for n in graph.nodes:
         if not pointwise(n):
             continue
         out = n.outputs[0]
         m = reader.get(id(out))
-        if m is None or uses.get(id(out), 0) != 1 or not pointwise(m):
-            continue
+        if m is None or uses.get(id(out), 0) != 1 or not pointwise(m) or m.name == "matmul":
+            continue  # a matmul reads whole rows and columns: only its own inputs feed it
         if m.outputs[0].shape != out.shape:
             continue
         lo, hi = pos[id(n)], pos[id(m)]
@@ -205,6 +221,7 @@ def fuse(graph):
                 and n.params.get("dtype") is None and id(n.inputs[0]) in last_of):
             epilogue.setdefault(last_of[id(n.inputs[0])], []).append(n)
             absorbed.add(id(n))
+    contract = _contractions(graph, members, last_of, uses, pos, effects, absorbed)
     g = graph.copy()
     nodes = []
     for n in graph.nodes:
@@ -212,7 +229,8 @@ def fuse(graph):
             continue  # computed by its group's kernel
         body = members.get(root(n)) if pointwise(n) else None
         reduce = epilogue.get(root(n), []) if body is not None else []
-        if body is None or (len(body) == 1 and not reduce):
+        con = contract.get(root(n), []) if body is not None else []
+        if body is None or (len(body) == 1 and not reduce and not con):
             nodes.append(n)
             continue
         if n is not body[-1]:
@@ -224,15 +242,77 @@ def fuse(graph):
                 if isinstance(a, Value) and id(a) not in inner and id(a) not in seen:
                     seen.add(id(a))
                     ins.append(a)
-        outs = [body[-1].outputs[0]] + [r.outputs[0] for r in reduce]
-        fused = Node(None, "fused", ins, {}, outs, impl=_fused_impl(body, ins, reduce),
-                     meta={"nodes": body, "reduce": reduce})
+        for _, p, _, _, small in con:
+            for a in (p.inputs[0], small):
+                if id(a) not in inner and id(a) not in seen:
+                    seen.add(id(a))
+                    ins.append(a)
+        outs = [body[-1].outputs[0]] + [r.outputs[0] for r in reduce] + \
+            [c[0].outputs[0] for c in con]
+        main = body[-1].outputs[0]
+        absorbed_reads = len(reduce) + sum(1 for c in con if c[1].inputs[0] is main)
+        fused = Node(None, "fused", ins, {}, outs, impl=_fused_impl(body, ins, reduce, con),
+                     meta={"nodes": body, "reduce": reduce, "contract": con,
+                           # only its own epilogues read the result: a kernel need not store it
+                           "store": uses.get(id(main), 0) > absorbed_reads})
         nodes.append(fused)
     g.nodes = nodes
     return g
 
 
-def _fused_impl(body, ins, reduce=()):
+def _contractions(graph, members, last_of, uses, pos, effects, absorbed):
+    """``X.T @ Y`` over a group's rows, where one side is the group's result or one of its
+    full-shape inputs and the other has at most ``SMALL_K`` columns (``dW1 = dz.T @ x``,
+    ``dW2 = g.T @ h``): accumulated by the group's kernel in the same pass over the rows.
+    Returns ``{group root: [(matmul, permute, form, wide side, narrow side)]}``."""
+    producer = {id(v): n for n in graph.nodes for v in n.outputs}
+    first_read = {}
+    for i, n in enumerate(graph.nodes):
+        for a in n.values_in():
+            first_read.setdefault(id(a), i)
+    full_in = {}
+    for r, b in members.items():
+        shape = b[-1].outputs[0].shape
+        inner = {id(v) for m in b for v in m.outputs}
+        for m in b:
+            for a in m.inputs:
+                if isinstance(a, Value) and id(a) not in inner and a.shape == shape:
+                    full_in.setdefault(id(a), r)
+    contract = {}
+    for n in graph.nodes:
+        if n.name != "matmul" or n.op is None or small_k_matmul(n) or len(n.inputs) != 2:
+            continue
+        a, b = n.inputs
+        t = producer.get(id(a)) if isinstance(a, Value) else None
+        if t is None or t.name != "permute" or t.op is None or len(a.shape) != 2 or \
+                uses.get(id(a)) != 1 or not isinstance(b, Value) or len(b.shape) != 2 or \
+                tuple(t.params.get("dims", ())) not in ((1, 0), (-1, -2), (1, -2), (-1, 0)):
+            continue
+        x = t.inputs[0]
+        if not isinstance(x, Value) or x.shape[0] != b.shape[0] or x.dtype != b.dtype or \
+                x.dtype.kind != "f":
+            continue
+        for wide, narrow, form, r in [(w_, n_, f_, r_) for w_, n_, f_ in (
+                (b, x, "left"), (x, b, "right")) for r_ in (last_of.get(id(w_)),
+                                                            full_in.get(id(w_)))]:
+            if r is None or narrow.shape[1] > SMALL_K or len(wide.shape) != 2:
+                continue
+            body = members[r]
+            gpos = pos[id(body[-1])]
+            inner = {id(v) for m in body for v in m.outputs}
+            sp = producer.get(id(narrow))
+            if body[-1].outputs[0].shape != wide.shape or id(narrow) in inner or \
+                    (sp is not None and pos[id(sp)] > gpos) or \
+                    first_read.get(id(n.outputs[0]), gpos + 1) <= gpos or \
+                    any(min(gpos, pos[id(n)]) < e < max(gpos, pos[id(n)]) for e in effects):
+                continue  # (a matmul before the group moves down to it: nothing reads it yet)
+            contract.setdefault(r, []).append((n, t, form, wide, narrow))
+            absorbed.update((id(n), id(t)))
+            break
+    return contract
+
+
+def _fused_impl(body, ins, reduce=(), contract=()):
     """The reference evaluation of a fused group (the generated kernel is the fast one)."""
     def fused(*arrays):
         env = {id(v): a for v, a in zip(ins, arrays)}
@@ -240,9 +320,13 @@ def _fused_impl(body, ins, reduce=()):
             args = [env[id(a)] if isinstance(a, Value) else a for a in m.inputs]
             env[id(m.outputs[0])] = call_node(m, args)[0]
         res = env[id(body[-1].outputs[0])]
-        if not reduce:
+        if not reduce and not contract:
             return res
-        return (res,) + tuple(call_node(r, [res])[0] for r in reduce)
+        con = []
+        for mm, p, _, _, _ in contract:
+            (pt,) = call_node(p, [env[id(p.inputs[0])]])
+            con.append(call_node(mm, [pt, env[id(mm.inputs[1])]])[0])
+        return (res,) + tuple(call_node(r, [res])[0] for r in reduce) + tuple(con)
 
     return fused
 
