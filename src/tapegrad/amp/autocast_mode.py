@@ -336,6 +336,28 @@ def autocast_composite(fn):
     return composite
 
 
+def lower_precision_region() -> bool:
+    """True where an op listed lower precision would be cast now: inside an enabled CPU
+    region of this thread, outside any autocast op or composite (the RNN layers ask)."""
+    if not _regions:
+        return False
+    st = _state
+    return st.cpu and not st.excluded and bool(st.depth)
+
+
+def run_lower_precision(name, fn, *args):
+    """Run ``fn(*args)`` as an op PyTorch lists lower precision (``mkldnn_rnn_layer``): its
+    floating inputs (float64 aside) cast to the region's dtype, autocast off inside."""
+    return _run(name, LOWER, fn, args, {})
+
+
+def cast_lower_precision(*tensors):
+    """``tensors`` cast to the region's dtype as a lower-precision op's inputs are (None,
+    float64 and non-floating tensors unchanged); the casts are recorded ops."""
+    st = _state
+    return tuple(None if t is None else _cast(t, st.dtype["cpu"], st) for t in tensors)
+
+
 # --- the context manager ----------------------------------------------------------------------
 def autocast_decorator(autocast_instance, func):
     @functools.wraps(func)

@@ -307,6 +307,19 @@ def _shape_error(node, i, parent, g):
         f"{gd.dtype}, but the input has shape {tuple(shape)} and dtype {dt}")
 
 
+def _to_input_dtype(node, i, parent, g, dt):
+    """A gradient of the input's shape in a wider float type than a bfloat16 input (a rule
+    computing with a Python float in numpy) is cast to the input's dtype, as PyTorch's
+    engine casts each gradient to its input's dtype; any other mismatch is an error."""
+    from tapegrad import dtypes  # (an import cycle at module level; only on a mismatch)
+    gd = g._data if isinstance(g, Tensor) else g
+    shape = parent.shape if type(parent) is Node else parent._data.shape
+    if (dtypes.bfloat16 is None or dt != dtypes.bfloat16.np or gd.shape != tuple(shape)
+            or gd.dtype.kind != "f"):
+        raise _shape_error(node, i, parent, g)
+    return g.to(dtypes.bfloat16) if isinstance(g, Tensor) else gd.astype(dt)
+
+
 def _run_hooks(hooks, g, create_graph):
     for hook in list(hooks):
         result = hook(g if create_graph else Tensor._make(g))
@@ -397,7 +410,7 @@ def run_backward(roots, root_grads, retain_graph=False, create_graph=False, inpu
                 if type(parent) is Node:
                     gd = gi._data if create_graph else gi
                     if gd.shape != parent.shape or gd.dtype != parent.dtype:
-                        raise _shape_error(node, i, parent, gi)
+                        gi = _to_input_dtype(node, i, parent, gi, parent.dtype)
                     if parent not in pending:
                         pending[parent] = gi
                         heappush(heap, (-parent.seq, parent))
@@ -411,7 +424,7 @@ def run_backward(roots, root_grads, retain_graph=False, create_graph=False, inpu
                     pd = parent._data
                     gd = gi._data if create_graph else gi
                     if gd.shape != pd.shape or gd.dtype != pd.dtype:
-                        raise _shape_error(node, i, parent, gi)
+                        gi = _to_input_dtype(node, i, parent, gi, pd.dtype)
                     _accumulate_leaf(parent, gi, create_graph, capture)
                     if post is not None:
                         post[1].add(id(parent))

@@ -731,9 +731,9 @@ def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2, eps=1e-6, s
 
     reduction = _reduction(size_average, reduce, reduction)
     dims = {anchor.ndim, positive.ndim, negative.ndim}
-    if len(dims) != 1 or anchor.ndim not in (1, 2):
+    if len(dims) != 1:  # any number, as PyTorch (distances along the last dimension)
         raise RuntimeError(f"triplet_margin_loss: The anchor, positive, and negative tensors are "
-                           f"expected to have the same number of dimensions (1 or 2), but got: "
+                           f"expected to have the same number of dimensions, but got: "
                            f"anchor {anchor.ndim}D, positive {positive.ndim}D, and negative "
                            f"{negative.ndim}D inputs")
     d_pos = pairwise_distance(anchor, positive, p, eps)

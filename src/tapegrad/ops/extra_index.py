@@ -75,7 +75,7 @@ def _identity(reduce, dtype):
         return 0
     if reduce == "prod":
         return 1
-    if dtype.kind == "f":
+    if dtype in dtypes.FLOAT_NP:  # (bfloat16 has numpy kind "V")
         return -xp.inf if reduce == "amax" else xp.inf
     info = xp.iinfo(dtype) if dtype.kind in "iu" else None
     if info is None:  # bool

@@ -671,7 +671,7 @@ def max_pool2d_indices(x, kernel, stride, padding, dilation, out_size):
         return _tiled_max_indices(x, kh, kw, oh, ow)
     pads = ((ph, (oh - 1) * sh + (kh - 1) * dh + 1 - h - ph),
             (pw, (ow - 1) * sw + (kw - 1) * dw + 1 - w - pw))
-    fill = -xp.inf if x.dtype.kind == "f" else xp.iinfo(x.dtype).min
+    fill = xp.iinfo(x.dtype).min if x.dtype.kind in "iu" else -xp.inf  # (bfloat16: "V")
     crop = tuple((lo, max(hi, 0)) for lo, hi in pads)
     win = _patches(x, kernel, stride, crop, dilation, fill)[:, :, :oh, :ow]
     k = win.reshape(n, c, oh, ow, kh * kw).argmax(axis=-1)

@@ -62,9 +62,14 @@ def _cast_back(g, a):
     return g if np_dtype(g.dtype) == np_dtype(a.dtype) else to_dtype(g, dtype=a.dtype)
 
 
+_BF16 = dtypes.bfloat16.np if dtypes.bfloat16 is not None else None
+
+
 @op(flops=1, saves="none", name="sum", linear=True)
 def sum_op(a, dims, keepdim=False, dtype=None):
     if dtype is None:
+        if a.dtype is _BF16:  # accumulated in float32, rounded once (PyTorch's opmath)
+            return reduce_axis(xp.add, a.astype(xp.float32), dims, keepdim).astype(_BF16)
         return reduce_axis(xp.add, a, dims, keepdim)
     return a.sum(axis=dims, keepdims=keepdim, dtype=dtype)
 
@@ -78,6 +83,8 @@ def _(g, out, a, dims, keepdim=False, dtype=None):
 def mean_op(a, dims, keepdim=False, dtype=None):
     if a.size == 0 and _count(a.shape, dims) == 0:  # numpy warns; PyTorch gives nan quietly
         return xp.full_like(a.sum(axis=dims, keepdims=keepdim, dtype=dtype), xp.nan)
+    if dtype is None and a.dtype is _BF16:  # accumulated in float32, rounded once
+        return xp.asarray(a.mean(axis=dims, keepdims=keepdim, dtype=xp.float32)).astype(_BF16)
     return a.mean(axis=dims, keepdims=keepdim, dtype=dtype)
 
 

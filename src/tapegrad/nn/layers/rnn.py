@@ -12,6 +12,7 @@ import numbers
 import warnings
 
 import tapegrad
+from tapegrad.amp import autocast_mode
 from tapegrad.nn import functional as F
 from tapegrad.nn import init
 from tapegrad.nn.module import Module
@@ -191,29 +192,27 @@ class RNNBase(Module):
         (num_layers * D, B, H), index ``layer * D + direction``, as PyTorch.
         """
         num_directions = 2 if self.bidirectional else 1
-        steps = input.shape[0]
         h_n, c_n = [], []
         layer_input = input
         weights = self.all_weights
+        amp = autocast_mode.lower_precision_region()
         for layer in range(self.num_layers):
             outputs = []
             for direction in range(num_directions):
                 index = layer * num_directions + direction
                 w = list(weights[index])
-                w_ih, w_hh_t = w[0], w[1].T
-                b_ih, b_hh = (w[2], w[3]) if self.bias else (None, None)
-                w_hr_t = w[-1].T if self.proj_size > 0 else None
-                xw = layer_input @ w_ih.T
-                if b_ih is not None:
-                    xw = xw + b_ih
-                h = hx[index]
                 c = cx[index] if cx is not None else None
-                seq = [None] * steps
-                order = range(steps) if direction == 0 else range(steps - 1, -1, -1)
-                for t in order:
-                    h, c = self._cell(xw[t], h, c, w_hh_t, b_hh, w_hr_t)
-                    seq[t] = h
-                outputs.append(tapegrad.stack(seq))
+                if amp and self.mode == "LSTM":
+                    # PyTorch's CPU LSTM is one mkldnn_rnn_layer per layer and direction,
+                    # listed lower precision: input, states and weights run in bfloat16
+                    out, h, c = autocast_mode.run_lower_precision(
+                        "mkldnn_rnn_layer", self._direction, layer_input, hx[index], c,
+                        direction, *w)
+                else:
+                    if amp:  # RNN/GRU: linear(x, w, b) per projection, the bias cast with it
+                        w[2:4] = autocast_mode.cast_lower_precision(*w[2:4])
+                    out, h, c = self._direction(layer_input, hx[index], c, direction, *w)
+                outputs.append(out)
                 h_n.append(h)
                 c_n.append(c)
             layer_input = outputs[0] if num_directions == 1 else tapegrad.cat(outputs, 2)
@@ -221,6 +220,22 @@ class RNNBase(Module):
                 layer_input = F.dropout(layer_input, self.dropout, True)
         return layer_input, tapegrad.stack(h_n), (tapegrad.stack(c_n) if cx is not None
                                                   else None)
+
+    def _direction(self, layer_input, h, c, direction, *w):
+        """One layer in one direction over time-major ``layer_input``: (output, h, c)."""
+        steps = layer_input.shape[0]
+        w_ih, w_hh_t = w[0], w[1].T
+        b_ih, b_hh = (w[2], w[3]) if self.bias else (None, None)
+        w_hr_t = w[-1].T if self.proj_size > 0 else None
+        xw = layer_input @ w_ih.T
+        if b_ih is not None:
+            xw = xw + b_ih
+        seq = [None] * steps
+        order = range(steps) if direction == 0 else range(steps - 1, -1, -1)
+        for t in order:
+            h, c = self._cell(xw[t], h, c, w_hh_t, b_hh, w_hr_t)
+            seq[t] = h
+        return tapegrad.stack(seq), h, c
 
     def _forward(self, input, hx, cx):
         """Batch-first/unbatched handling around ``_run``; hx/cx are 3-D by now."""
