@@ -417,3 +417,59 @@ def test_cli_profile_example(ceilings, tmp_path, monkeypatch, capsys):
     assert tapegrad.cli.main(["profile", "--example", "spiral", "--steps", "1"]) == 0
     out = capsys.readouterr().out
     assert "linear" in out and "LinearBackward" in out and "memory-bound" in out
+
+
+# --- compiled graphs: kernels on the roofline, before and after fusion -----------------------
+def test_graph_run_is_a_real_step_and_kernels_are_events():
+    from tapegrad import compiler
+    from tapegrad.bench.spiral import MLPTrainer, init_params, spiral_data
+    from tapegrad.profiler import graph
+
+    X, y = spiral_data(64)
+    a = MLPTrainer(tapegrad, init_params((2, 8, 3), seed=3), X, y)
+    b = MLPTrainer(tapegrad, init_params((2, 8, 3), seed=3), X, y)
+    g = compiler.trace(a.step)  # tracing runs one step eagerly
+    with profile() as prof:
+        graph.run(g)
+    b.step()
+    b.step()
+    for p, q in zip(a.params, b.params):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-12,
+                                   atol=1e-14)
+    events = [e for e in prof.events() if e.kind == "kernel"]
+    assert [e.name for e in events] == [n.name for n in g.nodes]
+    first = events[0]  # linear(X, W1, b1): hand count
+    assert first.name == "linear" and first.flops == 2 * 64 * 8 * 2
+    assert first.bytes_read == (64 * 2 + 8 * 2 + 8) * 8 and first.bytes_written == 64 * 8 * 8
+
+
+def _new_gelu(x):
+    import math
+
+    return (0.5 * x * (1.0 + tapegrad.tanh(math.sqrt(2.0 / math.pi)
+                                           * (x + 0.044715 * tapegrad.pow(x, 3.0))))).sum()
+
+
+def test_fusion_moves_a_pointwise_chain_across_the_ridge():
+    from tapegrad import compiler
+    from tapegrad.profiler import graph
+
+    n = 128 * 64
+    x = tapegrad.tensor(rng.standard_normal((128, 64)), dtype=tapegrad.float32)
+    g = compiler.trace(_new_gelu, x)
+    body = [m.name for m in g.nodes if m.name != "sum"]
+    flops = sum(REGISTRY[name].flops for name in body) * n
+    # ridge 2 FLOP/B for float32: unfused every op is below it, the fused chain above
+    ceilings = R.Ceilings({"float32": 20.0, "float64": 10.0}, 10.0, 10.0, 1.0)
+    kernels, result = graph.fusion(g, (x,), ceilings=ceilings, repeats=1)
+    (k,) = kernels
+    assert k.body == body and k.flops == flops
+    assert k.fused_bytes == 2 * n * 4  # x in, the result out
+    # each op reads its tensor operands and writes its result: 2 binary ops read two
+    assert k.unfused_bytes == (2 * len(body) + 2) * n * 4
+    assert (k.unfused_bound, k.fused_bound, k.moved) == ("memory-bound", "compute-bound", True)
+    assert "<- moved" in graph.fusion_table(kernels)
+    assert any(r.name.startswith("fused[") for r in result.rows)
+    high = R.Ceilings({"float32": 1000.0, "float64": 500.0}, 10.0, 10.0, 1.0)  # ridge 100
+    (k,), _ = graph.fusion(g, (x,), ceilings=high, repeats=1)
+    assert (k.unfused_bound, k.fused_bound, k.moved) == ("memory-bound", "memory-bound", False)
