@@ -84,7 +84,7 @@ def float_dtype(dtype, name):
     if dtype is None:
         return dtypes.get_default_dtype()
     d = dtypes.to_dtype(dtype)
-    if d.category != dtypes.FLOAT:
+    if not dtypes.is_floating(d):
         raise TypeError(f"{name}: expected a floating-point dtype, got {d}")
     return d
 
@@ -281,12 +281,12 @@ def _check_element(obj, d, name):
                         f"dtypes), got {obj!r}")
     elif not isinstance(obj, (int, float, xp.generic)):
         what = type(obj).__name__
-        if d.category == dtypes.FLOAT:
+        if dtypes.is_floating(d):
             raise TypeError(f"{name}(): must be real number, not {what} (an element of dtype "
                             f"{d})")
         raise TypeError(f"{name}(): '{what}' object cannot be interpreted as an integer (an "
                         f"element of dtype {d})")
-    elif isinstance(obj, int) and d.category != dtypes.FLOAT and \
+    elif isinstance(obj, int) and not dtypes.is_floating(d) and \
             not -2 ** 63 <= obj < 2 ** 63 and not isinstance(obj, bool):
         raise ValueError(f"{name}(): Overflow when unpacking long long: {obj} does not fit in "
                          f"{d}")
@@ -359,7 +359,7 @@ def arange(start=0, end=None, step=1, *, dtype=None, device=None, requires_grad=
         d = dtypes.get_default_dtype() if is_float else dtypes.int64
     else:
         d = dtypes.to_dtype(dtype)
-    if d.category == dtypes.FLOAT:
+    if dtypes.is_floating(d):
         n = math.ceil((float(end) - float(start)) / float(step))
         values = allocate("arange", (n,), dtypes.float64,
                           lambda: float(start) + float(step) * xp.arange(n, dtype=xp.float64))
@@ -400,7 +400,7 @@ def linspace(start, end, steps, *, dtype=None, device=None, requires_grad=False)
         return xp.where(i < half, start + step * i, end - step * (steps - 1 - i))
 
     values = allocate("linspace", (steps,), dtypes.float64, fill)
-    if d.category != dtypes.FLOAT:
+    if not dtypes.is_floating(d):
         values = xp.trunc(values)
     return finish(values.astype(d.np), requires_grad, "linspace")
 

@@ -44,6 +44,15 @@ ALL = [d for d in (bool_, uint8, int8, int16, int32, int64, float16, bfloat16, f
 _FROM_NP = {d.np: d for d in ALL}
 # numpy dtypes of floating-point tensors (ml_dtypes' bfloat16 has numpy kind "V", not "f")
 FLOAT_NP = frozenset(d.np for d in ALL if d.category == FLOAT)
+
+
+def is_floating(d) -> bool:
+    """Whether ``d``, a tapegrad dtype or a backend (numpy) dtype, is floating point: the one
+    floating test (bfloat16 included, which ``np.dtype.kind == "f"`` misses). The per-op hot
+    paths (dispatch, the in-place fast paths, vmap and jvp per op) read ``FLOAT_NP`` itself."""
+    return d.category == FLOAT if type(d) is dtype else d in FLOAT_NP
+
+
 _NAMES = {d.name: d for d in ALL}
 _NAMES.update({"bool": bool_, "half": float16, "float": float32, "double": float64,
                "long": int64, "int": int32, "short": int16})

@@ -12,7 +12,7 @@ from tapegrad.ops import registry
 from tapegrad.tensor import Tensor, _TYPE_NAMES
 from tapegrad.ops import elementwise as _E, movement as _M
 
-_FLOAT_NP = dtypes.FLOAT_NP  # ml_dtypes' bfloat16 has numpy kind "V", not "f"
+_FLOAT_NP = dtypes.FLOAT_NP  # dtypes.is_floating's set, read directly on the fast paths
 _new = object.__new__
 
 # --- in-place machinery -------------------------------------------------------------------
@@ -44,7 +44,7 @@ def _public(name):
 
 def _can_cast(src, dst):
     """PyTorch's canCast for in-place results: no float -> integer, no non-bool -> bool."""
-    if src.category == dtypes.FLOAT and dst.category != dtypes.FLOAT:
+    if dtypes.is_floating(src) and not dtypes.is_floating(dst):
         return False
     return not (dst is dtypes.bool_ and src is not dtypes.bool_)
 
@@ -56,7 +56,7 @@ def _cast_error(name, result, out):
 
 
 def _check_float_result(t, name):
-    if t._data.dtype not in _FLOAT_NP:
+    if not dtypes.is_floating(t._data.dtype):
         raise _cast_error(name, dtypes.get_default_dtype(), t.dtype)
 
 
@@ -110,7 +110,7 @@ def _binary_inplace(t, name, ufunc, other, alpha, fn, float_only=False):
             dt_np = data.dtype
         else:
             dt = dtypes.result_type(t, other)
-            if float_only and dt.category != dtypes.FLOAT:
+            if float_only and not dtypes.is_floating(dt):
                 dt = dtypes.get_default_dtype()
             if not _can_cast(dt, t.dtype):
                 raise _cast_error(name, dt, t.dtype)
@@ -127,7 +127,7 @@ def _binary_inplace(t, name, ufunc, other, alpha, fn, float_only=False):
             except TypeError:
                 raise TypeError(f"{name}: expected a Tensor or a number, got "
                                 f"{type(other).__name__}") from None
-            if float_only and dt.category != dtypes.FLOAT:
+            if float_only and not dtypes.is_floating(dt):
                 dt = dtypes.get_default_dtype()
             if not _can_cast(dt, t.dtype):
                 raise _cast_error(name, dt, t.dtype)
@@ -180,7 +180,7 @@ def view_of(a, data, o, params):
     b = data.base
     ab = ad.base
     if b is not ad and (b is None or b is not ab) and not xp.may_share_memory(data, ad):
-        return Tensor._make(data)  # numpy had to copy (a reshape of a non-contiguous input): no view
+        return Tensor._make(data)  # numpy copied (a reshape of a non-contiguous input): no view
     t = _new(Tensor)
     t._data = data
     t._grad = t.grad_fn = t._hooks = None

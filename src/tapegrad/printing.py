@@ -5,8 +5,6 @@ import math
 from tapegrad import dtypes
 from tapegrad.backend import xp
 
-_FLOAT_NP = dtypes.FLOAT_NP  # ml_dtypes' bfloat16 has numpy kind "V", not "f"
-
 # --- printing: PyTorch's _tensor_str rules (precision 4, threshold 1000, 3 edge items) -------
 _PRECISION, _THRESHOLD, _EDGE, _LINEWIDTH = 4, 1000, 3, 80
 
@@ -91,7 +89,7 @@ def _repr(t):
         if not default:
             suffixes.append(f"dtype={t.dtype}")
     else:
-        floating = data.dtype in _FLOAT_NP
+        floating = dtypes.is_floating(data.dtype)
         shown = data.astype(xp.float64) if floating else data
         summarize = data.size > _THRESHOLD
         sample = _summarized(shown) if summarize else shown

@@ -173,7 +173,7 @@ def normal_array(rng, shape, d):
     """Standard normal draws of dtype ``d``."""
     if d.np in (xp.float32, xp.float64):
         return rng.standard_normal(shape, dtype=d.np)
-    if d.category == dtypes.FLOAT:
+    if dtypes.is_floating(d):
         return rng.standard_normal(shape, dtype=xp.float32).astype(d.np)
     raise TypeError(f"normal: expected a floating-point dtype, got {d}")
 
@@ -279,7 +279,7 @@ def normal(mean=0.0, std=1.0, size=None, *, generator=None, dtype=None, device=N
     m = mean._data if isinstance(mean, Tensor) else mean
     s = std._data if isinstance(std, Tensor) else std
     d = dtypes.result_type(*tensors)
-    if d.category != dtypes.FLOAT:
+    if not dtypes.is_floating(d):
         raise TypeError(f"normal: expected floating-point mean/std, got {d}")
     if (xp.asarray(s) < 0).any():
         raise RuntimeError("normal: expects all elements of std >= 0.0")

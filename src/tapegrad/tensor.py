@@ -101,7 +101,7 @@ class Tensor:
                 "you can only change requires_grad flags of leaf variables. If you want to use "
                 "a computed variable in a subgraph that doesn't require differentiation use "
                 "var_no_grad = var.detach().")
-        if value and self._data.dtype not in _FLOAT_NP:
+        if value and not dtypes.is_floating(self._data.dtype):
             raise RuntimeError(
                 "only Tensors of floating point and complex dtype can require gradients "
                 f"(got {self.dtype})")
@@ -173,7 +173,7 @@ class Tensor:
 
     def is_floating_point(self) -> bool:
         """As ``Tensor.is_floating_point()``."""
-        return self._data.dtype in _FLOAT_NP
+        return dtypes.is_floating(self._data.dtype)
 
     def is_contiguous(self, memory_format=None) -> bool:
         return self._data.flags.c_contiguous
@@ -449,7 +449,8 @@ class Tensor:
         if _tracked(self, (tensor1, tensor2)):
             return _inplace(self, "addcdiv_", lambda a, b, c: a + value * b / c,
                             (tensor1, tensor2), {})
-        if tensor1._data.dtype not in _FLOAT_NP and tensor2._data.dtype not in _FLOAT_NP:
+        if not dtypes.is_floating(tensor1._data.dtype) and \
+                not dtypes.is_floating(tensor2._data.dtype):
             raise RuntimeError("addcdiv_: integer division with addcdiv is not supported; "
                                "use addcmul_(tensor1, 1 / tensor2) or true division")
         _check_result(self, "addcdiv_", tensor1, tensor2, value)
@@ -721,7 +722,6 @@ def log_softmax(input, dim, dtype=None):
 
 
 Tensor.softmax, Tensor.log_softmax = softmax, log_softmax
-_FLOAT_NP = dtypes.FLOAT_NP  # ml_dtypes' bfloat16 has numpy kind "V", not "f"
 
 
 # --- conversion helpers -------------------------------------------------------------------

@@ -320,7 +320,7 @@ def _record(cls, ctx, args, outs):
     Tensor = _tensor_cls()
     diff = [k for k, o in enumerate(outs)
             if isinstance(o, Tensor) and id(o) not in ctx._non_differentiable
-            and dtypes.from_numpy_dtype(o._data.dtype).category == dtypes.FLOAT]
+            and dtypes.is_floating(o._data.dtype)]
     ctx._saved = _snapshot_saved(ctx, args, outs)
     if not diff:
         return

@@ -594,7 +594,7 @@ bitwise_xor = _bitwise("bitwise_xor", xp.bitwise_xor)
 
 # --- PyTorch-signature functions (exported as tapegrad.X and Tensor.X) ------------------
 def _check_alpha(name, input, other, alpha):
-    if isinstance(alpha, float) and dtypes.result_type(input, other).category != dtypes.FLOAT:
+    if isinstance(alpha, float) and not dtypes.is_floating(dtypes.result_type(input, other)):
         raise RuntimeError(f"{name}: for integral input tensors, argument alpha must not be a "
                            f"floating point number (got alpha={alpha})")
 
