@@ -218,13 +218,20 @@ def _numba_kernel(w, n, names, kname, vals, out_expr, weak):
             pre.append(f"{rn} = np.empty(({cols},), {dt})")
             call.append(rn)
             outs.append(rn)
+        post = []
         for c in con:
             v = c[0].outputs[0]
             cn = _ident("v" + v.name if v.name[:1].isdigit() else v.name)
-            pre.append(f"{cn} = np.empty({v.shape!r}, {dt})")
-            call.append(cn)
+            if c[2] == "left":
+                pre.append(f"{cn} = np.empty({v.shape!r}, {dt})")
+                call.append(cn)
+            else:  # accumulated as (k, C): stored back in the product's layout
+                pre.append(f"{cn}_t = np.empty({v.shape[::-1]!r}, {dt})")
+                call.append(f"{cn}_t")
+                post.append(f"{cn} = np.ascontiguousarray({cn}_t.T)")
         pre.append(f"{kfn}({', '.join(call)})  # {' -> '.join(m.name for m in body)}"
-                   + (" -> sum" * len(reduce)))
+                   + (" -> sum" * len(reduce)) + (" -> matmul" * len(con)))
+        pre.extend(post)
         return pre, None
     params = [f"x{i}" for i in range(len(vals))]
     lines = [f"def {kname}({', '.join(params + ['out=None'])}):",
@@ -248,11 +255,16 @@ def _numba_kernel(w, n, names, kname, vals, out_expr, weak):
         lines.append(f"    r{k} = np.empty(({cols},), {dt})")
         call.append(f"r{k}")
         outs.append(f"r{k}")
+    post = []
     for k, c in enumerate(con):
-        lines.append(f"    c{k} = np.empty({c[0].outputs[0].shape!r}, {dt})")
+        shp = c[0].outputs[0].shape
+        lines.append(f"    c{k} = np.empty({(shp if c[2] == 'left' else shp[::-1])!r}, {dt})")
         call.append(f"c{k}")
         outs.append(f"c{k}")
+        if c[2] != "left":
+            post.append(f"    c{k} = np.ascontiguousarray(c{k}.T)")
     lines.append(f"    {kfn}({', '.join(call)})")
+    lines.extend(post)
     if out_expr is not None:
         lines.append("    if out is not None and o is not out:")
         lines.append("        np.copyto(out, o)")

@@ -155,7 +155,8 @@ def _np_type(dt):
 def numba_source(fname, body, ins, out_value, n_reduce, weak=(), contract=(), store=True):
     """The numba source of one kernel (see the module docstring) and the operand kinds.
     ``contract``: ``(matmul, permute, form, wide, narrow)`` accumulated over the rows:
-    "left" ``narrow.T @ wide`` (k, C), "right" ``wide.T @ narrow`` (C, k)."""
+    "left" ``narrow.T @ wide`` (k, C), "right" ``wide.T @ narrow`` (C, k), accumulated
+    transposed as (k, C) so every accumulation runs along the contiguous columns."""
     shape = out_value.shape
     kinds = [operand_kind(a, shape, weak, matrices(body, contract)) for a in ins]
     param = {id(a): f"x{i}" for i, a in enumerate(ins)}
@@ -220,7 +221,7 @@ def numba_source(fname, body, ins, out_value, n_reduce, weak=(), contract=(), st
         nm = param[id(narrow)]
         for c in range(narrow.shape[1]):  # X.T @ Y: X[i, c] * Y[i, j], rows in order
             lines.append(f"{pad}con{k}[{c}, j] += {nm}[i, {c}] * {w}" if form == "left"
-                         else f"{pad}con{k}[j, {c}] += {w} * {nm}[i, {c}]")
+                         else f"{pad}con{k}[{c}, j] += {w} * {nm}[i, {c}]")
     lines.append("    return out0")
     return "\n".join(lines) + "\n", kinds
 
