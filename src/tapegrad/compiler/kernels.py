@@ -156,32 +156,69 @@ def numba_source(fname, body, ins, out_value, n_reduce, weak=(), contract=(), st
     """The numba source of one kernel (see the module docstring) and the operand kinds.
     ``contract``: ``(matmul, permute, form, wide, narrow)`` accumulated over the rows:
     "left" ``narrow.T @ wide`` (k, C), "right" ``wide.T @ narrow`` (C, k), accumulated
-    transposed as (k, C) so every accumulation runs along the contiguous columns."""
+    transposed as (k, C) so every accumulation runs along the contiguous columns.
+
+    Rows are walked one at a time: a row's scalars (a small matmul's left operand, a
+    contraction's narrow side) and the rows of the operands are taken once per row, and the
+    accumulators are the kernel's own arrays (nothing can alias them), so LLVM vectorises
+    the column loop (1.5x measured on the fused backward kernel)."""
     shape = out_value.shape
     kinds = [operand_kind(a, shape, weak, matrices(body, contract)) for a in ins]
     param = {id(a): f"x{i}" for i, a in enumerate(ins)}
     params = [f"x{i}" for i in range(len(ins))] + ["out0"] + [
         f"red{k}" for k in range(n_reduce)] + [f"con{k}" for k in range(len(contract))]
     flat = len(shape) == 1  # a 1-D result: one loop (else the operands come as (R, C))
+    odt = _np_type(out_value.dtype)
     lines = ["import numpy as np", "from numba import njit", "",
              "", '@njit(error_model="numpy", cache=True)',
              f"def {fname}({', '.join(params)}):",
              "    C = out0.shape[0]" if flat else "    R, C = out0.shape"]
-    odt = _np_type(out_value.dtype)
-    for k in range(n_reduce):
-        lines += ["    for j in range(C):", f"        red{k}[j] = {odt}(0)"]
-    for k in range(len(contract)):
-        lines += [f"    for a in range(con{k}.shape[0]):",
-                  f"        for b in range(con{k}.shape[1]):",
-                  f"            con{k}[a, b] = {odt}(0)"]
-    lines += ["    for j in range(C):"] if flat else ["    for i in range(R):",
-                                                     "        for j in range(C):"]
+    accs = [f"acc{k}" for k in range(n_reduce)]
+    for k, c in enumerate(contract):
+        accs += [f"acc{k}_{q}" for q in range(c[4].shape[1])]
+    for a in accs:
+        lines.append(f"    {a} = np.zeros(C, {odt})")
+    # rows of a small matmul's right operand, taken once
+    hoisted = {}
+    for m in body:
+        if m.name == "matmul":
+            b = param[id(m.inputs[1])]
+            for k in range(m.inputs[0].shape[1]):
+                nm = f"{b}_r{k}"
+                if nm not in hoisted:
+                    hoisted[nm] = f"{b}[{k}]"
+    for nm, expr in hoisted.items():
+        lines.append(f"    {nm} = {expr}")
     local = {}
-    for i, (a, kind) in enumerate(zip(ins, kinds)):
-        full = f"x{i}[j]" if flat else f"x{i}[i, j]"
-        local[id(a)] = {"full": full, "row": f"x{i}[j]", "scalar": f"x{i}",
-                        "matrix": None}[kind]
-    pad = " " * (8 if flat else 12)
+    pad = " " * 8
+    if flat:
+        lines.append("    for j in range(C):")
+        for i, (a, kind) in enumerate(zip(ins, kinds)):
+            local[id(a)] = {"full": f"x{i}[j]", "row": f"x{i}[j]", "scalar": f"x{i}",
+                            "matrix": None}[kind]
+    else:
+        lines.append("    for i in range(R):")
+        row_scalars = {}
+        for m in body:
+            if m.name == "matmul":
+                a = param[id(m.inputs[0])]
+                for k in range(m.inputs[0].shape[1]):
+                    row_scalars[f"{a}_{k}"] = f"{a}[i, {k}]"
+        for _, _, _, _, narrow in contract:
+            a = param[id(narrow)]
+            for k in range(narrow.shape[1]):
+                row_scalars[f"{a}_{k}"] = f"{a}[i, {k}]"
+        for nm, expr in row_scalars.items():
+            lines.append(f"        {nm} = {expr}")
+        for i, (a, kind) in enumerate(zip(ins, kinds)):
+            if kind == "full":
+                lines.append(f"        x{i}i = x{i}[i]")
+            local[id(a)] = {"full": f"x{i}i[j]", "row": f"x{i}[j]", "scalar": f"x{i}",
+                            "matrix": None}[kind]
+        if store:
+            lines.append("        o = out0[i]")
+        lines.append("        for j in range(C):")
+        pad = " " * 12
     for j, m in enumerate(body):
         out = m.outputs[0]
         dt = _np_type(out.dtype)
@@ -197,7 +234,7 @@ def numba_source(fname, body, ins, out_value, n_reduce, weak=(), contract=(), st
         args = [arg(a) for a in m.inputs]
         if m.name == "matmul":  # a few multiply-adds, in the contraction's order
             a, b = (param[id(x)] for x in m.inputs)
-            expr = "(" + " + ".join(f"{a}[i, {k}] * {b}[{k}, j]"
+            expr = "(" + " + ".join(f"{a}_{k} * {b}_r{k}[j]"
                                     for k in range(m.inputs[0].shape[1])) + ")"
         elif m.name == "relu":
             z = f"{dt}(0.0)"
@@ -213,15 +250,20 @@ def numba_source(fname, body, ins, out_value, n_reduce, weak=(), contract=(), st
         local[id(out)] = t
     res = local[id(body[-1].outputs[0])]
     if store:
-        lines.append(f"{pad}out0[j] = {res}" if flat else f"{pad}out0[i, j] = {res}")
+        lines.append(f"{pad}out0[j] = {res}" if flat else f"{pad}o[j] = {res}")
     for k in range(n_reduce):
-        lines.append(f"{pad}red{k}[j] += {res}")
+        lines.append(f"{pad}acc{k}[j] += {res}")
     for k, (_, _, form, wide, narrow) in enumerate(contract):
         w = res if wide is body[-1].outputs[0] else local[id(wide)]
         nm = param[id(narrow)]
         for c in range(narrow.shape[1]):  # X.T @ Y: X[i, c] * Y[i, j], rows in order
-            lines.append(f"{pad}con{k}[{c}, j] += {nm}[i, {c}] * {w}" if form == "left"
-                         else f"{pad}con{k}[{c}, j] += {w} * {nm}[i, {c}]")
+            lines.append(f"{pad}acc{k}_{c}[j] += {nm}_{c} * {w}" if form == "left"
+                         else f"{pad}acc{k}_{c}[j] += {w} * {nm}_{c}")
+    for k in range(n_reduce):
+        lines.append(f"    red{k}[:] = acc{k}")
+    for k, c in enumerate(contract):
+        for q in range(c[4].shape[1]):
+            lines.append(f"    con{k}[{q}] = acc{k}_{q}")
     lines.append("    return out0")
     return "\n".join(lines) + "\n", kinds
 
