@@ -60,14 +60,18 @@ def test_verify_a_function_written_against_the_namespace():
 
 def test_first_divergence_names_the_softmax_on_the_wrong_dim():
     where = testing.first_divergence(_model(tapegrad, softmax_dim=0), _model(torch), [_x()])
-    assert where.module == "attn" and where.kind == "output"
+    assert where.module == "attn" and where.kind == "op" and where.op == "softmax"
+    assert where.torch_op == "torch.nn.functional.softmax"
     assert where.inputs_agree  # body agreed: the softmax itself is wrong
-    assert "'attn'" in str(where)
+    assert "'attn'" in str(where) and "self.attn(" in where.line
 
 
 def test_first_divergence_names_a_1_over_n_convention_difference():
     where = testing.first_divergence(_model(tapegrad, unbiased=True), _model(torch), [_x()])
-    assert where.module == "body.2" and where.kind == "output" and where.inputs_agree
+    assert where.module == "body.2" and where.kind == "op" and where.inputs_agree
+    # the op, not only the module: five ops run on that line, the variance is the culprit
+    assert where.op == "var" and where.torch_op == "torch.Tensor.var"
+    assert where.line.startswith(__file__) and "x.var(dim=1" in where.line
 
 
 def test_first_divergence_finds_a_wrong_gradient():
@@ -97,3 +101,46 @@ def test_first_divergence_finds_a_wrong_gradient():
 def test_no_divergence():
     where = testing.first_divergence(_model(tapegrad), _model(torch), [_x()])
     assert not where and where.checked > 10
+
+
+def _ported(T, x, w):
+    h = T.tanh(x @ w)
+    s = (h * h).sum(dim=1, keepdim=True)
+    p = T.softmax(h / s, dim=0 if T is tapegrad else 1)  # the port's planted bug
+    return T.log(p + 1.0).mean()
+
+
+def test_first_divergence_names_a_functional_op_and_its_line():
+    w = np.random.default_rng(2).standard_normal((5, 3))
+    where = testing.first_divergence(_ported, None, [_x(), w])
+    assert where.kind == "op" and where.op == "softmax" and where.module == ""
+    assert where.torch_op == "torch.softmax" and where.inputs_agree
+    assert "T.softmax(h / s" in where.line and "test_verify.py" in where.line
+    assert "op 'softmax'" in str(where) and "T.softmax" in str(where)
+
+
+def test_first_divergence_of_a_function_against_its_torch_twin():
+    def ours(x, w):
+        h = (x @ w).tanh()
+        return (h - h.mean()).pow(2).sum(dim=0) / h.shape[0]  # 1/n where torch.var has 1/(n-1)
+
+    def theirs(x, w):  # the PyTorch original, in its own lines
+        h = torch.tanh(x @ w)
+        return ((h - h.mean()) ** 2).sum(dim=0) / (h.shape[0] - 1)
+
+    w = np.random.default_rng(3).standard_normal((5, 3))
+    where = testing.first_divergence(ours, theirs, [_x(), w])
+    # no line is shared: the lines pair in order, their ops call by call; the division is
+    # the first op that differs, and its input (the sum) agrees
+    assert (where.kind, where.op, where.torch_op) == ("op", "div", "torch.Tensor.div")
+    assert where.inputs_agree is True
+    assert "/ h.shape[0]" in where.line
+
+
+def test_first_divergence_checks_ops_of_a_faithful_function():
+    w = np.random.default_rng(2).standard_normal((5, 3))
+
+    def faithful(T, x, w):
+        return T.softmax(T.tanh(x @ w), dim=1).sum()
+    where = testing.first_divergence(faithful, None, [_x(), w])
+    assert not where and where.checked >= 4
