@@ -132,29 +132,29 @@ def _operand(a):
 
 
 def _node_cost(n):
-    """(FLOPs, bytes) of one graph node from its op record; a fused kernel's FLOPs are its
-    body's, its bytes only what crosses the kernel's boundary (its inputs and outputs: the
-    intermediates stay in the kernel). None where no op record counts it (vjp, optimizer)."""
+    """(FLOPs, bytes read, bytes written) of one graph node from its op record; a fused
+    kernel's FLOPs are its body's, its bytes only what crosses the kernel's boundary (its
+    inputs and outputs: the intermediates stay in the kernel). Nones where no op record counts
+    it (vjp, optimizer)."""
     from tapegrad.ops.registry import read_bytes, written_bytes
 
     if n.name == "fused" and n.meta is not None:
         body = list(n.meta.get("nodes", ())) + list(n.meta.get("reduce", ()))
         costs = [_node_cost(m) for m in body]
         if any(c[0] is None for c in costs):
-            return None, None
+            return None, None, None
         ins = [_operand(a) for a in n.inputs]
-        return sum(c[0] for c in costs), read_bytes(ins) + written_bytes(n.outputs)
+        return sum(c[0] for c in costs), read_bytes(ins), written_bytes(n.outputs)
     if n.op is None:
-        return None, None
+        return None, None, None
     args = [_operand(a) for a in n.inputs]
     if n.variadic:
         args = [args]
     out = n.outputs[0] if len(n.outputs) == 1 else tuple(n.outputs)
     try:
-        flops, read, written = n.op.cost(args, out, n.params)
+        return n.op.cost(args, out, n.params)
     except (KeyError, TypeError, AttributeError, IndexError, ValueError):
-        return None, None
-    return flops, read + written
+        return None, None, None
 
 
 def graph_nodes(graph):
@@ -182,7 +182,8 @@ def graph_nodes(graph):
                      "dtype": str(v.dtype), "saved_bytes": None, "flops": None,
                      "bytes": None, "intensity": None, "inputs": []})
     for n in graph.nodes:
-        flops, nbytes = _node_cost(n)
+        flops, read, written = _node_cost(n)
+        nbytes = None if flops is None else read + written
         first = n.outputs[0] if n.outputs else None
         row_id = name(first) if first is not None else f"effect{len(rows)}"
         for v in n.outputs:

@@ -475,8 +475,8 @@ class profile:
         """Write the events in the Chrome trace format (JSON; opens in Perfetto and
         chrome://tracing): forward ops, gradient rules and ``record_function`` ranges."""
         pid = os.getpid()
-        category = {"op": "cpu_op", "inplace": "cpu_op", "backward": "autograd",
-                    "user": "user_annotation"}
+        category = {"op": "cpu_op", "inplace": "cpu_op", "kernel": "kernel",
+                    "backward": "autograd", "user": "user_annotation"}
         trace = []
         for e in sorted(self._events, key=lambda e: (e.start_ns, -e.end_ns)):
             args = {"External id": e.id}
