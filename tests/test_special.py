@@ -52,8 +52,10 @@ CASES = [
     ("log_softmax", lambda T, x: T.special.log_softmax(x, 0), [(3, 4)], {}),
     ("round", sp("round"), [(3, 4)], {}),
     ("round_decimals", lambda T, x: T.special.round(x, decimals=2), [(3, 4)], {}),
+    # forward=False: detach keeps the tangent in tapegrad's forward mode (docs/differences.md),
+    # so x's (zero) tangent reaches zeta's first argument, whose derivative is not implemented
     ("zeta_q", lambda T, x, q: T.special.zeta(x.detach() * 0 + 3.0, q), [(3, 4), (3, 4)],
-     {"low": 0.5, "high": 3.0}),
+     {"low": 0.5, "high": 3.0, "forward": False}),
     ("zeta_number_x", lambda T, q: T.special.zeta(2.5, q), [(5,)], {"low": 0.5, "high": 3.0}),
     ("expm1", sp("expm1"), [(3, 4)], {}),
     ("exp2", sp("exp2"), [(3, 4)], {}),

@@ -11,6 +11,7 @@ from tapegrad.backend import xp
 from tapegrad.ops import registry
 from tapegrad.tensor import Tensor, _TYPE_NAMES
 from tapegrad.ops import elementwise as _E, movement as _M
+from tapegrad.func import _forward as _F  # forward mode through in-place ops
 
 _FLOAT_NP = dtypes.FLOAT_NP  # dtypes.is_floating's set, read directly on the fast paths
 _new = object.__new__
@@ -23,6 +24,8 @@ _new = object.__new__
 # see its new version and raise at backward, as in PyTorch.
 
 def _tracked(t, operands):
+    if grad_state.modes and _F.carries_tangent(t, operands):  # forward mode (tapegrad.func)
+        return True
     if not grad_state.enabled:
         return False
     if t._requires_grad:
@@ -152,7 +155,7 @@ def _binary_inplace(t, name, ufunc, other, alpha, fn, float_only=False):
 
 
 def _unary_inplace(t, name, ufunc, fn, float_only):
-    if grad_state.enabled and t._requires_grad:
+    if grad_state.enabled and t._requires_grad or grad_state.modes and _F.carries_tangent(t):
         return _inplace(t, name, fn, (), {})
     if float_only and t._data.dtype not in _FLOAT_NP:
         raise _cast_error(name, dtypes.get_default_dtype(), t.dtype)
@@ -323,6 +326,8 @@ def _inplace_view(t, name, fn, args, kwargs):
                 f"performing the operation (an expanded view of shape {tuple(data.shape)}).")
     old = Tensor._make(data.copy(), grad_fn=node)
     old._requires_grad = t._requires_grad
+    if grad_state.modes:
+        _F.carry_tangent(t, old)
     result = _inplace_result(t, name, fn(old, *args, **kwargs))
     bnode = base.grad_fn
     old_base = Tensor._make(base._data, grad_fn=bnode)  # copy_slices saves nothing
@@ -330,6 +335,8 @@ def _inplace_view(t, name, fn, args, kwargs):
     # writes the view's region of the base's own memory: no copy of the base
     new_base = _M.copy_slices(old_base, result, chain=chain, inplace=True)
     base._version[0] += 1  # shared with every view of the base
+    if grad_state.modes:
+        _F.restamp(base)  # forward mode: the base's tangent came from copy_slices
     new = new_base.grad_fn
     base.grad_fn = new
     base._requires_grad = new_base._requires_grad
@@ -362,9 +369,13 @@ def _inplace(t, name, fn, args, kwargs):
                            "in-place operation.")
     old = Tensor._make(t._data.copy(), grad_fn=node)
     old._requires_grad = t._requires_grad
+    if grad_state.modes:
+        _F.carry_tangent(t, old)
     result = _inplace_result(t, name, fn(old, *args, **kwargs))
     xp.copyto(t._data, result._data, casting="unsafe")
     t._version[0] += 1
+    if grad_state.modes:
+        _F.carry_tangent(result, t)  # forward mode: t's tangent is the result's
     new = result.grad_fn
     t.grad_fn = new
     t._requires_grad = result._requires_grad

@@ -10,8 +10,10 @@ sees the tangent computation as ordinary ops. The rule is, in order:
 - derived for ``linear`` ops: ``op(tangents)`` (PyTorch's ``auto_linear``);
 - derived for ``pointwise`` ops from the gradient rule: the Jacobian is diagonal, so
   ``sum_i rule(g=t_i)[i]`` is the JVP (PyTorch's ``auto_element_wise``);
-- otherwise the transpose of the (linear in g) gradient rule, by reverse mode over it. Ops
-  that take this path are listed by ``fallback_ops()``.
+- otherwise, as a last resort, the transpose of the (linear in g) gradient rule, by reverse
+  mode over it, with a warning naming the op (once per op). ``fallback_ops()`` lists the ops
+  that would take this path: none of the registered ops does (an op registered later without
+  a JVP rule, a custom one, still works this way).
 
 Tangents are kept per level by the identity of the primal's backend array, so a Tensor
 re-wrapping the same array (a saved output in a gradient rule, ``detach()``) keeps its
@@ -46,10 +48,35 @@ class ForwardLevel(DispatchMode):
         if not isinstance(t, Tensor):
             return None
         e = self.tangents.get(id(t._data))
-        return e[1] if e is not None and e[0] is t._data else None
+        if e is None or e[0] is not t._data:
+            return None
+        if e[2][0] != e[3]:
+            return self._refreshed(t)
+        return e[1]
+
+    def _refreshed(self, t):
+        """The tangent of ``t`` after an in-place write to its storage since it was set: a
+        view's is its base's tangent through the view's chain (as PyTorch's views of the
+        base's tangent); anything else was written outside the in-place machinery: raise."""
+        view = getattr(t, "_view", None)
+        if type(view) is not tuple:
+            _modified_in_place(t)
+        base, chain, _ = view
+        bt = self.tangent(base)
+        if bt is None:
+            del self.tangents[id(t._data)]
+            return None
+        from tapegrad.ops.movement import replay_view
+
+        tangent = self.below(replay_view, bt, chain)
+        self.set_tangent(t, tangent)
+        return tangent
 
     def set_tangent(self, t, tangent):
-        self.tangents[id(t._data)] = (t._data, tangent)
+        # the version counter (shared with views) read now: an in-place write to the primal
+        # afterwards bumps it, and reading the stale tangent then raises
+        v = t._version
+        self.tangents[id(t._data)] = (t._data, tangent, v, v[0])
 
     def below(self, fn, *args, **kwargs):
         """Run ``fn`` with this level off the stack (its ops get no tangent here)."""
@@ -85,6 +112,51 @@ class ForwardLevel(DispatchMode):
         if t is not None:
             self.set_tangent(out, _fit(t, out, op))
         return out
+
+
+# --- in-place ops (called by tapegrad.inplace while a mode is open) ------------------------
+def _levels():
+    return [m for m in grad_state.modes if isinstance(m, ForwardLevel)]
+
+
+def carries_tangent(t, operands=()):
+    """Whether ``t`` or a Tensor among ``operands`` has a tangent at an open forward level:
+    an in-place op on ``t`` must then go through the out-of-place path, which computes one."""
+    for level in _levels():
+        if level.tangent(t) is not None:
+            return True
+        for o in operands:
+            if isinstance(o, Tensor) and level.tangent(o) is not None:
+                return True
+    return False
+
+
+def carry_tangent(src, dst):
+    """After an in-place op: ``dst`` (written, its version bumped) takes ``src``'s tangent
+    (none: ``dst`` has none now); before it: the snapshot ``dst`` of ``src`` takes it."""
+    for level in _levels():
+        tangent = level.tangent(src)
+        if tangent is not None:
+            level.set_tangent(dst, tangent)
+        else:
+            level.tangents.pop(id(dst._data), None)
+
+
+def restamp(base):
+    """``base``'s tangent was set by the in-place op's copy_slices before the version bump:
+    mark it current (its views' tangents refresh from it when next read)."""
+    for level in _levels():
+        e = level.tangents.get(id(base._data))
+        if e is not None and e[0] is base._data:
+            level.set_tangent(base, e[1])
+
+
+def _modified_in_place(t):
+    raise RuntimeError(
+        f"forward mode: a tensor of shape {tuple(t.shape)} that carries a tangent was modified "
+        "in place (an in-place op on it, on its base or on a view of it) after its tangent was "
+        "computed; tapegrad's forward mode does not differentiate in-place ops (its tangent "
+        "would be stale): use the out-of-place form (y = y * x rather than y.mul_(x))")
 
 
 def _fit(t, out, op):
@@ -187,6 +259,12 @@ def _transposed_vjp(op, out, flat, tangents, params):
 
     if op.rule is None:
         return None
+    if op.name not in FALLBACK:
+        import warnings
+
+        warnings.warn(f"{op.name}: no forward-mode (JVP) rule; its tangent is computed by "
+                      "reverse mode over its gradient rule (slower; write one with "
+                      f"@{op.name}.jvp)", RuntimeWarning, stacklevel=2)
     FALLBACK.add(op.name)
     with enable_grad():
         u = zeros(tuple(out.shape), dtype=out.dtype, requires_grad=True)

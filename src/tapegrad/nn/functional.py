@@ -26,6 +26,18 @@ def _const(array):
     return Tensor._make(array)
 
 
+def _traced(x):
+    """Whether ``x`` is differentiated: it requires grad, or it carries a tangent at an open
+    forward-mode level (``tapegrad.func.jvp``, ``autograd.forward_ad``)."""
+    if x.requires_grad:
+        return True
+    for m in grad_state.modes:
+        tangent = getattr(m, "tangent", None)
+        if tangent is not None and tangent(x) is not None:
+            return True
+    return False
+
+
 def _recorder():
     """The active interpreter that records array code as graph nodes (the compiler's tracer)."""
     for m in reversed(grad_state.modes):
@@ -650,7 +662,7 @@ def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_
     else:
         t = target._data
         tlogt = _const(xp.where(t == 0, 0, t * xp.log(xp.where(t > 0, t, 1))).astype(t.dtype)) \
-            if not target.requires_grad else where(target == 0, 0.0, target * log(
+            if not _traced(target) else where(target == 0, 0.0, target * log(
                 where(target > 0, target, 1.0)))
         loss = tlogt - target * input
     if reduction == "batchmean":
@@ -1587,10 +1599,10 @@ def cosine_similarity(x1, x2, dim=1, eps=1e-8):
         raise RuntimeError(f"cosine_similarity: x1 {_shape(x1)} and x2 {_shape(x2)} cannot be "
                            "broadcast together") from None
     if tuple(x1.shape) != shape:
-        x1 = broadcast_to(x1, shape=shape) if x1.requires_grad else _const(
+        x1 = broadcast_to(x1, shape=shape) if _traced(x1) else _const(
             xp.broadcast_to(x1._data, shape))
     if tuple(x2.shape) != shape:
-        x2 = broadcast_to(x2, shape=shape) if x2.requires_grad else _const(
+        x2 = broadcast_to(x2, shape=shape) if _traced(x2) else _const(
             xp.broadcast_to(x2._data, shape))
     dim = _dim(dim, len(shape), "cosine_similarity")
     parts = []

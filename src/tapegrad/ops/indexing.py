@@ -108,6 +108,14 @@ def _(g, out, a, v, index, accumulate=False, basic=False, needs=(True, True)):
     return ga, gv
 
 
+@index_put_op.jvp
+def _(t, out, a, v, index, accumulate=False, basic=False):
+    # linear in (a, v); a constant v (a number, an array, a tangent-less tensor) writes 0
+    ta = t[0] if t[0] is not None else xp.zeros(tuple(a.shape), _E.np_dtype(a.dtype))
+    tv = t[1] if len(t) > 1 and t[1] is not None else 0
+    return index_put_op(ta, tv, index=index, accumulate=accumulate, basic=basic)
+
+
 def _index_array(index, name):
     """An integer index argument (Tensor, ndarray or list) as a backend integer array."""
     data = index._data if isinstance(index, _registry.Tensor) else xp.asarray(index)
@@ -313,7 +321,7 @@ def _index_item(i):
         data = i._data
     elif isinstance(i, (int, xp.integer)):
         return int(i), 0, 1
-    elif isinstance(i, (list, tuple, xp.ndarray)):
+    elif isinstance(i, (list, tuple, range, xp.ndarray)):  # a range: as a list (PyTorch)
         data = xp.asarray(i)
         if data.size == 0 and data.dtype.kind == "f":
             data = data.astype(xp.int64)

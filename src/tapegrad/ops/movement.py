@@ -122,6 +122,15 @@ def _(g, out, a, v, chain, inplace=False, needs=(True, True)):
     return ga, gv
 
 
+@copy_slices.jvp
+def _(t, out, a, v, chain, inplace=False):
+    # linear in (a, v), always into a new tangent (never into a's tangent in place); a
+    # constant v writes 0
+    ta = t[0] if t[0] is not None else xp.zeros(tuple(a.shape), a._data.dtype)
+    tv = t[1] if len(t) > 1 and t[1] is not None else 0
+    return copy_slices(ta, tv, chain=chain)
+
+
 # --- joining, repeating and rearranging ops ----------------------------------------------
 @op(saves="none", needs=True, name="cat", linear=True)
 def cat_op(arrays, dim):
