@@ -302,8 +302,16 @@ def _fake_torchvision(lib, rng):
                 size = self.size[::-1]
             return x.resize(size, Image.BILINEAR)
 
+    class Lambda:
+        def __init__(self, lambd):
+            self.lambd = lambd
+
+        def __call__(self, x):
+            return self.lambd(x)
+
     datasets.MNIST, datasets.FakeData = MNIST, FakeData
     transforms.Compose, transforms.ToTensor, transforms.Normalize = Compose, ToTensor, Normalize
+    transforms.Lambda = Lambda
     transforms.Resize, transforms.CenterCrop = Resize, CenterCrop
     utils.save_image = lambda *args, **kwargs: None
     tv.datasets, tv.transforms, tv.utils = datasets, transforms, utils
@@ -573,6 +581,7 @@ def _cora(workdir):  # cora.tgz as linqs publishes it (cora/cora.content, cora/c
 # parameters() call on it, for layers that train through self.forward and never __call__).
 PORTED_OPTIONS = {
     "gcn": dict(dtype="float32"),
+    "mnist_forward_forward": dict(weights="parameters"),
 }
 
 
@@ -607,6 +616,8 @@ PORTED_PROGRAMS = {
                            "--log-interval", "1"], None, 10, 1e-12),
     # float32 throughout: agreement to float32 rounding, amplified a little by Adam's steps
     "gcn": ("main", ["--epochs", "6", "--val-every", "2"], _cora, 20, 4e-6),
+    "mnist_forward_forward": ("main", ["--epochs", "8", "--log-interval", "2"], None, 40,
+                              1e-12),
 }
 
 
@@ -667,3 +678,18 @@ def test_channel_dropout_modules(name, shape):  # nn.Dropout2d: mnist_rnn
             warnings.simplefilter("ignore")  # the 2-D input warning, in eval mode too
             np.testing.assert_array_equal(module(xt).detach().numpy(), x)
     assert structure[0] == structure[1] == (True, True, len(shape) == 2)
+
+
+def test_range_as_an_index():  # mnist_forward_forward: x_[range(n), y] = x.max()
+    x = np.random.default_rng(0).standard_normal((4, 6))
+    results = []
+    for lib in (torch, tapegrad):
+        t = lib.tensor(x, requires_grad=True)
+        y = t.clone()
+        y[range(4), lib.tensor([1, 0, 5, 2])] = t.max()
+        y[range(1, 3)] *= 2.0
+        picked = t[range(0, 4, 2), 1:3] + t[range(0)].sum()
+        (y.sum() + picked.sum()).backward()
+        results.append((y.detach().numpy(), picked.detach().numpy(), t.grad.numpy()))
+    for got, ref in zip(results[1], results[0]):
+        np.testing.assert_allclose(got, ref, rtol=1e-15)
