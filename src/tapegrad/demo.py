@@ -338,8 +338,8 @@ def roofline_table(steps=5):
                   for k in kernels if k.moved]
     H.out(f"fusion keeps the FLOPs and drops the intermediates' bytes, so intensity rises; a "
           f"kernel changes bound when it crosses the ridge ({ceilings.ridge('float64'):.2f} "
-          f"FLOP/B float64, {ceilings.ridge('float32'):.2f} float32 here) or a roof call's time passes one dispatch. Moved here: "
-          + ("; ".join(dict.fromkeys(moved)) or "none"))
+          f"FLOP/B float64, {ceilings.ridge('float32'):.2f} float32 here) or a roof call's "
+          "time passes one dispatch. Moved here: " + ("; ".join(dict.fromkeys(moved)) or "none"))
     return ok
 
 

@@ -212,7 +212,8 @@ class Roofline:
         widths = [max(len(h), *(len(x[i]) for x in lines)) if lines else len(h)
                   for i, h in enumerate(cols)]
         fmt = lambda x: "  ".join(  # noqa: E731
-            s.ljust(w) if i in (0, 1, 10) else s.rjust(w) for i, (s, w) in enumerate(zip(x, widths)))
+            s.ljust(w) if i in (0, 1, 10) else s.rjust(w)
+            for i, (s, w) in enumerate(zip(x, widths)))
         total = sum(r.seconds for r in self.rows)
         by_bound = {}
         for r in self.rows:
