@@ -7,13 +7,14 @@ handle a leading dim.
 """
 from tapegrad.func._vmap import (move_to_front, pad_after_batch, expand_batch, logical_ndim,
                                  _front)
+from tapegrad.ops.movement import _dim
 from tapegrad.ops.registry import REGISTRY
 
 R = REGISTRY
 
 
 def _shift(d, nd):
-    return (d % nd if nd else 0) + 1
+    return _dim(d, nd, "vmap") + 1  # a logical dim, normalised, past the batch dim
 
 
 def _shift_all(ds, nd):

@@ -12,7 +12,7 @@ import warnings
 from tapegrad import dtypes
 from tapegrad.ops import registry
 from tapegrad.ops.elementwise import abs, eq, exp, isnan, np_dtype, sign, to_dtype, where_op
-from tapegrad.ops.movement import broadcast_to, reshape_op as reshape
+from tapegrad.ops.movement import _dim, broadcast_to, reshape_op as reshape
 from tapegrad.backend import reduce_axis
 from tapegrad.ops.registry import op, xp
 
@@ -27,14 +27,7 @@ def axes(dim, ndim, name="reduce"):
     dims = (dim,) if isinstance(dim, int) else tuple(dim)
     if not dims:
         return tuple(range(ndim))
-    n = builtins.max(ndim, 1)
-    out = []
-    for d in dims:
-        if not -n <= d < n:
-            raise IndexError(
-                f"{name}: dimension out of range (expected to be in range of [{-n}, {n - 1}],"
-                f" but got {d})")
-        out.append(d % n if ndim else 0)
+    out = [_dim(d, ndim, name) for d in dims]  # the one dim normaliser
     if len(set(out)) != len(out):
         raise RuntimeError(f"{name}: dim {dim} appears multiple times in the list of dims")
     return tuple(sorted(out)) if ndim else ()
