@@ -366,10 +366,10 @@ def split_linear(graph):
 
 
 def fuse_cross_entropy(graph):
-    """``cross_entropy_index`` and its opaque gradient rule on the same logits become one
-    node computing the loss, the gradient and (when read) the gradient's column sums (the
-    last bias gradient) in one pass: numba's kernel in generated code, the two eager calls
-    as the reference here."""
+    """``cross_entropy_index`` and its gradient (the backward op, or an opaque rule) on the
+    same logits become one node computing the loss, the gradient and (when read) the
+    gradient's column sums (the last bias gradient) in one pass: numba's kernel in generated
+    code, the two eager calls as the reference here."""
     fwd = {}
     for i, n in enumerate(graph.nodes):
         if n.name == "cross_entropy_index" and n.op is not None and len(n.inputs) == 2:
@@ -378,7 +378,8 @@ def fuse_cross_entropy(graph):
     made_at = {id(v): pos[id(n)] for n in graph.nodes for v in n.outputs}
     replace, drop = {}, set()
     for n in graph.nodes:
-        if n.name != "vjp_cross_entropy_index" or len(n.inputs) != 3:
+        if n.name not in ("cross_entropy_index_backward", "vjp_cross_entropy_index") \
+                or len(n.inputs) != 3:
             continue
         gv, x, t = n.inputs
         hit = fwd.get((id(x), id(t)))

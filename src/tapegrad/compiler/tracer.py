@@ -41,6 +41,14 @@ TRACEABLE_RULES = frozenset({
     "add", "sub", "mul", "div", "neg", "matmul", "linear", "relu", "broadcast_to", "sum_to",
     "sum", "mean", "to_dtype", "reshape", "exp", "log", "tanh", "sigmoid", "softmax",
     "log_softmax", "sqrt", "where", "gelu", "layer_norm", "embedding",
+    # audited for issue 9's third layer: ops of their inputs, shapes and params only (an
+    # array-valued param or raw-array constant, e.g. an advanced index, dropout's keep mask,
+    # embedding's padding row, still makes the rule a vjp node through ``dirty``)
+    "conv2d", "conv2d_input", "conv2d_weight", "max_pool2d", "max_pool2d_backward",
+    "avg_pool2d", "avg_pool2d_backward", "scaled_dot_product_attention", "getitem", "index",
+    "index_backward", "index_put", "permute", "cat", "stack", "repeat", "flip", "roll",
+    "tril", "triu", "constant_pad_nd", "cross_entropy_index", "cross_entropy_index_backward",
+    "nll_loss", "softmax_cross_entropy", "batch_norm", "embedding_backward", "gelu_backward",
 })
 
 

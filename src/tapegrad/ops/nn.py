@@ -307,7 +307,13 @@ def cross_entropy_index(x, t, ignore_index=-100, mean=True):
 
 @cross_entropy_index.grad
 def _(g, out, x, t, ignore_index=-100, mean=True):
-    t = getattr(t, "_data", t)  # class indices: a constant of the graph
+    return cross_entropy_index_backward(g, x, t, ignore_index=ignore_index, mean=mean), None
+
+
+def _ce_target(x, t, ignore_index, mean):
+    """One-hot ``target``, the valid rows ``keep`` (N, 1) and the loss's 1 / count, from the
+    class indices ``t`` (an array, or a Tensor under create_graph: a constant of the graph)."""
+    t = getattr(t, "_data", t)
     n, c = x.shape
     dt = np_dtype(x.dtype)  # x is an array, or a Tensor under create_graph
     valid = t != ignore_index
@@ -315,8 +321,39 @@ def _(g, out, x, t, ignore_index=-100, mean=True):
     target[xp.arange(n), xp.where(valid, t, 0)] = valid
     keep = valid[:, None].astype(dt)
     count = int(valid.sum()) if mean else 1
-    scale = (1.0 / count) if count else xp.nan
-    return (softmax(x, dim=1) * keep - target) * (g * scale), None
+    return target, keep, (1.0 / count) if count else xp.nan
+
+
+@op(flops=6, fused=True)
+def cross_entropy_index_backward(g, x, t, ignore_index=-100, mean=True):
+    """cross_entropy_index's gradient ``(softmax(x) * valid - onehot) * g / count``: one op,
+    so a traced backward reads the indices at run time (nothing frozen)."""
+    target, keep, scale = _ce_target(x, t, ignore_index, mean)
+    return (softmax.forward(x, 1) * keep - target) * (g * scale)
+
+
+@cross_entropy_index_backward.grad
+def _(gg, out, g, x, t, ignore_index=-100, mean=True):
+    target, keep, scale = _ce_target(x, t, ignore_index, mean)
+    p = softmax(x, dim=1)
+    u = gg * keep * (g * scale)
+    gx = p * (u - sum_op(u * p, dims=(1,), keepdim=True))
+    gg_g = sum_op(gg * (p * keep - target), dims=(0, 1)) * scale
+    return gg_g, gx, None
+
+
+@cross_entropy_index_backward.jvp
+def _(tt, out, g, x, t, ignore_index=-100, mean=True):
+    target, keep, scale = _ce_target(x, t, ignore_index, mean)
+    p = softmax(x, dim=1)
+    r = None
+    if tt[0] is not None:
+        r = (p * keep - target) * (tt[0] * scale)
+    if len(tt) > 1 and tt[1] is not None:
+        dp = p * (tt[1] - sum_op(tt[1] * p, dims=(1,), keepdim=True))
+        rx = dp * keep * (g * scale)
+        r = rx if r is None else r + rx
+    return r
 
 
 @cross_entropy_index.jvp
@@ -805,7 +842,8 @@ def scaled_dot_product_attention(q, k, v, bias=None, scale=1.0, keep=None):
 
 @scaled_dot_product_attention.grad
 def _(g, out, q, k, v, bias=None, scale=1.0, keep=None, needs=(True,) * 4):
-    scale = xp.asarray(scale, np_dtype(q.dtype))  # keeps bfloat16 (a Python float would not)
+    if np_dtype(q.dtype).kind != "f":  # keeps bfloat16 (a Python float would not); a float
+        scale = xp.asarray(scale, np_dtype(q.dtype))  # stays a literal (traceable, same bits)
     s = matmul(q, k.mT) * scale
     if bias is not None:
         s = s + bias
