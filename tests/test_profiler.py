@@ -473,3 +473,19 @@ def test_fusion_moves_a_pointwise_chain_across_the_ridge():
     high = R.Ceilings({"float32": 1000.0, "float64": 500.0}, 10.0, 10.0, 1.0)  # ridge 100
     (k,), _ = graph.fusion(g, (x,), ceilings=high, repeats=1)
     assert (k.unfused_bound, k.fused_bound, k.moved) == ("memory-bound", "memory-bound", False)
+
+
+def test_tracing_under_a_profiler_still_captures_inplace_ops():
+    from tapegrad import compiler
+
+    x = _t(3)
+
+    def f(x):
+        y = x * 2.0
+        y.add_(1.0)
+        return y.sum()
+    with profile():
+        g = compiler.trace(f, x)
+    assert [n.name for n in g.nodes] == ["mul", "add", "sum"]
+    (out,), _ = compiler.evaluate(g, [x.numpy()])
+    assert out == pytest.approx(float((x.numpy() * 2 + 1).sum()), rel=1e-15)

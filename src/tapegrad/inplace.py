@@ -409,8 +409,8 @@ _inplace_lock = __import__("threading").Lock()
 def _inplace_watchers():
     from tapegrad.autograd.engine import WATCH, watchers
 
-    if not WATCH or grad_state.watching:
-        return ()
+    if not WATCH or grad_state.watching or grad_state.modes:
+        return ()  # inside a watched op, or under a DispatchMode (the tracer) that interprets
     return [w for w in watchers() if hasattr(w, "after_inplace")]
 
 
