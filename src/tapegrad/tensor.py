@@ -22,6 +22,17 @@ def _generic_inplace(name):
     return method
 
 
+def _cast_method(name, dtype_name):
+    """``Tensor.<name>()`` (``float``, ``long``, ...): ``to(dtypes.<dtype_name>)``."""
+
+    def method(self, memory_format=None):
+        return self.to(getattr(dtypes, dtype_name))
+
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = f"As ``Tensor.{name}()``: ``to({dtype_name.rstrip('_')})``."
+    return method
+
+
 class Tensor:
     """As ``torch.Tensor``: an n-dimensional array that records the ops applied to it."""
 
@@ -304,41 +315,11 @@ class Tensor:
             dtype = dtype.dtype
         return self.to(dtype)
 
-    def float(self, memory_format=None):
-        """As ``Tensor.float()``: ``to(float32)``."""
-        return self.to(dtypes.float32)
-
-    def double(self, memory_format=None):
-        """As ``Tensor.double()``: ``to(float64)``."""
-        return self.to(dtypes.float64)
-
-    def half(self, memory_format=None):
-        """As ``Tensor.half()``: ``to(float16)``."""
-        return self.to(dtypes.float16)
-
-    def bfloat16(self, memory_format=None):
-        """As ``Tensor.bfloat16()``: ``to(bfloat16)``."""
-        return self.to(dtypes.bfloat16)
-
-    def long(self, memory_format=None):
-        """As ``Tensor.long()``: ``to(int64)``."""
-        return self.to(dtypes.int64)
-
-    def int(self, memory_format=None):
-        """As ``Tensor.int()``: ``to(int32)``."""
-        return self.to(dtypes.int32)
-
-    def short(self, memory_format=None):
-        """As ``Tensor.short()``: ``to(int16)``."""
-        return self.to(dtypes.int16)
-
-    def byte(self, memory_format=None):
-        """As ``Tensor.byte()``: ``to(uint8)``."""
-        return self.to(dtypes.uint8)
-
-    def bool(self, memory_format=None):
-        """As ``Tensor.bool()``: ``to(bool)``."""
-        return self.to(dtypes.bool_)
+    float, double = _cast_method("float", "float32"), _cast_method("double", "float64")
+    half, bfloat16 = _cast_method("half", "float16"), _cast_method("bfloat16", "bfloat16")
+    long, int = _cast_method("long", "int64"), _cast_method("int", "int32")
+    short, byte = _cast_method("short", "int16"), _cast_method("byte", "uint8")
+    bool = _cast_method("bool", "bool_")
 
     def clone(self, memory_format=None):
         """As ``Tensor.clone()``: a differentiable copy with its own storage."""
