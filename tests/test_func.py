@@ -268,3 +268,40 @@ def test_rule_coverage_lists():
         assert name in batched, name
     diff = [n for n, o in REGISTRY.items() if o.differentiable]
     assert len(batched & set(diff)) > len(diff) // 2
+
+
+def test_every_registered_op_has_a_forward_rule():
+    """A written JVP rule (@op.jvp) or a derived one (pointwise/linear) for every op: none
+    takes the reverse-mode fallback."""
+    assert gf.jvp_fallback_ops() == []
+
+
+def test_jvp_fallback_warns_naming_the_op():
+    from tapegrad.ops.registry import Op
+
+    def fwd(a):  # an op with a gradient rule only (not registered: REGISTRY stays as is)
+        return a * a * a
+
+    cube = Op(fwd, "test_cube_without_jvp", 3, "inputs", False, False, True, False, False,
+              False)
+    cube.grad(lambda g, out, a: g * 3 * a * a)
+    x, v = tapegrad.tensor(X), tapegrad.tensor(V)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        _, t = gf.jvp(cube, (x,), (v,))
+    assert any("test_cube_without_jvp" in str(m.message) for m in w)
+    assert_close(t, torch.tensor(3 * X * X * V))
+
+
+def test_jvp_through_in_place_ops_matches_torch():
+    def f(T):
+        def run(x):
+            y = x * 2
+            y[1:].mul_(x[1:].exp())
+            y.T[0].add_(x[:, 1])
+            return y.sin()
+        return run
+
+    ga, ta = pair(X)
+    gv, tv = pair(V)
+    close_tree(gf.jvp(f(tapegrad), (ga,), (gv,)), tf.jvp(f(torch), (ta,), (tv,)))
