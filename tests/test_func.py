@@ -305,3 +305,54 @@ def test_jvp_through_in_place_ops_matches_torch():
     ga, ta = pair(X)
     gv, tv = pair(V)
     close_tree(gf.jvp(f(tapegrad), (ga,), (gv,)), tf.jvp(f(torch), (ta,), (tv,)))
+
+
+RANDOM_FNS = {
+    "rand": lambda T, x: x * 0 + T.rand(4, dtype=x.dtype),
+    "randn_like": lambda T, x: x * 0 + T.randn_like(x),
+    "randint": lambda T, x: x * 0 + T.randint(0, 1000, (4,)).to(x.dtype),
+    "normal": lambda T, x: x * 0 + T.normal(0.0, 1.0, size=(4,), dtype=x.dtype),
+    "bernoulli": lambda T, x: T.bernoulli(x * 0 + 0.5),
+    "bernoulli_unbatched": lambda T, x: x * 0 + T.bernoulli(T.full((4,), 0.5, dtype=x.dtype)),
+    "dropout": lambda T, x: T.nn.functional.dropout(x * 0 + 1, 0.5),
+}
+
+
+def _random_behaviour(lib, vmap, fn, randomness):
+    x = lib.zeros(16, 4, dtype=lib.float64)
+    try:
+        out = vmap(lambda x: fn(lib, x), randomness=randomness)(x)
+    except RuntimeError as e:
+        return "error: " + ("randomness error mode" if "randomness error mode" in str(e)
+                            else "same randomness with a batched" if "same randomness" in str(e)
+                            else str(e))
+    o = out.numpy()
+    assert o.shape == (16, 4)
+    return "rows equal" if (o == o[:1]).all() else "rows differ"
+
+
+@pytest.mark.parametrize("randomness", ["error", "same", "different"])
+@pytest.mark.parametrize("name", list(RANDOM_FNS))
+def test_vmap_randomness_as_torch(name, randomness):
+    """Random ops are seen by the vmap level: 'error' refuses them, 'same' draws once for the
+    batch (refused for a batched input to bernoulli), 'different' draws per example."""
+    fn = RANDOM_FNS[name]
+    got = _random_behaviour(tapegrad, gf.vmap, fn, randomness)
+    want = _random_behaviour(torch, tf.vmap, fn, randomness)
+    assert got == want, (got, want)
+
+
+def test_vmap_randomness_nested_and_seeded():
+    inner = gf.vmap(lambda x: x * 0 + tapegrad.rand(()), randomness="same")
+    out = gf.vmap(inner, randomness="different")(tapegrad.zeros(3, 5)).numpy()
+    assert (out == out[:, :1]).all() and len(set(out[:, 0])) == 3
+    inner = gf.vmap(lambda x: x * 0 + tapegrad.rand(()), randomness="different")
+    out = gf.vmap(inner, randomness="same")(tapegrad.zeros(3, 5)).numpy()
+    assert (out == out[:1]).all() and len(set(out[0])) == 5
+    # the draws come from tapegrad's stream: reproducible under manual_seed
+    f = gf.vmap(lambda x: tapegrad.nn.functional.dropout(x + 1, 0.5), randomness="different")
+    tapegrad.manual_seed(3)
+    a = f(tapegrad.zeros(8, 10)).numpy()
+    tapegrad.manual_seed(3)
+    assert (f(tapegrad.zeros(8, 10)).numpy() == a).all()
+    assert set(np.unique(a)) <= {0.0, 2.0} and 0.2 < (a == 0).mean() < 0.8

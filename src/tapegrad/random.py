@@ -178,12 +178,27 @@ def normal_array(rng, shape, d):
     raise TypeError(f"normal: expected a floating-point dtype, got {d}")
 
 
+def _vmapped(name, shape, draw, inputs=()):
+    """Under ``tapegrad.func.vmap``: the draw ``draw(shape)``, batched as the levels'
+    ``randomness`` says (or refused); None outside vmap."""
+    from tapegrad.autograd.grad_mode import state
+
+    if not state.modes:
+        return None
+    from tapegrad.func._vmap import random_draw
+
+    return random_draw(name, shape, draw, inputs)
+
+
 def rand(*args, size=NO_SIZE, generator=None, dtype=None, device=None,
          requires_grad=False) -> Tensor:
     """As ``torch.rand(2, 3)``: uniform on [0, 1)."""
     check_device(device, "rand")
     d = float_dtype(dtype, "rand")
     shape = size_args(args, "rand", size)
+    v = _vmapped("rand", shape, lambda s: uniform_array(numpy_rng(generator), s, d))
+    if v is not None:
+        return v
     return finish(allocate("rand", shape, d, uniform_array, numpy_rng(generator), shape, d),
                   requires_grad, "rand")
 
@@ -194,6 +209,9 @@ def randn(*args, size=NO_SIZE, generator=None, dtype=None, device=None,
     check_device(device, "randn")
     d = float_dtype(dtype, "randn")
     shape = size_args(args, "randn", size)
+    v = _vmapped("randn", shape, lambda s: normal_array(numpy_rng(generator), s, d))
+    if v is not None:
+        return v
     return finish(allocate("randn", shape, d, normal_array, numpy_rng(generator), shape, d),
                   requires_grad, "randn")
 
@@ -214,6 +232,10 @@ def randint(low, high=None, size=None, *, generator=None, dtype=None, device=Non
                            f"from={low} >= to={high}")
     d = dtypes.int64 if dtype is None else dtypes.to_dtype(dtype)
     shape = size_args((size,), "randint")
+    v = _vmapped("randint", shape, lambda s: numpy_rng(generator).integers(
+        low, high, size=s).astype(d.np))
+    if v is not None:
+        return v
     values = allocate("randint", shape, dtypes.int64, numpy_rng(generator).integers, low, high,
                       size=shape)
     return finish(values.astype(d.np), requires_grad, "randint")
@@ -274,6 +296,10 @@ def normal(mean=0.0, std=1.0, size=None, *, generator=None, dtype=None, device=N
             raise RuntimeError(f"normal: expects std >= 0.0, but found std {std}")
         d = float_dtype(dtype, "normal")
         shape = size_args((size,), "normal")
+        v = _vmapped("normal", shape, lambda s: (mean + std * normal_array(rng, s, d)).astype(
+            d.np, copy=False))
+        if v is not None:
+            return v
         values = mean + std * allocate("normal", shape, d, normal_array, rng, shape, d)
         return finish(values.astype(d.np, copy=False), requires_grad, "normal")
     m = mean._data if isinstance(mean, Tensor) else mean
@@ -292,6 +318,10 @@ def bernoulli(input, p=None, *, generator=None) -> Tensor:
     """As ``torch.bernoulli(probs)``: 1 with probability ``probs`` (or ``p``), else 0; the
     result has ``input``'s dtype and no graph."""
     _like_check("bernoulli", input)
+    v = _vmapped("bernoulli", input.shape,
+                 lambda s: numpy_rng(generator).random(s).astype(input._data.dtype), (input,))
+    if v is not None:  # under vmap: uniform draws against the (possibly batched) probabilities
+        return (v < (input if p is None else p)).to(input.dtype)
     probs = input._data if p is None else p
     if xp.any((xp.asarray(probs) < 0) | (xp.asarray(probs) > 1)) or xp.any(xp.isnan(probs)):
         raise RuntimeError("bernoulli: expects all probabilities p to satisfy 0 <= p <= 1")

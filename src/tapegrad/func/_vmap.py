@@ -207,6 +207,35 @@ def _pointwise_rule(op):
     return rule
 
 
+# --- random ops ----------------------------------------------------------------------------
+def random_draw(name, shape, draw, inputs=()):
+    """A random op (``rand``, ``randn``, ``bernoulli``, dropout's mask...) under the open vmap
+    levels, as torch.func's ``randomness``: ``draw(shape) -> array`` makes the values; each
+    level, innermost first, raises ('error'), leaves the draw unbatched ('same': one draw shared
+    by the batch; an error when an input is batched there, as PyTorch) or draws one per
+    example ('different'). Returns None when no vmap level is open."""
+    levels = [m for m in grad_state.modes if isinstance(m, VmapLevel)]
+    if not levels:
+        return None
+    return _draw(name, levels, tuple(shape), draw, inputs)
+
+
+def _draw(name, levels, shape, draw, inputs):
+    if not levels:
+        return registry.Tensor._make(draw(shape))
+    level, rest = levels[-1], levels[:-1]
+    if level.randomness == "error":
+        raise RuntimeError(f"vmap: called random operation ({name}) while in randomness error "
+                           "mode. Please either use the 'same' or 'different' randomness flags "
+                           "on vmap or perform the randomness operation out of vmap")
+    if level.randomness == "same":
+        if any(unwrap(t, level)[1] is not None for t in inputs):
+            raise RuntimeError(f"vmap: {name}: Vmap does not currently support same randomness "
+                               "with a batched tensor input (as PyTorch)")
+        return _draw(name, rest, shape, draw, inputs)
+    return wrap(_draw(name, rest, (level.size,) + shape, draw, inputs), 0, level)
+
+
 # --- vmap ----------------------------------------------------------------------------------
 def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None):
     """As ``torch.func.vmap``: ``func`` mapped over a batch dim of its inputs, each op run

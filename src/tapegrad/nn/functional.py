@@ -241,6 +241,13 @@ def dropout(input, p=0.5, training=True, inplace=False):
         return _in_place(input, "dropout_", lambda t: dropout(t, p, training))
     if p == 1.0:
         return input * _const(xp.zeros(input.shape, dtype=input._data.dtype))
+    if grad_state.modes:  # under vmap the mask follows the level's randomness
+        from tapegrad.random import _vmapped, numpy_rng
+
+        # (PyTorch's 'same' takes a batched input here: one mask for every example)
+        u = _vmapped("dropout", input.shape, lambda s: numpy_rng().random(s))
+        if u is not None:
+            return input * ((u < 1.0 - p).to(input.dtype) / (1.0 - p))
     return input * _array_fn("dropout_mask", _keep_mask, (), True, shape=input.shape,
                              keep=1.0 - p, dtype=input._data.dtype)
 
