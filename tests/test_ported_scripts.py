@@ -157,7 +157,9 @@ class _SharedRandomness:
             return rand(tuple(input.shape), dtype=dtype or input.dtype,
                         requires_grad=requires_grad)
 
-        def randint(low, high=None, size=None, *, dtype=None, **_):
+        def randint(low=None, high=None, size=None, *, dtype=None, **_):
+            if low is None:  # randint(high=n, size=...), as torch's RandomSampler draws
+                low = 0
             if size is None and not isinstance(high, int):  # randint(high, size)
                 low, high, size = 0, low, high
             low, high = (0, low) if high is None else (low, high)
@@ -205,6 +207,8 @@ class _SharedRandomness:
         data = sys.modules[lib.__name__ + ".utils.data"]
         if hasattr(data, "randperm"):  # tapegrad's samplers hold their own binding
             found.append((data, "randperm", randperm))
+        if hasattr(data, "randint"):  # (RandomSampler with replacement)
+            found.append((data, "randint", randint))
         return found
 
 
@@ -388,7 +392,10 @@ class _Recorder:
 
 def _load_program(name):
     folder = PROGRAMS / name.split("-")[0]  # program-variant: one folder, other arguments
-    files = {p.stem: p.read_text() for p in sorted(folder.glob("*.py"))}
+    files = {}  # module name -> source; a subfolder is a package (minGPT's mingpt/)
+    for p in sorted(folder.rglob("*.py")):
+        parts = p.relative_to(folder).with_suffix("").parts
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p.read_text()
     return files, folder
 
 
@@ -465,7 +472,8 @@ class _Siblings(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def find_spec(self, name, path=None, target=None):
         if name in self.sources and name != self.main:
-            return importlib.util.spec_from_loader(name, self)
+            package = any(k.startswith(name + ".") for k in self.sources)
+            return importlib.util.spec_from_loader(name, self, is_package=package)
         return None
 
     def create_module(self, spec):
@@ -618,6 +626,7 @@ PORTED_PROGRAMS = {
     "gcn": ("main", ["--epochs", "6", "--val-every", "2"], _cora, 20, 4e-6),
     "mnist_forward_forward": ("main", ["--epochs", "8", "--log-interval", "2"], None, 40,
                               1e-12),
+    "mingpt": ("main", [], None, 100, 1e-12),
 }
 
 
@@ -693,3 +702,24 @@ def test_range_as_an_index():  # mnist_forward_forward: x_[range(n), y] = x.max(
         results.append((y.detach().numpy(), picked.detach().numpy(), t.grad.numpy()))
     for got, ref in zip(results[1], results[0]):
         np.testing.assert_allclose(got, ref, rtol=1e-15)
+
+
+def test_random_sampler_with_replacement_draws_32_at_a_time():  # minGPT: num_samples=1e10
+    import tapegrad.utils.data as tdata
+    sizes = {}
+    for lib, owner in ((torch, torch), (tapegrad, tdata)):
+        calls = sizes.setdefault(lib.__name__, [])
+        original = owner.randint
+
+        def randint(*args, _original=original, _calls=calls, **kwargs):
+            _calls.append(tuple(kwargs["size"] if "size" in kwargs else args[-1]))
+            return _original(*args, **kwargs)
+
+        with _patched([(owner, "randint", randint)]):
+            drawn = list(lib.utils.data.RandomSampler(range(5), replacement=True,
+                                                      num_samples=70))
+            assert len(drawn) == 70 and set(drawn) <= set(range(5))
+            endless = iter(lib.utils.data.RandomSampler(range(5), replacement=True,
+                                                        num_samples=int(1e10)))
+            assert len([next(endless) for _ in range(40)]) == 40  # lazily, 32 at a time
+    assert sizes["tapegrad"] == sizes["torch"] == [(32,), (32,), (6,), (32,), (32,)]

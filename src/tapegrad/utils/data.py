@@ -12,7 +12,7 @@ import math
 import warnings
 
 from tapegrad.backend import xp
-from tapegrad.random import randperm
+from tapegrad.random import randint, randperm
 from tapegrad.tensor import Tensor
 
 __all__ = ["Dataset", "IterableDataset", "TensorDataset", "ConcatDataset", "Subset",
@@ -187,11 +187,11 @@ class RandomSampler(Sampler):
         return len(self.data_source) if self._num_samples is None else self._num_samples
 
     def __iter__(self):
-        from tapegrad.random import numpy_rng
-
         n = len(self.data_source)
-        if self.replacement:
-            yield from numpy_rng(self.generator).integers(0, n, size=self.num_samples).tolist()
+        if self.replacement:  # drawn 32 at a time, as PyTorch (num_samples may be 1e10)
+            for _ in range(self.num_samples // 32):
+                yield from randint(0, n, (32,), generator=self.generator).tolist()
+            yield from randint(0, n, (self.num_samples % 32,), generator=self.generator).tolist()
             return
         for _ in range(self.num_samples // n):
             yield from randperm(n, generator=self.generator).tolist()
