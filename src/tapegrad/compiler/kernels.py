@@ -33,6 +33,7 @@ import hashlib
 import importlib.util
 import os
 import sys
+import tempfile
 
 import numpy as np
 
@@ -48,7 +49,6 @@ BINARY = {"add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})",
           "minimum": "({0} if (({0} <= {1}) | ({0} != {0})) else {1})"}
 UNARY = {"neg": "(-{0})", "exp": "np.exp({0})", "log": "np.log({0})", "tanh": "np.tanh({0})",
          "sqrt": "np.sqrt({0})", "abs": "abs({0})"}
-INEXACT = frozenset({"exp", "log", "tanh"})  # libm vs numpy's SIMD: within an ulp
 
 _numba = None
 _loaded = {}  # source hash -> compiled dispatcher (one per process)
@@ -274,15 +274,19 @@ def load(fname, source):
     fn = _loaded.get(key)
     if fn is not None:
         return fn
-    d = cache_dir()
-    os.makedirs(d, exist_ok=True)
     mod_name = f"tapegrad_kernel_{key}"
-    path = os.path.join(d, mod_name + ".py")
-    if not os.path.exists(path):
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            f.write(source)
-        os.replace(tmp, path)
+    for d in (cache_dir(), os.path.join(tempfile.gettempdir(), f"tapegrad-{os.getuid()}")):
+        path = os.path.join(d, mod_name + ".py")
+        try:  # (an unwritable cache directory: the temporary one)
+            os.makedirs(d, exist_ok=True)
+            if not os.path.exists(path):
+                tmp = f"{path}.{os.getpid()}.tmp"
+                with open(tmp, "w") as f:
+                    f.write(source)
+                os.replace(tmp, path)
+            break
+        except OSError:
+            continue
     spec = importlib.util.spec_from_file_location(mod_name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = mod
@@ -290,10 +294,6 @@ def load(fname, source):
     fn = _loaded[key] = getattr(mod, fname)
     return fn
 
-
-def inexact(body):
-    """Whether a kernel may differ from numpy in the last ulp (transcendentals)."""
-    return any(m.name in INEXACT for m in body)
 
 
 # --- softmax cross-entropy with class indices: loss, gradient and its column sums ---------
