@@ -181,9 +181,6 @@ def _numba_kernel(w, n, names, kname, vals, out_expr, weak):
     rows = 1
     for d in shape[:-1]:
         rows *= d
-    digest = hashlib.sha1(repr((kname, [str(m) for m in body], [(a.shape, a.dtype.str)
-                                for a in vals], len(reduce))).encode()).hexdigest()[:12]
-    fname = f"k_{digest}"
     mats = kernels.matrices(body, n.meta.get("contract", ()))
     direct = len(shape) in (1, 2) and all(
         len(a.shape) == 1 for a in vals
@@ -191,9 +188,13 @@ def _numba_kernel(w, n, names, kname, vals, out_expr, weak):
             reduce and len(shape) == 1)
     kmain = Value(main.name, shape, main.dtype)
     con = n.meta.get("contract", ())
-    src, kinds = kernels.numba_source(fname, body, vals, kmain if direct else
+    src, kinds = kernels.numba_source("KERNEL", body, vals, kmain if direct else
                                       Value(main.name, (rows, cols), main.dtype),
                                       len(reduce), weak, con, n.meta.get("store", True))
+    # named after its source alone (no shapes, no value names): the same loop nest at other
+    # shapes or in other graphs is the same kernel, compiled once per machine
+    fname = f"k_{hashlib.sha1(src.encode()).hexdigest()[:12]}"
+    src = src.replace("def KERNEL(", f"def {fname}(", 1)
     kfn = w.bind(fname, kernels.load(fname, src))
     dt = w.bind(f"dt_{main.dtype.name}", main.dtype)
     if direct:  # operands as they are: no wrapper, no reshape; the kernel call inline
