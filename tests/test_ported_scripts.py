@@ -583,6 +583,25 @@ def _cora(workdir):  # cora.tgz as linqs publishes it (cora/cora.content, cora/c
             tgz.addfile(info, io.BytesIO(data))
 
 
+def _eng_fra(workdir):  # the tutorial's data/eng-fra.txt (English<TAB>French), made up
+    import matplotlib
+    matplotlib.use("Agg")  # the tutorial plots; no display here
+    subjects = [("I'm", "Je suis"), ("He is", "Il est"), ("She is", "Elle est"),
+                ("You are", "Tu es"), ("We are", "Nous sommes"), ("They are", "Ils sont")]
+    states = [("tired", "fatigué"), ("happy", "heureux"), ("tall", "grand"), ("busy", "occupé"),
+              ("ready", "prêt"), ("sorry", "désolé"), ("hungry", "affamé"), ("cold", "froid")]
+    lines = ["Go.\tVa !", "Who won?\tQui a gagné ?"]  # no English prefix: filtered out
+    lines += [f"{e} {s}.\t{f} {t}." for e, f in subjects for s, t in states]
+    lines += ["He is not as tall as his father.\tIl n'est pas aussi grand que son père.",
+              "I'm too tired to drive.\tJe suis trop fatigué pour conduire.",
+              "I'm sorry if this is a stupid question.\tJe suis désolé si c'est une question "
+              "idiote.", "I'm really proud of you.\tJe suis réellement fière de vous.",
+              "I am not as tall as my father is, you see.\tJe ne suis pas aussi grand que mon "
+              "père, tu vois."]  # too long: filtered out
+    (workdir / "data").mkdir()
+    (workdir / "data" / "eng-fra.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
 # Per-program options: the default dtype the program runs in ("float32": gcn's loader makes
 # float32 features with torch.FloatTensor), and when each module gets PyTorch's initial
 # weights ("call": at its first top-level call; "parameters": at the program's first
@@ -627,6 +646,7 @@ PORTED_PROGRAMS = {
     "mnist_forward_forward": ("main", ["--epochs", "8", "--log-interval", "2"], None, 40,
                               1e-12),
     "mingpt": ("main", [], None, 100, 1e-12),
+    "seq2seq_translation": ("tutorial", [], _eng_fra, 40, 1e-12),
 }
 
 
