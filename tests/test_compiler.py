@@ -639,3 +639,17 @@ def test_cross_entropy_kernel_raises_on_a_target_out_of_range(kernels_):
     bad[3] = 7
     with pytest.raises(IndexError):
         step(tg.tensor(X), tg.tensor(bad))
+
+
+def test_kernels_on_3d_results_with_a_broadcast_row(kernels_):
+    b = tg.tensor(np.linspace(-1, 1, 4))
+
+    def f(x):
+        return ((x * 2.0 + b).relu() - 0.5) * x
+
+    x = tg.tensor(np.random.default_rng(3).standard_normal((2, 3, 4)))
+    c = tg.compile(f)
+    c(x)
+    got = c(x)
+    assert c.n_hits == 1 and c.entries[0].graph.count("fused") == 1
+    np.testing.assert_array_equal(got.numpy(), f(x).numpy())  # + - * max: exact both ways

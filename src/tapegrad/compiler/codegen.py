@@ -190,7 +190,8 @@ def _numba_kernel(w, n, names, kname, vals, out_expr, weak):
     con = n.meta.get("contract", ())
     src, kinds = kernels.numba_source("KERNEL", body, vals, kmain if direct else
                                       Value(main.name, (rows, cols), main.dtype),
-                                      len(reduce), weak, con, n.meta.get("store", True))
+                                      len(reduce), weak, con, n.meta.get("store", True),
+                                      [kernels.operand_kind(a, shape, weak, mats) for a in vals])
     # named after its source alone (no shapes, no value names): the same loop nest at other
     # shapes or in other graphs is the same kernel, compiled once per machine
     fname = f"k_{hashlib.sha1(src.encode()).hexdigest()[:12]}"

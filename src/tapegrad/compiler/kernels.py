@@ -152,7 +152,8 @@ def _np_type(dt):
     return f"np.{np.dtype(dt).name}"
 
 
-def numba_source(fname, body, ins, out_value, n_reduce, weak=(), contract=(), store=True):
+def numba_source(fname, body, ins, out_value, n_reduce, weak=(), contract=(), store=True,
+                 kinds=None):
     """The numba source of one kernel (see the module docstring) and the operand kinds.
     ``contract``: ``(matmul, permute, form, wide, narrow)`` accumulated over the rows:
     "left" ``narrow.T @ wide`` (k, C), "right" ``wide.T @ narrow`` (C, k), accumulated
@@ -163,7 +164,8 @@ def numba_source(fname, body, ins, out_value, n_reduce, weak=(), contract=(), st
     accumulators are the kernel's own arrays (nothing can alias them), so LLVM vectorises
     the column loop (1.5x measured on the fused backward kernel)."""
     shape = out_value.shape
-    kinds = [operand_kind(a, shape, weak, matrices(body, contract)) for a in ins]
+    if kinds is None:  # (given when the result was reshaped to (rows, columns))
+        kinds = [operand_kind(a, shape, weak, matrices(body, contract)) for a in ins]
     param = {id(a): f"x{i}" for i, a in enumerate(ins)}
     params = [f"x{i}" for i in range(len(ins))] + ["out0"] + [
         f"red{k}" for k in range(n_reduce)] + [f"con{k}" for k in range(len(contract))]
