@@ -356,3 +356,25 @@ def test_vmap_randomness_nested_and_seeded():
     tapegrad.manual_seed(3)
     assert (f(tapegrad.zeros(8, 10)).numpy() == a).all()
     assert set(np.unique(a)) <= {0.0, 2.0} and 0.2 < (a == 0).mean() < 0.8
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_vmap_grad_cross_entropy_class_indices(reduction):
+    """cross_entropy with batched class indices (its batch rules; ignore_index rows, and an
+    example whose rows are all ignored: nan for 'mean', as PyTorch)."""
+    x = RNG.standard_normal((4, 5, 3))
+    t = RNG.integers(0, 3, (4, 5))
+    t[1, 2] = -100
+    t[3] = -100
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no loop fallback
+
+        def f(T, fn):
+            def loss(x, t):
+                return T.nn.functional.cross_entropy(x, t, reduction=reduction)
+            return fn.vmap(fn.grad_and_value(loss), in_dims=(0, 0))
+
+        got = f(tapegrad, gf)(tapegrad.tensor(x), tapegrad.tensor(t))
+    want = f(torch, tf)(torch.tensor(x), torch.tensor(t))
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-12, atol=1e-15)

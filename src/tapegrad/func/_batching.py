@@ -8,6 +8,7 @@ handle a leading dim.
 from tapegrad.func._vmap import (move_to_front, pad_after_batch, expand_batch, logical_ndim,
                                  _front)
 from tapegrad.ops.movement import _dim
+from tapegrad.backend import xp
 from tapegrad.ops.registry import REGISTRY
 
 R = REGISTRY
@@ -332,3 +333,65 @@ for _n in ("max_dim", "min_dim", "take_along_reduce"):
 def rules():
     """Names of the ops vmap runs with a batch rule (written or derived), not a loop."""
     return sorted(n for n, o in REGISTRY.items() if o.batch_rule is not None or o.pointwise)
+
+
+# --- cross-entropy with class indices -------------------------------------------------------
+def _ce_physical(args, bdims):
+    """Physical ``x`` (B, N, C) and the class indices ``t`` (B, N) as an array (a batched
+    index is data of the batch: read per example), or None where a rule cannot apply (a nested
+    level's batched indices)."""
+    x, t = args[-2], args[-1]
+    bx, bt = bdims[-2], bdims[-1]
+    size = x.shape[bx] if bx is not None else t.shape[bt]
+    x = move_to_front(x, bx) if bx is not None else expand_batch(x, size)
+    td = getattr(t, "_data", t)
+    if type(td).__name__ == "BatchedArray":
+        return None
+    td = xp.moveaxis(td, bt, 0) if bt is not None else xp.broadcast_to(td, (size,) + td.shape)
+    return x, td
+
+
+def _ce_target_batched(x, td, ignore_index, mean, empty):
+    """One-hot target (B, N, C), valid rows (B, N, 1) and each example's 1 / count (B, 1, 1),
+    ``empty`` where an example's rows are all ignored (nan for the loss, 0 for its gradient)."""
+    b, n, c = x.shape
+    dt = x._data.dtype
+    valid = td != ignore_index
+    onehot = xp.zeros((b, n, c), dt)
+    onehot[xp.arange(b)[:, None], xp.arange(n)[None, :], xp.where(valid, td, 0)] = valid
+    count = valid.sum(axis=1) if mean else xp.ones(b)
+    with xp.errstate(divide="ignore"):
+        scale = xp.where(count > 0, 1.0 / xp.maximum(count, 1), empty).astype(dt)
+    return onehot, valid[..., None].astype(dt), scale.reshape(b, 1, 1)
+
+
+def _const(a):
+    from tapegrad.ops import registry
+
+    return registry.Tensor._make(a)
+
+
+@R["cross_entropy_index"].batch
+def _(args, bdims, ignore_index=-100, mean=True):
+    parts = _ce_physical(args, bdims)
+    if parts is None:
+        return NotImplemented
+    x, td = parts
+    onehot, keep, scale = _ce_target_batched(x, td, ignore_index, mean, xp.nan)
+    lse = R["logsumexp"](x, dims=(2,), keepdim=True)
+    per_row = R["sum"]((lse - x) * _const(onehot), dims=(2,), keepdim=True)  # lse - x[t]
+    loss = R["sum"](per_row * _const(keep * scale), dims=(1, 2))
+    return loss, 0
+
+
+@R["cross_entropy_index_backward"].batch
+def _(args, bdims, ignore_index=-100, mean=True):
+    parts = _ce_physical(args, bdims)
+    if parts is None:
+        return NotImplemented
+    x, td = parts
+    onehot, keep, scale = _ce_target_batched(x, td, ignore_index, mean, 0.0)
+    g, bg = args[0], bdims[0]
+    g = R["reshape"](move_to_front(g, bg), shape=(x.shape[0], 1, 1)) if bg is not None else g
+    p = R["softmax"](x, dim=2)
+    return (p * _const(keep) - _const(onehot)) * (g * _const(scale)), 0

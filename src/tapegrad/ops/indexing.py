@@ -130,6 +130,9 @@ def out_of_range(idx, n):
     """The first index of an integer array outside [0, n) (the smallest if any is negative,
     else the largest), or None. The one range check of the index-taking ops: a single
     reduction when all are in range, since a negative int viewed as unsigned is >= 2**63."""
+    value = getattr(idx, "value", None)  # a vmap-batched index (func._vmap.BatchedArray):
+    if value is not None:  # every example's indices
+        return out_of_range(value._data, n)
     if idx.size == 0:
         return None
     if idx.dtype.kind == "i":

@@ -321,7 +321,8 @@ def _ce_target(x, t, ignore_index, mean):
     target[xp.arange(n), xp.where(valid, t, 0)] = valid
     keep = valid[:, None].astype(dt)
     count = int(valid.sum()) if mean else 1
-    return target, keep, (1.0 / count) if count else xp.nan
+    # every row ignored: the loss is nan but its gradient 0, as PyTorch's nll_loss backward
+    return target, keep, (1.0 / count) if count else 0.0
 
 
 @op(flops=6, fused=True)
