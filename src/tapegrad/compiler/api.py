@@ -264,6 +264,18 @@ class CompiledFunction:
                 if "code" in logs:
                     _log(self.__name__, "code", entry.source)
                 return result
+            if _tail_reads(graph, tracer):  # e.g. ``loss.item()`` after ``optimizer.step()``
+                entry = TailEntry(spec, grad_mode, training, graph, tracer, self.passes,
+                                  _fname(self.__name__))
+                self.entries.append(entry)
+                self.compile_times.append(time.perf_counter() - t0)
+                if "graphs" in logs:
+                    _log(self.__name__, "graphs", f"# traced ({len(graph.nodes)} nodes)\n"
+                         f"{graph}\n# optimised ({len(entry.run_graph.nodes)} nodes)\n"
+                         f"{entry.run_graph}")
+                if "code" in logs:
+                    _log(self.__name__, "code", entry.source)
+                return result
             tracer.breaks = [b for _, _, b in tracer.splits[:1]]
             graph = None  # reads inside a training step: eager (below)
         if graph is None:
@@ -298,6 +310,8 @@ class CompiledFunction:
         return result
 
     def _run(self, e, args):
+        if isinstance(e, TailEntry):
+            return e.replay(self.fn, args)
         if isinstance(e, SplitEntry):
             return e.replay(self.fn, args)
         if e.joint is not None:
@@ -635,6 +649,206 @@ class _Replay(DispatchMode):
     def restore(self):
         for t, _ in self.placeholders:
             t.__class__ = Tensor
+
+
+def _tail_reads(graph, tracer):
+    """Every value read came after the last op (``loss.item()`` once the optimizer stepped):
+    the whole call is one graph, its reads served after it ran (``TailEntry``)."""
+    n = len(graph.nodes)
+    return tracer.tail_ok and tracer.joint is None and \
+        all(k == n for k, _, _ in tracer.splits) and \
+        all(src.kind in ("arg", "ref", "hyper") for _, src in graph.inputs)
+
+
+class _Diverged(Exception):
+    """A tail replay met Python that did something else than the traced call did."""
+
+
+class TailEntry(Entry):
+    """A training step whose value reads (``loss.item()``, ``float(loss)``) all come after
+    its last op. Each call reruns the function's Python under ``_TailReplay``: ops return
+    placeholders, ``backward()``, ``optimizer.step()`` and scheduler steps are skipped (the
+    graph does them), and at the first read (or at the end) the whole compiled graph runs,
+    with its write-backs, and fills the placeholders the reads see. Nothing real happens
+    before that point, so a call whose Python diverges from the trace is run again eagerly
+    from its start (exact; Python side effects before the divergence happen twice)."""
+
+    def __init__(self, spec, grad_mode, training, graph, tracer, passes_, name):
+        super().__init__(spec, grad_mode, training, graph, tracer)
+        self.spans = tracer.spans
+        self.rg_values = tracer.rg_values
+        self.slots, self.slot_values, self.ends = {}, set(), set()
+        full = graph.copy()
+        seen = {id(v) for v in full.outputs if isinstance(v, Value)}
+        for _, v, _ in tracer.splits:
+            if v is not None and id(v) not in seen and v not in graph.consts:
+                seen.add(id(v))
+                full.outputs.append(v)
+        self.out_values = list(full.outputs)
+        self.run_graph = passes.optimize(full, passes_, log=self.log)
+        self.source, self.run = codegen.generate(self.run_graph, name)
+        self.n_replays = self.n_fallbacks = 0
+
+    def replay(self, fn, args):
+        mode = _TailReplay(self, args)
+        try:
+            try:
+                with mode:
+                    result = fn(*args)
+                mode.flush_end()
+            finally:
+                mode.restore()
+        except _Diverged:
+            self.n_fallbacks += 1
+            return fn(*args)
+        self.n_replays += 1
+        return result
+
+
+class _TailReplay(_Replay):
+    tail_replay = True
+
+    def __init__(self, entry, args):
+        super().__init__(entry, args)
+        self.args = args
+        self.done = False
+        self.grads_set = []  # (leaf, its .grad before a skipped backward): undone on divergence
+        # a new Tensor over a known array (a detach, a re-wrap inside F.embedding) stands for
+        # the same Value, as in the tracer's value_of
+        self.av = {id(t._data): (t._data, v) for t, v in self.tv.values()}
+
+    def _issue(self, n):
+        ins = [self.env.get(id(a)) if isinstance(a, Value) else a for a in n.inputs]
+        real = n.op is not None and n.op.view and all(a is not None for a in ins)
+        outs = []  # a view of known arrays (``y.view(-1)`` of an argument) is real at once:
+        for v, a in zip(n.outputs, call_node(n, ins) if real else [None] * len(n.outputs)):
+            t = Tensor._make(np.empty(v.shape, v.dtype) if a is None else a)  # (a bounds
+            t.__class__ = _traced_class(Tensor)  # check may read it)
+            t._requires_grad = id(v) in self.e.rg_values
+            self.tv[id(t)] = (t, v)
+            self.av[id(t._data)] = (t._data, v)
+            self.placeholders.append((t, v))
+            if a is not None:
+                self.env[id(v)] = a
+                self.filled.add(id(t))
+            outs.append(t)
+        self.i += 1
+        return outs
+
+    def _match(self, n, flat, params):
+        for a in flat:
+            if isinstance(a, Tensor) and id(a) not in self.tv:
+                got = self.av.get(id(a._data))
+                if got is not None and got[0] is a._data:
+                    self.tv[id(a)] = (a, got[1])
+        return super()._match(n, flat, params)
+
+    def _span(self, kind):
+        span = self.e.spans.get(self.i)
+        if self.done or self.fallen or span is None or span[0] != kind:
+            self._fall()
+        return span
+
+    def _value(self, t):
+        got = self.tv.get(id(t))
+        return got[1] if got is not None and got[0] is t else None
+
+    def trace_backward(self, roots, root_grads, retain_graph, inputs):
+        span = self._span("backward")
+        _, end, want_roots, want_grads, made = span
+        if inputs is not None or tuple(self._value(r) for r in roots) != want_roots or \
+                tuple(self._value(g) if isinstance(g, Tensor) else None
+                      for g in root_grads) != want_grads:
+            self._fall()
+        for t, v in made:
+            ph = Tensor._make(np.empty(v.shape, v.dtype))
+            ph.__class__ = _traced_class(Tensor)
+            self.tv[id(ph)] = (ph, v)
+            self.placeholders.append((ph, v))
+            self.grads_set.append((t, t.grad))
+            t.grad = ph
+        self.i = end
+        return None
+
+    def optimizer_step(self, opt, original):
+        span = self._span("step")
+        stepped = tuple(id(p) for g in opt.param_groups for p in g["params"]
+                        if p.grad is not None)
+        if span[2] is not opt or span[3] != stepped:
+            self._fall()
+        for p, v in span[4]:
+            self.tv[id(p)] = (p, v)
+        self.i = span[1]
+
+    def python_effect(self, name, call, args):
+        span = self._span("effect")
+        if span[2] != name or len(span[3]) != len(args) or \
+                any(a is not b for a, b in zip(span[3], args)):
+            self._fall()
+        self.i = span[1]
+
+    def array_fn(self, name, fn, tensors, params, random=False):
+        n = self.nodes[self.i] if self.i < len(self.nodes) else None
+        if self.done or n is None or n.op is not None or n.name != name or \
+                bool(n.effect) != bool(random) or not self._match(n, list(tensors), params):
+            self._fall()
+        outs = self._issue(n)
+        return tuple(outs) if len(outs) > 1 else outs[0]
+
+    def assign(self, t, value):
+        v = self._value(value)
+        if self.done or v is None or value._data.shape != t._data.shape or \
+                value._data.dtype != t._data.dtype:
+            self._fall()
+        self.tv[id(t)] = (t, v)
+        return t
+
+    def interpret(self, o, args, params):
+        if self.done:  # after the graph ran: eager, on filled values only
+            flat = args[0] if args and type(args[0]) is list else args
+            if any(isinstance(a, Tensor) and self._value(a) is not None and
+                   id(a) not in self.filled and any(a is p for p, _ in self.placeholders)
+                   for a in flat):
+                raise RuntimeError(f"tapegrad.compile: {o.name} after the compiled step read "
+                                   "an intermediate the graph did not keep")
+            return dispatch(o, args, params)
+        return super().interpret(o, args, params)
+
+    def on_read(self, t):
+        if self.done:
+            return
+        if self.i != len(self.nodes):
+            self._fall()  # a read before the graph's end
+        self._flush()
+
+    def _flush(self):
+        e = self.e
+        modes = grad_state.modes
+        grad_state.modes = [m for m in modes if m is not self]  # effect nodes' own ops: eager
+        try:
+            arrays = e.run(self.args, e.refs, e.writes)
+        finally:
+            grad_state.modes = modes
+        env = {id(v): a for v, a in zip(e.out_values, arrays) if isinstance(v, Value)}
+        for t, v in self.placeholders:
+            a = env.get(id(v))
+            if a is not None and id(t) not in self.filled:
+                np.copyto(t._data, a)
+                self.filled.add(id(t))
+        self.done = True
+
+    def _fall(self):
+        if not self.done:
+            for t, g in reversed(self.grads_set):
+                t.grad = g
+            raise _Diverged()
+        self.fallen = True
+
+    def flush_end(self):
+        if not self.done:
+            if self.i != len(self.nodes):
+                self._fall()  # fewer ops than traced
+            self._flush()
 
 
 def _aliased_outputs(graph):

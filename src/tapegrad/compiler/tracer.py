@@ -77,6 +77,15 @@ def active():
     return None
 
 
+def _tail_replay():
+    """The tail replay (``api._TailReplay``) running in this thread, if any: it skips the
+    optimizer and scheduler steps the compiled graph runs."""
+    for m in reversed(grad_state.modes):
+        if getattr(m, "tail_replay", False):
+            return m
+    return None
+
+
 # --- tensors seen by the trace: reading their values into Python is a graph break --------
 _READS = ("item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__",
           "__array__", "__repr__", "__str__", "__format__")
@@ -236,6 +245,11 @@ class Tracer(DispatchMode):
         self.in_effect = False  # inside a python_effect call: nested ones are part of it
         self.split_reads = False  # value reads split the graph into pieces (api.SplitEntry)
         self.splits = []  # (node index, Value read, GraphBreak)
+        # what a tail replay (api.TailEntry: reads only after the last op of a training step)
+        # skips over: node index -> ("backward" | "step" | "effect", end index, ...)
+        self.spans = {}
+        self.tail_ok = True  # False: something a tail replay cannot skip (autograd.grad...)
+        self.rg_values = set()  # ids of the Values whose tensors required grad
         # the census: tensors alive before the call (state the graph reads by reference)
         from tapegrad import random as _random
         objs, gens = [], []
@@ -372,6 +386,8 @@ class Tracer(DispatchMode):
         v = self.graph.new_value(d.shape, d.dtype)
         self.graph.nodes.append(Node(o, o.name, ins, params, [v], variadic=variadic))
         self._bind(out, v)
+        if out._requires_grad:
+            self.rg_values.add(id(v))
         return out
 
     def record(self, name, impl, inputs, params, arrays, effect=False, meta=None):
@@ -451,6 +467,12 @@ class Tracer(DispatchMode):
         if self.broken:
             return self._untraced_backward(roots, root_grads, retain_graph, inputs)
         self.n_backward += 1
+        start = len(self.graph.nodes)
+        span = [tuple(self.tmap[id(r)][1] if id(r) in self.tmap else None for r in roots),
+                tuple(self.tmap[id(g)][1] if isinstance(g, Tensor) and id(g) in self.tmap
+                      else None for g in root_grads)]
+        leaves = [t for t, *_ in self.census.values() if t._requires_grad]
+        before = [t.grad for t in leaves]
         grads = []
         for r, g in zip(roots, root_grads):
             if isinstance(g, Tensor):
@@ -477,6 +499,11 @@ class Tracer(DispatchMode):
             found = engine.run_backward(roots, grads, retain_graph, True, inputs)
             if found is not None:  # autograd.grad / backward(inputs=): the caller wants arrays
                 found = [g._data if isinstance(g, Tensor) else g for g in found]
+                self.tail_ok = False
+            elif not self.broken:
+                made = [(t, self.value_of(t.grad)) for t, b in zip(leaves, before)
+                        if t.grad is not b and t.grad is not None]
+                self.spans[start] = ("backward", len(self.graph.nodes), *span, made)
             return found
         finally:
             for n, op in ops:
@@ -537,6 +564,7 @@ class Tracer(DispatchMode):
             self.graph_break(f"Tensor.{name} outside the traced forms")
             return base(t, other, *args, **kwargs)
         self.value_of(t)
+        self.tail_ok = False
         prev_enabled = grad_state.enabled
         grad_state.enabled = False
         try:
@@ -562,8 +590,17 @@ class Tracer(DispatchMode):
         """``opt.step()`` under the tracer: one effect node running the real update."""
         if self.broken:
             return original(opt)
+        start = len(self.graph.nodes)
+        stepped = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
         if _plain_sgd(opt):
-            return self._trace_sgd(opt, original)
+            self._trace_sgd(opt, original)
+        else:
+            self._optimizer_node(opt, original)
+        if not self.broken:
+            self.spans[start] = ("step", len(self.graph.nodes), opt, tuple(map(id, stepped)),
+                                 [(p, self.tmap[id(p)][1]) for p in stepped])
+
+    def _optimizer_node(self, opt, original):
         groups = [[p for p in g["params"] if p.grad is not None] for g in opt.param_groups]
         params = [p for ps in groups for p in ps]
         ins = [self.value_of(p) for p in params] + [self.value_of(p.grad) for p in params]
@@ -622,6 +659,8 @@ class Tracer(DispatchMode):
             self.in_effect = False
         if not self.broken:
             impl = _effect_impl(call, args)
+            self.spans[len(self.graph.nodes)] = ("effect", len(self.graph.nodes) + 1, name,
+                                                 args)
             self.record(name, impl, [], {}, [], effect=True, meta={"call": call})
         return result
 
@@ -859,7 +898,7 @@ def _mark_static(fn):
 
 def _scheduler_step(original):
     def step(self, *args, **kwargs):
-        tr = active() if grad_state.modes else None
+        tr = (active() or _tail_replay()) if grad_state.modes else None
         if tr is None or kwargs:
             return original(self, *args, **kwargs)
         return tr.python_effect(f"{type(self).__name__}.step", original, (self,) + args)
@@ -896,7 +935,7 @@ def _install():
     original = Optimizer.step
 
     def step(self, closure=None):
-        tr = active() if grad_state.modes else None
+        tr = (active() or _tail_replay()) if grad_state.modes else None
         if tr is None or closure is not None or type(self).step is not step:
             return original(self, closure)
         return tr.optimizer_step(self, original)
