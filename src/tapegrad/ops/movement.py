@@ -252,8 +252,11 @@ def _shape_args(shape):
 
 
 def _dim(d, ndim, name):
-    n = max(ndim, 1)
-    d = operator.index(d)
+    """The one dim normaliser: ``d`` (negative allowed) as an index into ``ndim`` dims (a
+    0-d tensor takes dims 0 and -1); IndexError with PyTorch's wording when out of range."""
+    n = ndim or 1
+    if type(d) is not int:
+        d = operator.index(d)  # numpy ints, 0-d tensors; TypeError for floats
     if not -n <= d < n:
         raise IndexError(f"{name}: dimension out of range (expected to be in range of "
                          f"[{-n}, {n - 1}], but got {d})")
