@@ -70,3 +70,12 @@ def test_examples_run_as_modules(name, args):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip()
+
+
+def test_bench_func_quick():
+    from tapegrad.bench import func as bench_func
+
+    med, checks, with_torch = bench_func.run(batch=16, rounds=1)
+    assert all(v < 1e-12 for v in checks.values()), checks
+    text = bench_func.report(med, checks, with_torch, 16)
+    assert "vmap(grad)" in text and "hvp/grad" in text

@@ -16,6 +16,7 @@ BENCHMARKS = {
     "scale": ("tapegrad.bench.scale", "H=2048 batch 4096 MLP step: user/sys, bandwidth, changes"),
     "checkpoint": ("tapegrad.bench.checkpoint", "activation checkpointing: memory vs time"),
     "compile": ("tapegrad.bench.compile", "spiral step: tapegrad.compile vs eager vs PyTorch"),
+    "func": ("tapegrad.bench.func", "vmap(grad) per-sample grads vs loop vs torch.func; jvp, hvp"),
 }
 
 

@@ -1,5 +1,5 @@
 """Runnable examples: ``python -m tapegrad.examples.NAME`` (spiral, digits_cnn, char_gpt,
-mixed_precision).
+mixed_precision; with ``tapegrad.func``: dp_sgd, pinn_poisson, newton).
 
 Each model is written once against PyTorch's API and run with ``T = tapegrad``; with
 ``--reference torch`` the same code also runs with ``T = torch`` from the same initial
