@@ -155,7 +155,8 @@ def _(gg, out, g, x, approximate="none"):
 def softplus(x, beta=1.0, threshold=20.0):
     """``log1p(exp(beta x)) / beta``, linear above ``threshold`` (as PyTorch)."""
     bx = x * beta
-    return xp.where(bx > threshold, x, xp.log1p(xp.exp(xp.minimum(bx, threshold))) / beta)
+    out = xp.where(bx > threshold, x, xp.log1p(xp.exp(xp.minimum(bx, threshold))) / beta)
+    return out if out.dtype == x.dtype else out.astype(x.dtype)  # bfloat16 * float: float32
 
 
 @softplus.grad
@@ -167,7 +168,8 @@ def _(g, out, x, beta=1.0, threshold=20.0):
 @op(flops=10, float_only=True, fused=True, pointwise=True)
 def elu(x, alpha=1.0):
     """``x`` above 0, ``alpha * expm1(x)`` below (expm1: exp(x) - 1 loses digits near 0)."""
-    return xp.where(x > 0, x, alpha * xp.expm1(xp.minimum(x, 0)))
+    out = xp.where(x > 0, x, alpha * xp.expm1(xp.minimum(x, 0)))
+    return out if out.dtype == x.dtype else out.astype(x.dtype)  # bfloat16 * float: float32
 
 
 @elu.grad
@@ -429,6 +431,11 @@ for _reducing in (l2_norm, softmax_cross_entropy, cross_entropy_index, nll_loss)
 def _norm_forward(x, w=None, b=None, *, axes, eps, param_shape):
     if x.size == 0:  # an empty batch: nothing to standardise (and no mean of nothing)
         return x.copy()
+    if x.dtype.kind == "V":  # bfloat16: in float32, rounded once (as PyTorch's CPU kernel)
+        f = xp.float32
+        return _norm_forward(x.astype(f), None if w is None else w.astype(f),
+                             None if b is None else b.astype(f), axes=axes, eps=eps,
+                             param_shape=param_shape).astype(x.dtype)
     mean = x.mean(axis=axes, keepdims=True)
     xc = x - mean
     rstd = 1 / xp.sqrt((xc * xc).mean(axis=axes, keepdims=True) + eps)

@@ -132,10 +132,7 @@ class Op:
                 for t in a:
                     if isinstance(t, Tensor):
                         return dispatch(self, args, params)
-        data = self.forward(*args, **params)
-        if args and type(data) is ndarray and data.dtype is not getattr(args[0], "dtype", None):
-            return _bfloat16_kept(data, args, params)
-        return data
+        return self.forward(*args, **params)
 
     def __get__(self, obj, objtype=None):
         # an op stored on a class (Tensor.__mul__ = mul) binds like a function
@@ -254,35 +251,6 @@ def _prepare_elementwise(o, args):
     return prepared
 
 
-_BF16 = dtypes.bfloat16.np if dtypes.bfloat16 is not None else None
-_WIDE = (xp.dtype("float32"), xp.dtype("float64"))
-
-
-def _first_dtype(arrays):
-    a = arrays[0]
-    if type(a) is list:
-        a = a[0] if a else None
-    return getattr(a, "dtype", None)
-
-
-def _bfloat16_kept(data, arrays, params):
-    """numpy promotes bfloat16 with a Python float (``x * 0.5``, ``where(c, x, 0.0)``) to
-    float32 or float64, in a forward or a gradient rule; PyTorch computes bfloat16 ops in
-    float32 and rounds the result to bfloat16 once. So: an output of a wider float type from
-    bfloat16 inputs, with no wider float input and no ``dtype`` asked, is rounded back."""
-    if data.dtype not in _WIDE or "dtype" in params:
-        return data
-    low = False
-    for a in arrays:
-        for x in (a if type(a) in (list, tuple) else (a,)):
-            dt = getattr(x, "dtype", None)
-            if dt is _BF16:
-                low = True
-            elif dt is not None and dt.kind in "fc":
-                return data
-    return data.astype(_BF16) if low else data
-
-
 def dispatch(o, args, params):
     """Run op ``o`` on Tensors and, in grad mode, record it on the tape."""
     if WATCH and not grad_state.watching:
@@ -311,8 +279,6 @@ def dispatch(o, args, params):
         raise RuntimeError(f"{o.name}: {e} (inputs: {shapes})") from None
     if type(data) is not ndarray:  # numpy reductions to 0-d give scalars: keep an array
         data = xp.asarray(data)
-    if data.dtype is not _first_dtype(arrays):  # one check; bfloat16 inputs look further
-        data = _bfloat16_kept(data, arrays, params)
     if o.view:  # shares args[0]'s storage and version; knows its base and how to replay
         out = view_of(args[0], data, o, params)
     else:
