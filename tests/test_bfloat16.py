@@ -317,3 +317,32 @@ def test_rnn_layers_outside_autocast_unchanged():
         ref, got = theirs(torch.tensor(x))[0], ours(tapegrad.tensor(x))[0]
     assert got.dtype is tapegrad.float64
     np.testing.assert_allclose(got.detach().numpy(), ref.detach().numpy(), rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["LSTMCell", "GRUCell", "RNNCell"])
+def test_rnn_cells_under_autocast_match_torch(name):
+    torch.manual_seed(0)
+    theirs, ours = getattr(torch.nn, name)(3, 4), getattr(tapegrad.nn, name)(3, 4)
+    ours.load_state_dict({k: tapegrad.tensor(v.detach().numpy())
+                          for k, v in theirs.state_dict().items()})
+    x = _rng.standard_normal((2, 3)).astype(np.float32)
+    results = []
+    for lib, module in ((torch, theirs), (tapegrad, ours)):
+        xt = lib.tensor(x, requires_grad=True)
+        with lib.autocast("cpu"):
+            first = module(xt)
+            second = module(xt, first)  # a state from the region fed back
+        outs = [*(first if isinstance(first, tuple) else (first,)),
+                *(second if isinstance(second, tuple) else (second,))]
+        sum(o.float().sum() for o in outs).backward()
+        results.append((outs, xt.grad, module.weight_hh.grad))
+    (ro, rg, rw), (go, gg, gw) = results
+    # RNNCell: tanh(linear + linear) in bfloat16; GRU/LSTM cells mix in a float32 state
+    assert [_name(o.dtype) for o in go] == [_name(o.dtype) for o in ro]
+    assert _name(ro[0].dtype) == ("bfloat16" if name == "RNNCell" else "float32")
+    for g, r in zip(go, ro):
+        np.testing.assert_allclose(g.float().detach().numpy(), r.float().detach().numpy(),
+                                   atol=8 * ULP)
+    for g, r in ((gg, rg), (gw, rw)):
+        assert _name(g.dtype) == _name(r.dtype) == "float32"
+        np.testing.assert_allclose(g.numpy(), r.numpy(), atol=8 * ULP * max(1.0, r.abs().max()))

@@ -423,10 +423,13 @@ class RNNCellBase(Module):
         return input, hidden, is_batched
 
     def _cell(self, input, h, c=None):
+        b_ih, b_hh = self.bias_ih, self.bias_hh
+        if autocast_mode.lower_precision_region():  # linear(x, w, b): the bias cast with it
+            b_ih, b_hh = autocast_mode.cast_lower_precision(b_ih, b_hh)
         xw = input @ self.weight_ih.T
-        if self.bias_ih is not None:
-            xw = xw + self.bias_ih
-        return _step(self._mode, self.hidden_size, xw, h, c, self.weight_hh.T, self.bias_hh)
+        if b_ih is not None:
+            xw = xw + b_ih
+        return _step(self._mode, self.hidden_size, xw, h, c, self.weight_hh.T, b_hh)
 
 
 class RNNCell(RNNCellBase):
