@@ -668,9 +668,11 @@ def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_
         loss = exp(target) * (target - input)
     else:
         t = target._data
-        tlogt = _const(xp.where(t == 0, 0, t * xp.log(xp.where(t > 0, t, 1))).astype(t.dtype)) \
-            if not _traced(target) else where(target == 0, 0.0, target * log(
-                where(target > 0, target, 1.0)))
+        # xlogy(t, t), as PyTorch: 0 where t == 0, nan where t < 0 (no distribution)
+        with xp.errstate(invalid="ignore"):
+            tlogt = _const(xp.where(t == 0, 0, t * xp.log(xp.where(t == 0, 1, t))).astype(
+                t.dtype)) if not _traced(target) else where(target == 0, 0.0, target * log(
+                    where(target == 0, 1.0, target)))
         loss = tlogt - target * input
     if reduction == "batchmean":
         return _reduce(loss, "mean", input.shape[0]) if input.ndim else _reduce(loss, "sum")
