@@ -236,7 +236,22 @@ def _public_names(obj, is_class):
     if obj is None:
         return set()
     names = set(getattr(obj, "__all__", ()) if not is_class else ()) | set(dir(obj))
-    return names - set(dir(object)) if is_class else names
+    if is_class:
+        return names - set(dir(object))
+    # submodules appear in dir() once anything imported them (torch._dynamo, torch.onnx...):
+    # count a fixed list only, so the report does not depend on what ran before it
+    return {n for n in names if n in _STABLE_SUBMODULES
+            or not isinstance(getattr(obj, n, None), types.ModuleType)}
+
+
+# the submodules counted (in the 'submodules' group) whatever has been imported
+_STABLE_SUBMODULES = {
+    "nn", "optim", "jit", "cuda", "autograd", "linalg", "special", "fft", "distributions",
+    "utils", "backends", "sparse", "func", "amp", "cpu", "mps", "distributed", "profiler",
+    "testing", "hub", "quantization", "export", "fx", "compiler", "accelerator", "library",
+    "overrides", "random", "serialization", "multiprocessing", "masked", "nested", "signal",
+    "types", "xpu", "mtia", "functional", "init", "parameter", "modules", "parallel", "data",
+    "lr_scheduler", "swa_utils", "constraints", "transforms", "kl", "forward_ad", "_C"}
 
 
 _MACHINERY = {"__dict__", "__weakref__", "__module__", "__slots__", "__annotations__",
