@@ -172,3 +172,51 @@ def test_layer_norm_batch_norm_embedding():
 
     _check(body, [w, ln_w, ln_b, bn_w, bn_b], extra=[idx, img],
            op_names=("embedding_backward", "layer_norm", "batch_norm"))
+
+
+def test_integer_tensor_indices_and_in_place_writes_are_traced():
+    """``x[i]``, ``x[j, j % 4]`` and ``z[i] = v`` with integer index tensors: the index is an
+    input of the node (read each call, nothing frozen), the rules (index_backward, index_put's)
+    traced; an in-place op on an intermediate in grad mode (``z[i] = v``, ``relu_``) rebinds
+    the tensor to the op's result. New indices each call: compiled == eager bitwise."""
+    x, w = _leaves(9, (5, 4), (5, 4))
+
+    def step(x, w, i, j):
+        x.grad = w.grad = None
+        y = x[i] * 2 + x[i, 1:3].sum() + x[j, j % 4].sum()
+        z = w * 1.0
+        z[i] = y[:, :1] * 3
+        z.relu_()
+        loss = (y * y).sum() + (z * z).sum()
+        loss.backward()
+        return loss
+
+    rng = np.random.default_rng(0)
+    idx = [(tg.tensor(rng.integers(0, 5, 4)), tg.tensor(rng.integers(0, 5, 4)))
+           for _ in range(4)]
+    names = [n.name for n in tracer.trace(step, x, w, *idx[0]).nodes]
+    assert not [n for n in names if n.startswith("vjp_")], names
+    assert {"index", "index_backward", "index_put"} <= set(names)
+    comp = tg.compile(step)
+    for i, j in idx:
+        lc = comp(x, w, i, j).detach().numpy()
+        gc_ = x.grad.numpy().copy(), w.grad.numpy().copy()
+        le = step(x, w, i, j).detach().numpy()
+        np.testing.assert_array_equal(lc, le)
+        np.testing.assert_array_equal(gc_[0], x.grad.numpy())
+        np.testing.assert_array_equal(gc_[1], w.grad.numpy())
+    assert not comp.breaks and comp.n_hits == 3 and len(comp.entries) == 1
+
+
+def test_boolean_mask_index_still_breaks_exactly():
+    """A mask's result shape depends on the data: a graph break, the call eager (exact)."""
+    (x,) = _leaves(10, (6,))
+
+    def f(x, m):
+        return (x[m] * 2).sum()
+
+    comp = tg.compile(f)
+    for k in range(3):
+        m = tg.tensor(np.arange(6) % (k + 2) == 0)
+        assert comp(x, m).item() == f(x, m).item()
+    assert comp.breaks and not comp.entries

@@ -351,6 +351,15 @@ def _inplace_view(t, name, fn, args, kwargs):
     return t
 
 
+def _traced_alias(dst, src):
+    """Under the compiler's tracer (a mode with ``alias``), ``dst`` now stands for ``src``'s
+    traced value (the copy of an in-place op's input, the tensor after the write)."""
+    for m in reversed(grad_state.modes):
+        if hasattr(m, "alias"):
+            m.alias(dst, src)
+            return
+
+
 def _inplace(t, name, fn, args, kwargs):
     """The general in-place op: ``fn(t, *args, **kwargs)`` out of place, written back into
     ``t``'s buffer. In grad mode with something requiring grad, ``t`` takes over the result's
@@ -371,11 +380,13 @@ def _inplace(t, name, fn, args, kwargs):
     old._requires_grad = t._requires_grad
     if grad_state.modes:
         _F.carry_tangent(t, old)
+        _traced_alias(old, t)
     result = _inplace_result(t, name, fn(old, *args, **kwargs))
     xp.copyto(t._data, result._data, casting="unsafe")
     t._version[0] += 1
     if grad_state.modes:
         _F.carry_tangent(result, t)  # forward mode: t's tangent is the result's
+        _traced_alias(t, result)
     new = result.grad_fn
     t.grad_fn = new
     t._requires_grad = result._requires_grad

@@ -795,6 +795,11 @@ class _TailReplay(_Replay):
         outs = self._issue(n)
         return tuple(outs) if len(outs) > 1 else outs[0]
 
+    def alias(self, dst, src):
+        v = self._value(src)
+        if v is not None and not self.done:
+            self.tv[id(dst)] = (dst, v)
+
     def assign(self, t, value):
         v = self._value(value)
         if self.done or v is None or value._data.shape != t._data.shape or \

@@ -370,10 +370,14 @@ class Tracer(DispatchMode):
         variadic = type(args[0]) is list
         flat = args[0] if variadic else args
         ins = [self.value_of(a) for a in flat]
+        slotted = None
         for k, p in params.items():
             if isinstance(p, (np.ndarray, Tensor)) or (
                     isinstance(p, (tuple, list)) and any(isinstance(x, (np.ndarray, Tensor))
                                                          for x in p)):
+                slotted = self._array_params(params) if slotted is None else slotted
+                if slotted:
+                    break
                 if self.rule_depth:
                     self.dirty = True
                 else:
@@ -384,11 +388,41 @@ class Tracer(DispatchMode):
             return out
         d = out._data
         v = self.graph.new_value(d.shape, d.dtype)
-        self.graph.nodes.append(Node(o, o.name, ins, params, [v], variadic=variadic))
+        if slotted:  # integer index arrays of traced tensors: inputs of the node
+            key, extra = slotted
+            self.graph.nodes.append(Node(None, o.name, ins + extra, key, [v],
+                                         impl=_slotted_impl(o, len(ins), variadic),
+                                         meta={"op": o, "n_in": len(ins)}))
+        else:
+            self.graph.nodes.append(Node(o, o.name, ins, params, [v], variadic=variadic))
         self._bind(out, v)
         if out._requires_grad:
             self.rg_values.add(id(v))
         return out
+
+    def _array_params(self, params):
+        """Params holding integer arrays that are traced tensors' data (``x[idx]``'s index,
+        saved by its rule too): ``(params with each array a Slot, their Values)``, or ``()``.
+        Masks stay breaks (the result's shape depends on the data)."""
+        extra = []
+
+        def slot(x):
+            if isinstance(x, Tensor):
+                x = x._data
+            if isinstance(x, np.ndarray):
+                v = self.amap.get(id(x))
+                if v is None or x.dtype.kind not in "iu":
+                    raise LookupError
+                extra.append(v)
+                return Slot(len(extra) - 1)
+            if type(x) in (tuple, list):
+                return type(x)(slot(y) for y in x)
+            return x
+
+        try:
+            return {k: slot(p) for k, p in params.items()}, extra
+        except LookupError:
+            return ()
 
     def record(self, name, impl, inputs, params, arrays, effect=False, meta=None):
         """Record a compiler-level node whose outputs are ``arrays``; returns their Values."""
@@ -431,6 +465,19 @@ class Tracer(DispatchMode):
             self._bind(t, v)
             result.append(t)
         return tuple(result) if multi else result[0]
+
+    def alias(self, dst, src):
+        """``dst`` stands for ``src``'s value (``inplace._inplace``: the copy of the input, then
+        the tensor after the write); an external tensor written so is written back."""
+        if self.broken:
+            return
+        e = self.tmap.get(id(src))
+        if e is None or e[0] is not src:
+            return
+        self._bind(dst, e[1])
+        c = self.census.get(id(dst))
+        if c is not None and c[0] is dst:
+            self.mutated[id(dst)] = dst
 
     def constant(self, t):
         """``t`` (made outside ops from shapes and params only) is a constant of the graph."""
@@ -800,6 +847,43 @@ def _optimizer_step_hook():
 
 def _full(shape, fill, dtype):
     return np.full(shape, fill, dtype=dtype)
+
+
+class Slot:
+    """In a node's params: the array that is the node's input ``n_in + j`` at run time."""
+
+    __slots__ = ("j",)
+
+    def __init__(self, j):
+        self.j = j
+
+    def __eq__(self, other):
+        return type(other) is Slot and other.j == self.j
+
+    def __hash__(self):
+        return hash(("Slot", self.j))
+
+    def __repr__(self):
+        return f"<input {self.j}>"
+
+
+def fill_slots(p, extra):
+    """``p`` with each Slot replaced by its array from ``extra``."""
+    if type(p) is Slot:
+        return extra[p.j]
+    if type(p) in (tuple, list):
+        return type(p)(fill_slots(x, extra) for x in p)
+    return p
+
+
+def _slotted_impl(o, n_in, variadic):
+    def impl(*arrays, **params):
+        ins, extra = arrays[:n_in], arrays[n_in:]
+        params = {k: fill_slots(p, extra) for k, p in params.items()}
+        return o.forward(list(ins), **params) if variadic else o.forward(*ins, **params)
+
+    impl.__name__ = o.name
+    return impl
 
 
 def _effect_impl(call, args):
