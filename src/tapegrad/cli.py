@@ -1,4 +1,5 @@
-"""``python -m tapegrad demo|bench|memory ...`` (also the ``tapegrad`` console script).
+"""``python -m tapegrad demo|bench|memory|coverage|profile ...`` (also the ``tapegrad``
+console script).
 
     tapegrad demo [--quick] [--no-torch]     the guided report (README's ``make demo``)
     tapegrad bench [NAME] [OPTIONS]          the benchmark suite (``make bench``): NAME is
