@@ -456,3 +456,37 @@ def test_tail_read_step_whose_python_diverges_reruns_eagerly():
         np.testing.assert_array_equal(a, b)
     assert sum(e.n_fallbacks for e in comp.entries) == 1
     assert sum(e.n_replays for e in comp.entries) == comp.n_hits - 1
+
+
+def test_tail_read_step_with_index_tensors_and_setitem():
+    """A tail-read step indexing with integer tensors and writing ``z[idx] = v`` into an
+    intermediate: replayed (no eager reruns), equal to eager bitwise with new indices each call;
+    the returned tensor is a plain tensor."""
+    runs = []
+    for compiled in (False, True):
+        tg.manual_seed(0)
+        emb = tg.randn(10, 4, requires_grad=True)
+        opt = tg.optim.Adam([emb], lr=0.1)
+
+        def step(i, t):
+            h = emb[i]
+            z = h * 1.0
+            z[t % 3] = h[:2] * 0.5
+            loss = (z * z).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            loss.item()
+            return loss
+
+        call = tg.compile(step) if compiled else step
+        rng = np.random.default_rng(0)
+        out = [call(tg.tensor(rng.integers(0, 10, 6)), tg.tensor(rng.integers(0, 6, 2)))
+               for _ in range(8)]
+        runs.append(([o.item() for o in out], emb.detach().numpy().copy(), call, out[-1]))
+    (oe, pe, _, _), (oc, pc, comp, last) = runs
+    assert oe == oc
+    np.testing.assert_array_equal(pe, pc)
+    assert sum(e.n_replays for e in comp.entries) == comp.n_hits > 0 and not comp.breaks
+    assert not any(e.n_fallbacks for e in comp.entries)
+    assert last.grad_fn is None and not last.requires_grad

@@ -20,7 +20,7 @@ from tapegrad.autograd.grad_mode import state as grad_state
 from tapegrad.compiler import codegen, passes
 from tapegrad.autograd.engine import DispatchMode
 from tapegrad.compiler.ir import Graph, Input, Node, Value, call_node, freeze
-from tapegrad.compiler.tracer import (GraphBreak, _sgd_key, _traced_class, trace_call,
+from tapegrad.compiler.tracer import (GraphBreak, Slot, _sgd_key, _traced_class, trace_call,
                                       unflatten)
 from tapegrad.ops.registry import _prepare_elementwise, dispatch
 from tapegrad.tensor import Tensor
@@ -705,6 +705,22 @@ class TailEntry(Entry):
         return result
 
 
+_PLACEHOLDER_NODE = []
+
+
+def _placeholder_node():
+    """One tape Node standing for every replayed placeholder's history (never run)."""
+    if not _PLACEHOLDER_NODE:
+        from tapegrad.autograd.engine import Node as TapeNode
+
+        n = TapeNode.__new__(TapeNode)
+        n.op = n.params = n.saved = n.versions = n.out = n.out_version = None
+        n.hooks = n.retained = n.stack = n.recompute = None
+        n.parents, n.shape, n.dtype, n.seq = [], (), None, 0
+        _PLACEHOLDER_NODE.append(n)
+    return _PLACEHOLDER_NODE[0]
+
+
 class _TailReplay(_Replay):
     tail_replay = True
 
@@ -724,7 +740,8 @@ class _TailReplay(_Replay):
         for v, a in zip(n.outputs, call_node(n, ins) if real else [None] * len(n.outputs)):
             t = Tensor._make(np.empty(v.shape, v.dtype) if a is None else a)  # (a bounds
             t.__class__ = _traced_class(Tensor)  # check may read it)
-            t._requires_grad = id(v) in self.e.rg_values
+            if id(v) in self.e.rg_values:  # a non-leaf, as in the trace (in-place checks)
+                t.grad_fn, t._requires_grad = _placeholder_node(), True
             self.tv[id(t)] = (t, v)
             self.av[id(t._data)] = (t._data, v)
             self.placeholders.append((t, v))
@@ -736,11 +753,7 @@ class _TailReplay(_Replay):
         return outs
 
     def _match(self, n, flat, params):
-        for a in flat:
-            if isinstance(a, Tensor) and id(a) not in self.tv:
-                got = self.av.get(id(a._data))
-                if got is not None and got[0] is a._data:
-                    self.tv[id(a)] = (a, got[1])
+        self._match_values(flat)
         return super()._match(n, flat, params)
 
     def _span(self, kind):
@@ -817,7 +830,48 @@ class _TailReplay(_Replay):
                 raise RuntimeError(f"tapegrad.compile: {o.name} after the compiled step read "
                                    "an intermediate the graph did not keep")
             return dispatch(o, args, params)
+        n = self.nodes[self.i] if self.i < len(self.nodes) else None
+        if n is not None and n.op is None and n.meta and n.meta.get("op") is o:
+            return self._slotted(n, args, params)
         return super().interpret(o, args, params)
+
+    def _slotted(self, n, args, params):
+        """A node whose params held index arrays (``Tracer._array_params``)."""
+        extra = []
+
+        def slot(x):
+            if isinstance(x, Tensor):
+                x = x._data
+            if isinstance(x, np.ndarray):
+                got = self.av.get(id(x))
+                if got is None or got[0] is not x:
+                    raise LookupError
+                extra.append(got[1])
+                return Slot(len(extra) - 1)
+            if type(x) in (tuple, list):
+                return type(x)(slot(y) for y in x)
+            return x
+
+        flat = args[0] if args and type(args[0]) is list else args
+        k = n.meta["n_in"]
+        try:
+            key = {name: slot(p) for name, p in params.items()}
+        except LookupError:
+            self._fall()
+        self._match_values(flat)
+        if len(flat) != k or freeze(key) != freeze(n.params) or \
+                any(self._value(a) is not w for a, w in zip(flat, n.inputs[:k])) or \
+                len(extra) != len(n.inputs) - k or \
+                any(v is not w for v, w in zip(extra, n.inputs[k:])):
+            self._fall()
+        return self._issue(n)[0]
+
+    def _match_values(self, flat):
+        for a in flat:
+            if isinstance(a, Tensor) and id(a) not in self.tv:
+                got = self.av.get(id(a._data))
+                if got is not None and got[0] is a._data:
+                    self.tv[id(a)] = (a, got[1])
 
     def on_read(self, t):
         if self.done:
@@ -854,6 +908,12 @@ class _TailReplay(_Replay):
             if self.i != len(self.nodes):
                 self._fall()  # fewer ops than traced
             self._flush()
+
+    def restore(self):
+        super().restore()
+        for t, _ in self.placeholders:  # plain tensors, as a compiled step's outputs are
+            if t.grad_fn is _PLACEHOLDER_NODE[0]:
+                t.grad_fn, t._requires_grad = None, False
 
 
 def _aliased_outputs(graph):
