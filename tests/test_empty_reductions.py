@@ -39,7 +39,8 @@ def _cases():
                 yield "std", shape, kw
                 yield "var", shape, dict(kw, correction=0)
                 yield "std", shape, dict(kw, correction=2)
-                yield "norm", shape, dict(kw, p=2)  # torch.norm(x) of 3+ dims: differences.md
+                yield "norm", shape, kw
+                yield "norm", shape, dict(kw, p=2)
                 yield "norm", shape, dict(kw, p=1)
                 yield "norm", shape, dict(kw, p=3)
                 yield "norm", shape, dict(kw, p=0.5)

@@ -54,6 +54,8 @@ ROWS = [
     ("logsumexp-dims-keepdim", lambda T, x: x.logsumexp((0, 1), keepdim=True), [(2, 3)], F()),
     ("norm", lambda T, x: x.norm(), [(2, 3)], F()),
     ("norm-fro", lambda T, x: T.norm(x, "fro", dim=(0, 1)), [(2, 3)], F()),
+    ("norm-3d", lambda T, x: x.norm(), [(2, 3, 4)], F()),
+    ("norm-fro-3d", lambda T, x: T.norm(x, "fro"), [(2, 3, 4)], F()),
     ("norm-dim", lambda T, x: T.norm(x, dim=1), [(2, 3)], F()),
     ("norm-p1", lambda T, x: x.norm(p=1, dim=0), [(2, 3)], F(away_from=0.0)),
     ("norm-p3-keepdim", lambda T, x: x.norm(3, 1, True), [(2, 3)], F(away_from=0.0)),

@@ -626,8 +626,9 @@ def norm(input, p="fro", dim=None, keepdim=False, dtype=None):
         raise RuntimeError("linalg.vector_norm: Expected a floating point or complex tensor as "
                            f"input. Got {input.dtype}")
     if isinstance(p, str):
-        ndims = input.ndim if dim is None else 1 if isinstance(dim, int) else len(dim)
-        if p != "fro" or ndims > 2:  # as torch.norm: a matrix norm (over 2 dims, else raises)
+        ndims = 0 if dim is None else 1 if isinstance(dim, int) else len(dim)
+        if p != "fro" or ndims > 2:  # as torch.norm: 'fro' over all or <= 2 dims is the
+            # vector 2-norm; otherwise a matrix norm (over 2 dims, else raises)
             from tapegrad.linalg import matrix_norm
             return matrix_norm(input, p, tuple(range(input.ndim)) if dim is None else dim,
                                keepdim)
