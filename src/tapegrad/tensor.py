@@ -5,7 +5,8 @@ import weakref
 from tapegrad import dtypes
 from tapegrad.autograd import engine
 from tapegrad.autograd.grad_mode import state as grad_state
-from tapegrad.backend import xp, DEVICE
+from tapegrad import backend as _backend
+from tapegrad.backend import xp, DEVICE, device_of as _device_of, to_device as _to_device
 from tapegrad.backend.device import device as _device, resolve as resolve_device, no_cuda
 from tapegrad.ops import registry
 from tapegrad.printing import _repr
@@ -159,8 +160,10 @@ class Tensor:
 
     @property
     def device(self):
-        """As ``Tensor.device``: a ``tapegrad.device`` (always the cpu for now)."""
-        return DEVICE
+        """As ``Tensor.device``: a ``tapegrad.device``, read from the array's type (numpy: the
+        cpu; a CuPy array: ``cuda:N``), so a tensor carries no device slot."""
+        d = self._data
+        return DEVICE if type(d) is xp.ndarray else _device_of(d)
 
     @property
     def is_cuda(self) -> bool:
@@ -257,9 +260,14 @@ class Tensor:
             raise RuntimeError(
                 "Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() "
                 "instead.")
+        if type(self._data) is not xp.ndarray and self.device.type != "cpu":
+            raise TypeError(f"can't convert {self.device} device type tensor to numpy. Use "
+                            "Tensor.cpu() to copy the tensor to host memory first.")
         return self._data
 
     def __array__(self, dtype=None, copy=None):
+        if type(self._data) is not xp.ndarray and self.device.type != "cpu":
+            self.numpy(force=True)  # raises PyTorch's TypeError: no implicit device-to-host
         return self._data if dtype is None else self._data.astype(dtype)
 
     def tolist(self):
@@ -294,10 +302,14 @@ class Tensor:
     def to(self, *args, **kwargs):
         """As ``Tensor.to``: ``x.to(torch.float64)``, ``x.to('cpu')``, ``x.to(other)``,
         ``x.to(device=..., dtype=..., copy=True)``. A dtype change is differentiable."""
-        dtype, copy = _to_args(self, args, kwargs)
-        if dtype is not None and dtype.np != self._data.dtype:
-            return _E.to_dtype(self, dtype=dtype)
-        return _C.clone(self) if copy else self
+        dtype, copy, dev = _to_args(self, args, kwargs)
+        out = self
+        if dev is not None and dev != self.device:
+            out = _move(out, dev)
+            copy = False
+        if dtype is not None and dtype.np != out._data.dtype:
+            return _E.to_dtype(out, dtype=dtype)
+        return _C.clone(out) if copy else out
 
     def type(self, dtype=None, non_blocking=False, **kwargs):
         """As ``Tensor.type()``: with no argument PyTorch's type name (``'torch.FloatTensor'``);
@@ -330,11 +342,12 @@ class Tensor:
         return self if self._data.flags.c_contiguous else _C.clone(self)
 
     def cpu(self, memory_format=None):
-        """As ``Tensor.cpu()``: ``self`` (tapegrad tensors live on the cpu)."""
-        return self
+        """As ``Tensor.cpu()``: ``self`` on the cpu, a differentiable copy from a device."""
+        return self if type(self._data) is xp.ndarray else self.to("cpu")
 
     def cuda(self, device=None, non_blocking=False, memory_format=None):
-        """As ``Tensor.cuda()``: raises as PyTorch's CPU-only build does."""
+        """As ``Tensor.cuda()``: a copy on the CUDA device (CuPy); without CuPy or a device,
+        raises as PyTorch's CPU-only build does."""
         if device is not None and not isinstance(device, (str, _device)):
             device = f"cuda:{operator.index(device)}"
         return self.to("cuda" if device is None else device)
@@ -642,7 +655,8 @@ class Tensor:
         """As ``Tensor.backward``: accumulate d(self)/d(leaf) into every leaf's ``.grad``."""
         if gradient is None and inputs is None and not create_graph and self._requires_grad \
                 and self._data.size == 1:  # the common case, without the general checks
-            engine.run_backward([self], [xp.ones(self._data.shape, self._data.dtype)],
+            engine.run_backward([self], [_backend.array_module(self._data).ones(
+                self._data.shape, self._data.dtype)],
                                 bool(retain_graph))
             return
         from tapegrad.autograd import backward
@@ -844,8 +858,43 @@ def _to_args(t, args, kwargs):
             device = _device(a)  # an accelerator index: raises on a cpu-only machine
         else:
             dtype = dtypes.to_dtype(a)
-    resolve_device(device, "to")
-    return (None if dtype is None else dtypes.to_dtype(dtype)), copy
+    dev = _to_target(device)
+    return (None if dtype is None else dtypes.to_dtype(dtype)), copy, dev
+
+
+def _to_target(device):
+    """The device ``Tensor.to`` moves to (None: stay): cuda when a CUDA backend exists, else
+    PyTorch's CPU-build error, as ``resolve``."""
+    if device is None:
+        return None
+    dev = device if isinstance(device, _device) else _device(device)
+    if dev.type == "cuda":
+        b = _backend.cuda_backend()
+        if b is None:
+            raise no_cuda("to")
+        index = b.current_index() if dev.index is None else dev.index
+        if index >= b.device_count():
+            raise RuntimeError(f"to: CUDA error: invalid device ordinal (device {dev}, "
+                               f"{b.device_count()} visible)")
+        return _device("cuda", index)
+    return resolve_device(dev, "to")
+
+
+def _move(t, dev):
+    """``t`` copied to ``dev``, differentiably: the gradient flows back to ``t``'s device."""
+    return to_device(t, device=dev, source=t.device)
+
+
+@registry.op(saves="none", pointwise=True, linear=True)
+def to_device(a, device, source):
+    """Copy to ``device`` (``Tensor.to('cuda')``, ``.cpu()``); the gradient is copied back
+    to ``source``, the input's device."""
+    return _to_device(a, device)
+
+
+@to_device.grad
+def _(g, out, a, device, source):
+    return to_device(g, device=source, source=device)
 
 
 def _to_array(data, dtype):

@@ -382,7 +382,7 @@ def run_backward(roots, root_grads, retain_graph=False, create_graph=False, inpu
             if node.retained is not None:
                 t = node.retained()
                 if t is not None and capture is None:
-                    t._grad = g if create_graph else Tensor._make(xp.array(g))
+                    t._grad = g if create_graph else Tensor._make(_owned(g))
             if capture is not None and id(node) in capture:
                 capture[id(node)] = g
             op = node.op
@@ -437,6 +437,12 @@ def run_backward(roots, root_grads, retain_graph=False, create_graph=False, inpu
     return None
 
 
+def _owned(g):
+    """A copy of gradient array ``g`` in its layout, on its device (``np.array`` would pull a
+    device array to the host)."""
+    return xp.array(g) if type(g) is xp.ndarray or not hasattr(g, "copy") else g.copy(order="K")
+
+
 def _accumulate_leaf(leaf, g, create_graph, capture):
     hooks = leaf._hooks
     if hooks:
@@ -449,6 +455,6 @@ def _accumulate_leaf(leaf, g, create_graph, capture):
     if create_graph:
         leaf._grad = g if leaf._grad is None else leaf._grad + g
     elif leaf._grad is None:
-        leaf._grad = Tensor._make(xp.array(g))  # owned: later in-place accumulation is safe
+        leaf._grad = Tensor._make(_owned(g))  # owned: later in-place accumulation is safe
     else:
         leaf._grad._data += g

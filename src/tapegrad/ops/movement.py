@@ -18,7 +18,7 @@ from tapegrad.amp.autocast_mode import autocast_composite  # PyTorch's autocast 
 @op(saves="none", view=True, name="broadcast_to", linear=True)
 def broadcast_to_op(a, shape):
     """As ``torch.broadcast_to``. Its gradient, ``sum_to``, is the only un-broadcast rule."""
-    if a.flags.c_contiguous:
+    if a.flags.c_contiguous and type(a) is xp.ndarray:  # device arrays: their broadcast_to
         # a zero-stride view built directly: ~10x cheaper than xp.broadcast_to's checks
         lead = len(shape) - a.ndim
         strides = [0] * lead

@@ -19,7 +19,7 @@ records the graph of the gradient when it is on.
 from tapegrad import dtypes
 from tapegrad.autograd.grad_mode import state as grad_state
 from tapegrad.autograd.engine import Node, Meta, WATCH, watchers
-from tapegrad.backend import xp
+from tapegrad.backend import xp, DEVICE_TYPES, mixed_device_error
 from tapegrad.dtypes import FLOAT_NP
 from types import MethodType
 
@@ -275,9 +275,14 @@ def dispatch(o, args, params):
     try:
         data = o.forward(*arrays, **params) if params else o.forward(*arrays)
     except (ValueError, IndexError, TypeError) as e:
+        if DEVICE_TYPES:  # a device backend is in use: tensors on two devices fail here
+            err = mixed_device_error(o.name, [a for a in args if isinstance(a, Tensor)])
+            if err is not None:
+                raise err from None
         shapes = ", ".join(f"{tuple(a.shape)} {a.dtype}" for a in args if isinstance(a, Tensor))
         raise RuntimeError(f"{o.name}: {e} (inputs: {shapes})") from None
-    if type(data) is not ndarray:  # numpy reductions to 0-d give scalars: keep an array
+    if type(data) is not ndarray and type(data) not in DEVICE_TYPES:
+        # numpy reductions to 0-d give scalars: keep an array (device arrays stay as they are)
         data = xp.asarray(data)
     if o.view:  # shares args[0]'s storage and version; knows its base and how to replay
         out = view_of(args[0], data, o, params)
