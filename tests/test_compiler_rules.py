@@ -220,3 +220,32 @@ def test_boolean_mask_index_still_breaks_exactly():
         m = tg.tensor(np.arange(6) % (k + 2) == 0)
         assert comp(x, m).item() == f(x, m).item()
     assert comp.breaks and not comp.entries
+
+
+def test_attention_dropout_mask_is_drawn_each_call_and_its_rule_traced():
+    """Attention's dropout mask is a random node (same stream as eager); the op's ``keep``
+    param and the rule's saved one are that node's value, read each call."""
+    runs = []
+    for compiled in (False, True):
+        tg.manual_seed(0)
+        q, k, v = _leaves(12, (2, 2, 5, 4), (2, 2, 5, 4), (2, 2, 5, 4))
+
+        def step(q, k, v):
+            q.grad = k.grad = v.grad = None
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.3, is_causal=True)
+            loss = (out * out).sum()
+            loss.backward()
+            return loss
+
+        call = tg.compile(step) if compiled else step
+        out = [(call(q, k, v).detach().numpy().copy(), q.grad.numpy().copy(),
+                v.grad.numpy().copy()) for _ in range(4)]
+        runs.append((out, call))
+    for (le, qe, ve), (lc, qc, vc) in zip(runs[0][0], runs[1][0]):
+        np.testing.assert_array_equal(lc, le)
+        np.testing.assert_array_equal(qc, qe)
+        np.testing.assert_array_equal(vc, ve)
+    comp = runs[1][1]
+    assert not comp.breaks and comp.n_hits == 4 - len(comp.entries) and len(comp.entries) <= 2
+    names = [n.name for e in comp.entries for n in e.graph.nodes]
+    assert "dropout_mask" in names and not [n for n in names if n.startswith("vjp_")]

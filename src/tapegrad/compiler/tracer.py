@@ -361,6 +361,8 @@ class Tracer(DispatchMode):
         if self.broken:
             return dispatch(o, args, params)
         if o.elementwise:  # its to_dtype/broadcast_to are ops of the graph too
+            if any(type(a) is np.ndarray and id(a) in self.amap for a in args):
+                args = [self._known(a) for a in args]  # (a rule's saved param array)
             modes = grad_state.modes
             grad_state.modes = modes + [self]
             try:
@@ -400,10 +402,21 @@ class Tracer(DispatchMode):
             self.rg_values.add(id(v))
         return out
 
+    def _known(self, a):
+        """A traced array as a Tensor standing for its Value (``_prepare_elementwise`` would
+        copy a bare array into an unknown tensor)."""
+        v = self.amap.get(id(a)) if type(a) is np.ndarray else None
+        if v is None:
+            return a
+        t = Tensor._make(a)
+        self._bind(t, v)
+        return t
+
     def _array_params(self, params):
-        """Params holding integer arrays that are traced tensors' data (``x[idx]``'s index,
-        saved by its rule too): ``(params with each array a Slot, their Values)``, or ``()``.
-        Masks stay breaks (the result's shape depends on the data)."""
+        """Params holding arrays that are traced tensors' data (``x[idx]``'s index, saved by
+        its rule too; attention's dropout ``keep``): ``(params with each array a Slot, their
+        Values)``, or ``()``. Boolean masks stay breaks (a mask index's result shape depends on
+        the data)."""
         extra = []
 
         def slot(x):
@@ -411,7 +424,7 @@ class Tracer(DispatchMode):
                 x = x._data
             if isinstance(x, np.ndarray):
                 v = self.amap.get(id(x))
-                if v is None or x.dtype.kind not in "iu":
+                if v is None or x.dtype.kind == "b":  # a mask: data-dependent shapes
                     raise LookupError
                 extra.append(v)
                 return Slot(len(extra) - 1)
@@ -590,6 +603,13 @@ class Tracer(DispatchMode):
         pick = tuple(i for i, x in enumerate(grads) if x is not None)
         arrays = [np.asarray(grads[i]) for i in pick]
         impl = _vjp_impl(op.rule, has_out, pick)
+        slotted = self._array_params(params) if any(
+            isinstance(p, (np.ndarray, Tensor)) or type(p) in (tuple, list) and any(
+                isinstance(x, (np.ndarray, Tensor)) for x in p) for p in params.values()) else ()
+        if slotted:  # a param that is a traced array (an index, a dropout mask): read each run
+            params, extra = slotted
+            impl = _slotted_vjp(impl, len(ins))
+            ins = ins + extra
         vals = self.record(f"vjp_{op.name}", impl, ins, params, arrays)
         result = [None] * len(grads)
         for i, v, a in zip(pick, vals, arrays):
@@ -883,6 +903,15 @@ def _slotted_impl(o, n_in, variadic):
         return o.forward(list(ins), **params) if variadic else o.forward(*ins, **params)
 
     impl.__name__ = o.name
+    return impl
+
+
+def _slotted_vjp(vjp, n_in):
+    def impl(*arrays, **params):
+        extra = arrays[n_in:]
+        return vjp(*arrays[:n_in], **{k: fill_slots(p, extra) for k, p in params.items()})
+
+    impl.__name__ = vjp.__name__
     return impl
 
 

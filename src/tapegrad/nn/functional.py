@@ -1524,7 +1524,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                 else _const(fix.astype(dt))
     if dropout_p > 0.0:
         shape = xp.broadcast_shapes(query.shape[:-1] + (S,), key.shape[:-2] + (L, S))
-        drop = _keep_mask(shape, 1.0 - dropout_p, dt) if dropout_p < 1 else xp.zeros(shape, dt)
+        drop = _array_fn("dropout_mask", _keep_mask, (), True, shape=shape, keep=1.0 - dropout_p,
+                         dtype=dt)._data if dropout_p < 1 else xp.zeros(shape, dt)  # (traced)
         keep = drop if keep is None else keep * drop
     if bias is not None:
         return N.scaled_dot_product_attention(query, key, value, bias, scale=scale, keep=keep)
