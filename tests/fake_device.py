@@ -91,6 +91,17 @@ class _FakeModule(types.ModuleType):
         return f
 
 
+class _Wrapped:
+    """A module's functions taking and returning fake arrays (cupyx.scipy.special's stand-in)."""
+
+    def __init__(self, module):
+        self._m = module
+
+    def __getattr__(self, name):
+        f = getattr(self._m, name)
+        return lambda *a, **k: _wrap(f(*_unwrap(a), **_unwrap(k)))
+
+
 class FakeBackend:
     """numpy_backend's interface for the fake "cuda" device."""
 
@@ -102,6 +113,8 @@ class FakeBackend:
 
     def __init__(self):
         self.seeds = []
+        import scipy.special
+        self.special = _Wrapped(scipy.special)
 
     def device_count(self):
         return 1

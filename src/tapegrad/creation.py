@@ -111,7 +111,7 @@ def _filled(name, size, value, dtype, device, requires_grad, keyword=NO_SIZE):
 @op(saves="none", linear=True)
 def clone(a):
     """As ``torch.clone``: a copy with its own (C-contiguous) storage; gradient passes through."""
-    return xp.array(a, copy=True, order="C")
+    return a.copy(order="C")  # a method, so a device array stays on its device
 
 
 @clone.grad

@@ -11,6 +11,7 @@ import math
 from tapegrad import dtypes
 from tapegrad.ops import registry
 from tapegrad.ops.registry import op, xp
+from tapegrad.backend import DEVICE_TYPES, backend_of
 
 try:  # scipy is an optional speed-up for erf, never a run-time dependency
     from scipy.special import erf as _erf_array
@@ -420,6 +421,8 @@ def _erf_fallback(a):
 def erf(a):
     """As ``torch.erf``: the error function (scipy when importable, else ``math.erf``)."""
     a = _floating(a)
+    if type(a) is not xp.ndarray and a.dtype.kind == "f" and type(a) in DEVICE_TYPES:
+        return backend_of(a).special.erf(a).astype(a.dtype, copy=False)  # cupyx.scipy.special
     out = _erf_array(a) if _erf_array is not None else _erf_fallback(a)
     return xp.asarray(out).astype(a.dtype, copy=False)
 

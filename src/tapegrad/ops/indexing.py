@@ -9,6 +9,7 @@ import operator
 import warnings
 
 from tapegrad.ops.registry import op, xp
+from tapegrad.backend import array_module
 from tapegrad.ops import registry as _registry
 from tapegrad.ops.movement import (_check_tensor, _dim, expand, reshape_op, sum_to)
 from tapegrad.ops import elementwise as _E
@@ -43,7 +44,7 @@ def index_backward(g, shape, index, accumulate=True):
     if accumulate and len(index) == 2 and index[1] is Ellipsis and g.dtype.kind == "f" \
             and isinstance(index[0], xp.ndarray) and index[0].dtype.kind in "iu":
         return _add_rows(g, shape, index[0])
-    out = xp.zeros(shape, dtype=g.dtype)
+    out = array_module(g).zeros(shape, dtype=g.dtype)
     if accumulate:
         xp.add.at(out, index, g)
     else:
@@ -60,7 +61,7 @@ def _add_rows(g, shape, rows):
         width *= m
     rows = rows.reshape(-1)
     rows = xp.where(rows < 0, rows + n, rows)
-    flat = rows if width == 1 else (rows[:, None] * width + xp.arange(width)).reshape(-1)
+    flat = rows if width == 1 else (rows[:, None] * width + array_module(rows).arange(width)).reshape(-1)
     out = xp.bincount(flat, weights=g.reshape(-1), minlength=n * width)
     return out.astype(g.dtype, copy=False).reshape(shape)
 
@@ -157,8 +158,8 @@ def _out_of_bounds(idx, n):
 # --- gather, scatter and friends: advanced indexing with an open grid ---------------------
 def _grid(idx, d):
     """The advanced-index key that picks ``a[..., idx[i, j, k], ...]`` along dim ``d``."""
-    nd = idx.ndim
-    return tuple(idx if k == d else xp.arange(n).reshape((1,) * k + (n,) + (1,) * (nd - k - 1))
+    nd, m = idx.ndim, array_module(idx)
+    return tuple(idx if k == d else m.arange(n).reshape((1,) * k + (n,) + (1,) * (nd - k - 1))
                  for k, n in enumerate(idx.shape))
 
 

@@ -8,7 +8,7 @@ three partial derivatives of one trilinear form, so each one's rule is the other
 """
 import math
 
-from tapegrad.backend import reduce_axis
+from tapegrad.backend import reduce_axis, array_module
 from tapegrad.ops.registry import op, xp
 from tapegrad.ops import registry as _registry
 from tapegrad.ops.elementwise import exp, log, sqrt, tanh, sigmoid, erf, where_op as where
@@ -319,8 +319,9 @@ def _ce_target(x, t, ignore_index, mean):
     n, c = x.shape
     dt = np_dtype(x.dtype)  # x is an array, or a Tensor under create_graph
     valid = t != ignore_index
-    target = xp.zeros((n, c), dtype=dt)
-    target[xp.arange(n), xp.where(valid, t, 0)] = valid
+    m = array_module(t)
+    target = m.zeros((n, c), dtype=dt)
+    target[m.arange(n), xp.where(valid, t, 0)] = valid
     keep = valid[:, None].astype(dt)
     count = int(valid.sum()) if mean else 1
     # every row ignored: the loss is nan but its gradient 0, as PyTorch's nll_loss backward
@@ -574,7 +575,7 @@ def _columns(x, kernel, stride, padding, dilation, groups, out_size=None):
     """
     n, c, h, w = x.shape
     (pt, pb), (pl, pr) = padding
-    buf = xp.zeros((n, h + pt + pb, w + pl + pr, c), dtype=x.dtype)
+    buf = array_module(x).zeros((n, h + pt + pb, w + pl + pr, c), dtype=x.dtype)
     buf[:, pt:pt + h, pl:pl + w] = x.transpose(0, 2, 3, 1)
     (kh, kw), (dh, dw), (sh, sw) = kernel, dilation, stride
     win = _sliding(buf, ((kh - 1) * dh + 1, (kw - 1) * dw + 1), axis=(1, 2))
@@ -592,12 +593,13 @@ def _col2im(cols, size, kernel, stride, padding, dilation):
     (pt, pb), (pl, pr) = padding
     (dh, dw), (sh, sw) = dilation, stride
     hp, wp = size[0] + pt + pb, size[1] + pl + pr
-    img = xp.zeros((n, hp, wp, c), dtype=cols.dtype)
+    img = array_module(cols).zeros((n, hp, wp, c), dtype=cols.dtype)
     for i in range(kh):  # a loop over kernel offsets; every pixel is one strided add
         for j in range(kw):
             img[:, i * dh:i * dh + sh * (oh - 1) + 1:sh,
                 j * dw:j * dw + sw * (ow - 1) + 1:sw] += cols[..., i, j]
-    return xp.ascontiguousarray(img[:, pt:hp - pb, pl:wp - pr].transpose(0, 3, 1, 2))
+    img = img[:, pt:hp - pb, pl:wp - pr].transpose(0, 3, 1, 2)
+    return array_module(img).ascontiguousarray(img)
 
 
 def _grouped(a, groups):
@@ -618,7 +620,7 @@ def conv2d(x, w, stride, padding, dilation, groups, out_size=None):
     out = blas_matmul(_grouped(cols, groups), wmat[0] if groups == 1 else wmat)
     if groups > 1:
         out = out.transpose(1, 0, 2)  # (N*P, G, O/G)
-    return xp.ascontiguousarray(out.reshape(n, oh, ow, o).transpose(0, 3, 1, 2))
+    return array_module(out).ascontiguousarray(out.reshape(n, oh, ow, o).transpose(0, 3, 1, 2))
 
 
 @conv2d.grad
@@ -734,7 +736,8 @@ def _tiled_max_indices(x, kh, kw, oh, ow):
     n, c, h, w = x.shape
     if (oh * kh, ow * kw) != (h, w):  # floor mode: the last rows/columns belong to no window
         x = x[:, :, :oh * kh, :ow * kw]
-    rows = xp.ascontiguousarray(x.reshape(n * c * oh, kh, ow, kw).transpose(1, 3, 0, 2))
+    rows = array_module(x).ascontiguousarray(
+        x.reshape(n * c * oh, kh, ow, kw).transpose(1, 3, 0, 2))
     rows = rows.reshape(kh * kw, n * c * oh * ow)
     top = xp.max(rows, axis=0)  # NaN if the window holds one
     has_nan = bool((top != top).any())

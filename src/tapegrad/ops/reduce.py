@@ -13,7 +13,7 @@ from tapegrad import dtypes
 from tapegrad.ops import registry
 from tapegrad.ops.elementwise import abs, eq, exp, isnan, np_dtype, sign, to_dtype, where_op
 from tapegrad.ops.movement import _dim, broadcast_to, reshape_op as reshape
-from tapegrad.backend import reduce_axis
+from tapegrad.backend import reduce_axis, array_module, DEVICE_TYPES
 from tapegrad.ops.registry import op, xp
 
 
@@ -253,7 +253,7 @@ def put_along(g, idx, shape, dim, keepdim=False):
     """Zeros of ``shape`` with ``g`` put at ``idx`` along ``dim``: a selection's gradient."""
     if len(shape) == 0:
         return g.copy()
-    out = xp.zeros(shape, g.dtype)
+    out = array_module(g).zeros(shape, g.dtype)
     k = idx if keepdim else _unsqueeze(idx, dim)
     xp.put_along_axis(out, k, g if keepdim else _unsqueeze(g, dim), axis=dim)
     return out
@@ -523,7 +523,8 @@ def _extreme_public(name, full_op, dim_op, arg_op, pairwise):
         d = d[0] if d else 0
         if input.ndim and input.shape[d] == 0:
             raise IndexError(f"{name}(): Expected reduction dim {d} to have non-zero size.")
-        if type(input._data) is not xp.ndarray:  # a vmap value: the indices are an op's too
+        if type(input._data) is not xp.ndarray and type(input._data) not in DEVICE_TYPES:
+            # a vmap value: the indices are an op's too
             idx = arg_op(input, dim=d, keepdim=keepdim)
             return ReturnTypes[name](dim_op(input, idx=idx, dim=d, keepdim=keepdim), idx)
         idx = arg_op.forward(input._data, dim=d, keepdim=keepdim)

@@ -7,7 +7,7 @@ of the parameters' dtype where PyTorch keeps 0-d tensors, so a float32 run round
 PyTorch's does; in ``state`` they are 0-d Tensors, as in PyTorch's ``state_dict``.
 """
 from tapegrad.autograd.grad_mode import enable_grad, no_grad
-from tapegrad.backend import xp
+from tapegrad.backend import xp, DEVICE_TYPES
 from tapegrad.optim.optimizer import Optimizer
 from tapegrad.tensor import Tensor
 
@@ -211,7 +211,8 @@ class LBFGS(Optimizer):
 
     def _own_arrays(self):
         for p in self._params:
-            if type(p._data) is not xp.ndarray:  # a numpy scalar cannot be updated in place
+            if type(p._data) is not xp.ndarray and type(p._data) not in DEVICE_TYPES:
+                # a numpy scalar cannot be updated in place
                 p._data = xp.asarray(p._data)
 
     def _add_grad(self, step_size, update):

@@ -16,7 +16,7 @@ from itertools import chain
 
 from tapegrad import dtypes
 from tapegrad.autograd.grad_mode import enable_grad, no_grad
-from tapegrad.backend import xp
+from tapegrad.backend import xp, DEVICE_TYPES
 from tapegrad.tensor import Tensor
 
 
@@ -228,8 +228,8 @@ class Optimizer:
         return loss
 
     def _state_arrays(self, p, group):
-        if type(p._data) is not xp.ndarray:  # a numpy scalar cannot be updated in place
-            p._data = xp.asarray(p._data)
+        if type(p._data) is not xp.ndarray and type(p._data) not in DEVICE_TYPES:
+            p._data = xp.asarray(p._data)  # a numpy scalar cannot be updated in place
         state = self.state[p]
         if not state:
             for k, v in self.init_state(p._data, group).items():
