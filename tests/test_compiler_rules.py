@@ -249,3 +249,34 @@ def test_attention_dropout_mask_is_drawn_each_call_and_its_rule_traced():
     assert not comp.breaks and comp.n_hits == 4 - len(comp.entries) and len(comp.entries) <= 2
     names = [n.name for e in comp.entries for n in e.graph.nodes]
     assert "dropout_mask" in names and not [n for n in names if n.startswith("vjp_")]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_nll_loss_and_weighted_smoothed_spatial_cross_entropy_are_traced(dtype):
+    """``F.nll_loss`` and ``F.cross_entropy`` off the fused fast path (class weights, label
+    smoothing, ignore_index, spatial targets): the target distribution and the weight sum are
+    one node built from the targets at run time; new targets each call, bitwise eager."""
+    (x,) = _leaves(13, (4, 3, 2, 2), dtype=dtype)
+    w = tg.tensor(np.array([0.5, 2.0, 1.5], dtype=dtype))
+
+    def step(x, t):
+        x.grad = None
+        a = F.nll_loss(F.log_softmax(x, 1), t, weight=w, ignore_index=1)
+        b = F.cross_entropy(x, t, weight=w, label_smoothing=0.2, reduction="sum")
+        loss = a + b
+        loss.backward()
+        return loss
+
+    targets = [tg.tensor(np.random.default_rng(k).integers(0, 3, (4, 2, 2))) for k in range(4)]
+    names = [n.name for n in tracer.trace(step, x, targets[0]).nodes]
+    assert {"nll_loss_targets", "cross_entropy_targets", "nll_loss",
+            "softmax_cross_entropy"} <= set(names)
+    assert not [n for n in names if n.startswith("vjp_")]
+    comp = tg.compile(step)
+    for t in targets:
+        lc = comp(x, t).detach().numpy()
+        gc_ = x.grad.numpy().copy()
+        le = step(x, t).detach().numpy()
+        np.testing.assert_array_equal(lc, le)
+        np.testing.assert_array_equal(gc_, x.grad.numpy())
+    assert not comp.breaks and comp.n_hits == 3

@@ -398,7 +398,7 @@ def _reduce(loss, reduction, denominator=None):
     if reduction == "sum":
         return total
     count = loss.numel() if denominator is None else denominator
-    if not count and not loss.numel():  # an empty batch: 0 / 0 = nan, as in PyTorch; as a
+    if not loss.numel() and not count:  # an empty batch: 0 / 0 = nan, as in PyTorch; as a
         return total * math.nan  # product, numpy stays quiet in the backward too
     with xp.errstate(invalid="ignore", divide="ignore"):  # nothing counted: nan, silently
         return total / count
@@ -465,12 +465,40 @@ def _class_targets(name, input, target, weight, ignore_index):
     return onehot, wy, wvec, valid, cdim
 
 
+def _class_target_arrays(t, w=None, *, loss, shape, dtype, ignore_index, smoothing=0.0):
+    """What ``nll_loss``/``cross_entropy`` build from class indices, as arrays from the
+    indices (and class weights) alone: the target distribution and the weight sum. Under the
+    compiler's tracer it runs as one node (``_array_fn``), so new targets are read each call."""
+    probe = _const(xp.broadcast_to(xp.zeros((), dtype), shape))  # the input's shape and dtype
+    q, wy, wvec, valid, cdim = _class_targets(loss, probe, _const(t),
+                                              None if w is None else _const(w), ignore_index)
+    if smoothing > 0:
+        wshape = [1] * len(shape)
+        wshape[cdim] = shape[cdim]
+        spread = wvec.reshape(wshape) * xp.expand_dims(valid, cdim)
+        q = ((1 - smoothing) * q + (smoothing / shape[cdim]) * spread).astype(dtype)
+    return q, xp.asarray(wy.sum())
+
+
+def _traced_class_targets(name, input, target, weight, ignore_index, smoothing=0.0):
+    """Under a recorder: (target distribution, weight sum) as graph values, else None."""
+    if not grad_state.modes or _recorder() is None:
+        return None
+    tensors = (target,) if weight is None else (target, weight)  # (needs no grad: checked)
+    return _array_fn(f"{name}_targets", _class_target_arrays, tensors, loss=name,
+                     shape=tuple(input.shape), dtype=input._data.dtype,
+                     ignore_index=ignore_index, smoothing=smoothing)
+
+
 @autocast_composite
 def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
              reduction="mean"):
     """As ``F.nll_loss``: ``-weight[t] * input[n, t]``, averaged by the summed weights."""
     reduction = _reduction(size_average, reduce, reduction)
     q, wy, _, _, cdim = _class_targets("nll_loss", input, target, weight, ignore_index)
+    traced = _traced_class_targets("nll_loss", input, target, weight, ignore_index)
+    if traced is not None:  # the compiler's tracer: built from the targets at run time
+        return _reduce(N.nll_loss(input, traced[0], dim=cdim), reduction, traced[1])
     loss = N.nll_loss(input, _const(q), dim=cdim)
     return _reduce(loss, reduction, float(wy.sum()))
 
@@ -523,6 +551,11 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
         return _reduce(loss, reduction, input.numel() / n_classes if input.numel() else 0)
     q, wy, wvec, valid, cdim = _class_targets("cross_entropy", input, target, weight,
                                               ignore_index)
+    traced = _traced_class_targets("cross_entropy", input, target, weight, ignore_index,
+                                   label_smoothing)
+    if traced is not None:  # the compiler's tracer: built from the targets at run time
+        loss = N.softmax_cross_entropy(input, traced[0], dim=cdim)
+        return _reduce(loss, reduction, traced[1])
     if label_smoothing > 0:
         wshape = [1] * input.ndim
         wshape[cdim] = n_classes
