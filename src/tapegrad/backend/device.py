@@ -18,8 +18,8 @@ class NoCudaError(AssertionError, RuntimeError):
 
 def no_cuda(name=None):
     prefix = f"{name}: " if name else ""
-    return NoCudaError(f"{prefix}Torch not compiled with CUDA enabled (tapegrad runs on the cpu "
-                       "only for now; see docs/differences.md)")
+    return NoCudaError(f"{prefix}Torch not compiled with CUDA enabled (tapegrad needs CuPy, the "
+                       "'cuda' extra, and a visible CUDA device; see docs/differences.md)")
 
 
 class device:
@@ -135,6 +135,11 @@ def resolve(dev, name):
     if dev.type in SUPPORTED:
         return CPU if dev.type == "cpu" else dev
     if dev.type == "cuda":
-        raise no_cuda(name)
+        from tapegrad import backend
+        if backend.cuda_backend() is None:
+            raise no_cuda(name)
+        raise RuntimeError(f"{name}: device={str(dev)!r}: tapegrad's factories create tensors on "
+                           "the cpu only; create it there and move it with .to('cuda') (see "
+                           "docs/differences.md, Devices)")
     raise RuntimeError(f"{name}: device type '{dev.type}' is not supported (tapegrad runs on the "
                        f"cpu only for now; got device={str(dev)!r})")

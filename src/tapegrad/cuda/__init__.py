@@ -1,6 +1,9 @@
-"""``tapegrad.cuda`` as ``torch.cuda`` on PyTorch's CPU-only build: no CUDA device exists.
+"""``tapegrad.cuda`` as ``torch.cuda``, true to the machine.
 
-The queries answer as PyTorch's CPU build does (``is_available()`` False, ``device_count()``
+With CuPy installed (the ``cuda`` extra) and a CUDA device visible, ``is_available()`` is True,
+``device_count()`` counts the devices, ``manual_seed(_all)`` seeds CuPy's generators and
+``synchronize()`` waits for the device (``tapegrad.backend.cupy_backend``). Otherwise the
+queries answer as PyTorch's CPU build does (``is_available()`` False, ``device_count()``
 0, memory counters 0); seeding is a no-op (PyTorch queues CUDA seeds until CUDA initialises,
 which never happens here); calls that need a device (``synchronize``, ``current_device``,
 ``get_device_name`` ...) raise ``AssertionError: Torch not compiled with CUDA enabled`` as
@@ -11,23 +14,31 @@ PyTorch does. A GPU backend replaces these answers here and adds ``"cuda"`` to
 """
 import collections
 
+from tapegrad import backend as _backend
 from tapegrad.backend.device import device as _device, no_cuda
 from tapegrad.tensor import tensor_types as _tensor_types
 
 
+def _cuda():
+    """The CUDA backend (CuPy's, or a test's stand-in), or None without CuPy or a device."""
+    return _backend.cuda_backend()
+
+
 def is_available() -> bool:
-    """As ``torch.cuda.is_available()``: False (tapegrad has no CUDA backend yet)."""
-    return False
+    """As ``torch.cuda.is_available()``: whether CuPy is installed and sees a CUDA device."""
+    b = _cuda()
+    return b is not None and b.device_count() > 0
 
 
 def is_initialized() -> bool:
-    """As ``torch.cuda.is_initialized()``: False."""
-    return False
+    """As ``torch.cuda.is_initialized()``: whether the CUDA backend has been loaded."""
+    return _backend._BY_TYPE.get("cuda") is not None
 
 
 def device_count() -> int:
-    """As ``torch.cuda.device_count()``: 0."""
-    return 0
+    """As ``torch.cuda.device_count()``: the CUDA devices CuPy sees (0 without CuPy)."""
+    b = _cuda()
+    return 0 if b is None else b.device_count()
 
 
 def is_bf16_supported(including_emulation: bool = True) -> bool:
@@ -42,15 +53,23 @@ def get_arch_list() -> list:
 
 # --- seeding: PyTorch queues these until CUDA initialises, which never happens here -------
 def manual_seed(seed) -> None:
-    """As ``torch.cuda.manual_seed(seed)``: a no-op without CUDA (PyTorch's lazy seeding).
+    """As ``torch.cuda.manual_seed(seed)``: seeds CuPy's generator on the current device (its
+    own stream, not numpy's); a no-op without CUDA (PyTorch's lazy seeding).
 
     ``tapegrad.manual_seed`` seeds tapegrad's own generator."""
-    int(seed)
+    seed = int(seed)
+    b = _cuda()
+    if b is not None:
+        b.manual_seed(seed)
 
 
 def manual_seed_all(seed) -> None:
-    """As ``torch.cuda.manual_seed_all(seed)``: a no-op without CUDA."""
-    int(seed)
+    """As ``torch.cuda.manual_seed_all(seed)``: seeds every device's generator; a no-op
+    without CUDA."""
+    seed = int(seed)
+    b = _cuda()
+    if b is not None:
+        b.manual_seed_all(seed)
 
 
 def seed() -> None:
@@ -74,12 +93,17 @@ def set_rng_state_all(new_states) -> None:
 
 # --- memory: PyTorch's CPU build reports an empty caching allocator -----------------------
 def empty_cache() -> None:
-    """As ``torch.cuda.empty_cache()``: nothing is cached without CUDA."""
+    """As ``torch.cuda.empty_cache()``: frees the blocks CuPy's pool caches; nothing is cached
+    without CUDA."""
+    b = _cuda()
+    if b is not None:
+        b.release_memory()
 
 
 def memory_allocated(device=None) -> int:
-    """As ``torch.cuda.memory_allocated()``: 0 without CUDA."""
-    return 0
+    """As ``torch.cuda.memory_allocated()``: bytes in use in CuPy's pool; 0 without CUDA."""
+    b = _cuda()
+    return 0 if b is None else b.memory_allocated()
 
 
 def max_memory_allocated(device=None) -> int:
@@ -88,8 +112,9 @@ def max_memory_allocated(device=None) -> int:
 
 
 def memory_reserved(device=None) -> int:
-    """As ``torch.cuda.memory_reserved()``: 0 without CUDA."""
-    return 0
+    """As ``torch.cuda.memory_reserved()``: bytes CuPy's pool holds; 0 without CUDA."""
+    b = _cuda()
+    return 0 if b is None else b.memory_reserved()
 
 
 def max_memory_reserved(device=None) -> int:
@@ -113,9 +138,38 @@ def _needs_cuda(name, doc):
     return f
 
 
-init = _needs_cuda("init", "()")
-synchronize = _needs_cuda("synchronize", "(device=None)")
-current_device = _needs_cuda("current_device", "()")
+def _device_index(device):
+    if device is None:
+        return None
+    if isinstance(device, (str, _device)):
+        d = _device(device)
+        return d.index
+    return int(device)
+
+
+def synchronize(device=None) -> None:
+    """As ``torch.cuda.synchronize(device=None)``: waits for the device's work to finish;
+    raises as PyTorch's CPU-only build does without CUDA."""
+    b = _cuda()
+    if b is None:
+        raise no_cuda("cuda.synchronize")
+    b.synchronize(_device_index(device))
+
+
+def current_device() -> int:
+    """As ``torch.cuda.current_device()``: the current device's index; raises without CUDA."""
+    b = _cuda()
+    if b is None:
+        raise no_cuda("cuda.current_device")
+    return b.current_index()
+
+
+def init() -> None:
+    """As ``torch.cuda.init()``: loads the CUDA backend; raises without CUDA."""
+    if _cuda() is None:
+        raise no_cuda("cuda.init")
+
+
 set_device = _needs_cuda("set_device", "(device)")
 get_device_name = _needs_cuda("get_device_name", "(device=None)")
 get_device_properties = _needs_cuda("get_device_properties", "(device)")
