@@ -261,14 +261,31 @@ _check_op_three_ways = check_op
 # rest); a row passes forward="differences" where torch's own forward rule is wrong (it is
 # then checked against central differences only)
 _FORWARD_DEFAULT = __import__("os").environ.get("TAPEGRAD_CHECK_FORWARD", "1") != "0"
+# vmap is checked on a fixed, representative quarter of the rows (chosen by a hash of the
+# row's source location, so the same rows every run, across every test file) and on rows
+# passing vmap=True; TAPEGRAD_CHECK_VMAP=1 checks every row (about 25 rows still fail there:
+# vmap bugs listed in docs/differences.md), =0 none
+_VMAP_DEFAULT = __import__("os").environ.get("TAPEGRAD_CHECK_VMAP", "subset")
 
 
-def check_op(fn, specs, *, forward=None, vmap=False, **kwargs):  # noqa: F811
+def _vmap_row(fn):
+    if _VMAP_DEFAULT in ("0", "1"):
+        return _VMAP_DEFAULT == "1"
+    import zlib
+
+    code = getattr(fn, "__code__", None)
+    key = f"{code.co_filename.rsplit('/', 1)[-1]}:{code.co_firstlineno}" if code else repr(fn)
+    return zlib.crc32(key.encode()) % 4 == 0
+
+
+def check_op(fn, specs, *, forward=None, vmap=None, **kwargs):  # noqa: F811
     """The three-way check, plus forward mode (jvp vs torch.func.jvp and central differences,
-    second order; ``forward=True`` or TAPEGRAD_CHECK_FORWARD=1) and vmap (against a loop over
-    the batch) where ``vmap=True``."""
+    second order; on unless ``forward=False`` or TAPEGRAD_CHECK_FORWARD=0) and vmap (against a
+    loop over the batch) on a fixed quarter of the rows and where ``vmap=True``."""
     if forward is None:
         forward = _FORWARD_DEFAULT
+    if vmap is None:
+        vmap = _vmap_row(fn)
     _check_op_three_ways(fn, specs, **kwargs)
     if not kwargs.get("grad", True):
         return

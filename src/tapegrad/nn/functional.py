@@ -26,10 +26,24 @@ def _const(array):
     return Tensor._make(array)
 
 
+def _batched(x):
+    """Whether ``x`` is batched by ``tapegrad.func.vmap``: its array is a placeholder of the
+    logical shape, so its values must be read through ops (or ``_values``), not ``._data``."""
+    return getattr(x._data, "value", None) is not None
+
+
+def _values(x):
+    """``x``'s values for a check: under vmap, every example's (the physical array)."""
+    d = x._data
+    while getattr(d, "value", None) is not None:
+        d = d.value._data
+    return d
+
+
 def _traced(x):
-    """Whether ``x`` is differentiated: it requires grad, or it carries a tangent at an open
-    forward-mode level (``tapegrad.func.jvp``, ``autograd.forward_ad``)."""
-    if x.requires_grad:
+    """Whether ``x`` must go through ops: it requires grad, carries a tangent at an open
+    forward-mode level (``tapegrad.func.jvp``, ``autograd.forward_ad``) or is vmap-batched."""
+    if x.requires_grad or _batched(x):
         return True
     for m in grad_state.modes:
         tangent = getattr(m, "tangent", None)
@@ -589,6 +603,10 @@ def _weighted_reduce(name, loss, input, reduction, weight):
 
 def _abs(d):
     """``|d|`` whose gradient is ``sign(d)`` (0 at 0, as PyTorch's abs)."""
+    if _batched(d):  # under vmap the sign is read through an op
+        from tapegrad.ops.elementwise import sign
+
+        return d * sign(d)
     s = d._data
     return d * _const((s > 0).astype(s.dtype) - (s < 0).astype(s.dtype))
 
@@ -627,11 +645,11 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
             f"different to the input size ({tuple(input.shape)}) is deprecated. Please ensure "
             "they have the same size.")
     _same_dtype("binary_cross_entropy", input, target)
-    x = input._data
+    x = _values(input)
     if ((x < 0) | (x > 1)).any():
         raise RuntimeError("binary_cross_entropy: all elements of input should be between 0 "
                            "and 1")
-    t = target._data
+    t = _values(target)
     if ((t < 0) | (t > 1)).any():
         raise RuntimeError("binary_cross_entropy: all elements of target should be between 0 "
                            "and 1")
@@ -1651,6 +1669,9 @@ def cosine_similarity(x1, x2, dim=1, eps=1e-8):
     parts = []
     for x in (x1, x2):
         n = N.l2_norm(x, dim=dim)
+        if _batched(n):  # under vmap: the clamp by ops (no gradient through it either)
+            parts.append(x / (n + (where(n < eps, eps, n) - n).detach()))
+            continue
         lift = xp.maximum(n._data, eps) - n._data  # the clamp, outside the graph
         parts.append(x / (n + _const(lift)) if lift.any() else x / n)
     return sum_op(parts[0] * parts[1], dims=(dim,))
