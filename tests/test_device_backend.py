@@ -186,3 +186,33 @@ def test_the_fake_device_catches_host_arrays(fake):
         y._data + np.zeros(3)
     with pytest.raises(AssertionError, match="left the device"):
         battery.run(lambda T, a: T.tensor(a.detach().cpu().numpy()), [(3,)], "cuda")
+
+
+def test_module_to_cuda_and_back(fake):
+    lin = tapegrad.nn.Linear(3, 2)
+    bn = tapegrad.nn.BatchNorm1d(2)
+    model = tapegrad.nn.Sequential(lin, bn)
+    w = lin.weight
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    assert model.cuda() is model and lin.weight is w  # parameters keep their identity
+    for k, v in model.state_dict().items():
+        assert v.device.type == "cuda", k
+        np.testing.assert_array_equal(v.cpu().numpy(), before[k].numpy())
+    out = model(tapegrad.randn(4, 3).cuda())
+    assert out.device.type == "cuda"
+    model.to("cpu", tapegrad.float64)
+    assert all(v.device.type == "cpu" for v in model.state_dict().values())
+    assert lin.weight.dtype is tapegrad.float64
+
+
+def test_printing_and_saving_go_through_the_host(fake, tmp_path):
+    y = tapegrad.tensor([1.5, 2.0], dtype=tapegrad.float64).cuda()
+    ref = torch.tensor([1.5, 2.0], dtype=torch.float64)
+    # PyTorch prints a cuda tensor as its cpu copy plus device='cuda:0' before the dtype
+    want = repr(ref).replace("torch.", "tapegrad.")
+    assert repr(y) == want.replace("2.0000], ", "2.0000], device='cuda:0', ")
+    path = tmp_path / "t.pt"
+    tapegrad.save({"y": y}, path)
+    back = tapegrad.load(path)["y"]
+    assert back.device.type == "cpu"
+    np.testing.assert_array_equal(back.numpy(), [1.5, 2.0])

@@ -44,7 +44,7 @@ import zipfile
 import zlib
 
 from tapegrad import dtypes
-from tapegrad.backend import xp
+from tapegrad.backend import xp, to_host
 from tapegrad.tensor import Tensor
 
 __all__ = ["save", "load", "save_file", "load_file"]
@@ -164,7 +164,7 @@ class _Encoder:
                 return {"$ref": idx}
             from tapegrad.nn.parameter import Parameter
 
-            idx = self.tensors[id(obj)] = self.array(obj._data)
+            idx = self.tensors[id(obj)] = self.array(to_host(obj._data))  # saved from the host
             self.keep.append(obj)
             return {"$tensor": idx, "dtype": obj.dtype.name,
                     "requires_grad": bool(obj.requires_grad),
@@ -539,7 +539,7 @@ def save_file(tensors: dict, filename, metadata=None) -> None:
             raise TypeError(f"save_file: keys must be str, got {k!r}")
         if not isinstance(v, Tensor):
             raise TypeError(f"save_file: {k!r} is a {type(v).__name__}, expected a Tensor")
-        arrays[k] = _contiguous(v._data)
+        arrays[k] = _contiguous(to_host(v._data))
     if metadata is not None and not all(isinstance(k, str) and isinstance(v, str)
                                         for k, v in metadata.items()):
         raise TypeError("save_file: metadata must map str to str")

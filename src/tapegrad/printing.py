@@ -3,7 +3,7 @@ threshold 1000, 3 edge items, line width 80). Split out of ``tensor.py``."""
 import math
 
 from tapegrad import dtypes
-from tapegrad.backend import xp
+from tapegrad.backend import xp, to_host
 
 # --- printing: PyTorch's _tensor_str rules (precision 4, threshold 1000, 3 edge items) -------
 _PRECISION, _THRESHOLD, _EDGE, _LINEWIDTH = 4, 1000, 3, 80
@@ -81,6 +81,10 @@ def _repr(t):
     data, prefix = t._data, "tensor("
     indent = len(prefix)
     suffixes = []
+    if type(data) is not xp.ndarray:  # a device array: printed from a host copy, as PyTorch
+        if t.device.type != "cpu":
+            suffixes.append(f"device='{t.device}'")
+        data = to_host(data)
     default = data.dtype == dtypes.get_default_dtype().np
     if data.size == 0:
         body = "[]"

@@ -36,7 +36,7 @@ import sys
 import zipfile
 
 from tapegrad import dtypes
-from tapegrad.backend import xp
+from tapegrad.backend import xp, to_host
 from tapegrad.backend.numpy_backend import Device
 from tapegrad.io import _CorruptCheckpoint, load, save
 from tapegrad.tensor import Tensor
@@ -770,7 +770,7 @@ class _Pickler(pickle._Pickler):
         if isinstance(obj, Parameter):
             return (_global("torch._utils", "_rebuild_parameter"),
                     (Tensor._make(obj._data), bool(obj.requires_grad), hooks))
-        arr = obj._data
+        arr = to_host(obj._data)  # device tensors are saved from a host copy
         storage, offset, strides = self.storage_of(arr)
         return (_global("torch._utils", "_rebuild_tensor_v2"),
                 (storage, offset, tuple(arr.shape), strides, bool(obj.requires_grad), hooks))

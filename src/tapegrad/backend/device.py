@@ -18,8 +18,9 @@ class NoCudaError(AssertionError, RuntimeError):
 
 def no_cuda(name=None):
     prefix = f"{name}: " if name else ""
-    return NoCudaError(f"{prefix}Torch not compiled with CUDA enabled (tapegrad needs CuPy, the "
-                       "'cuda' extra, and a visible CUDA device; see docs/differences.md)")
+    return NoCudaError(f"{prefix}Torch not compiled with CUDA enabled (tapegrad runs on the cpu "
+                       "only here: CUDA needs CuPy, the 'cuda' extra, and a visible device; see "
+                       "docs/differences.md)")
 
 
 class device:

@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from tapegrad import dtypes
 from tapegrad.autograd.function import Function
 from tapegrad.autograd.grad_mode import no_grad, state as grad_state
-from tapegrad.backend.device import device as device_type, resolve as resolve_device, no_cuda
+from tapegrad.backend.device import device as device_type, no_cuda
 from tapegrad.nn.parameter import Buffer, Parameter
-from tapegrad.tensor import Tensor
+from tapegrad.tensor import Tensor, _to_target
 
 __all__ = ["Module", "RemovableHandle"]
 
@@ -473,21 +473,27 @@ class Module:
                 device = device_type(a)  # an accelerator index
             elif a is not None:
                 device = a
-        resolve_device(device, "to")
+        dev = _to_target(device)  # cuda: through the CUDA backend, else PyTorch's CPU error
         if dtype is not None:
             dtype = dtypes.to_dtype(dtype)
             if not dtype.is_floating_point:
                 raise TypeError("nn.Module.to only accepts floating point or complex dtypes, "
                                 f"but got desired dtype={dtype}")
-        return self._apply(lambda t: _cast(t, dtype))
+        return self._apply(lambda t: _cast(t if dev is None else t.to(dev), dtype))
 
     def cpu(self) -> "Module":
-        """As ``Module.cpu()`` (tapegrad runs on the CPU: a no-op)."""
-        return self
+        """As ``Module.cpu()``: parameters and buffers copied to the cpu (a no-op there)."""
+        return self._apply(lambda t: t.cpu())
 
     def cuda(self, device=None) -> "Module":
-        """``Module.cuda()`` raises as PyTorch's CPU-only build does."""
-        raise no_cuda("cuda")
+        """As ``Module.cuda()``: parameters and buffers copied to the CUDA device; raises as
+        PyTorch's CPU-only build does without CuPy or a device."""
+        if device is not None and not isinstance(device, (str, device_type)):
+            device = f"cuda:{int(device)}"
+        try:
+            return self.to("cuda" if device is None else device)
+        except AssertionError:
+            raise no_cuda("cuda") from None
 
     def float(self) -> "Module":
         """As ``Module.float()``: floating parameters and buffers to float32."""
