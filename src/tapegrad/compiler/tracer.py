@@ -181,9 +181,14 @@ class _RuleProxy:
             outer = tr.dirty
             tr.dirty = False
             tr.rule_depth += 1
+            # recorded, never differentiated again (the backward was asked without
+            # create_graph): grad mode off, so no broadcast_to is materialised for a
+            # gradient's own gradient and no tape Node is made (numpy broadcasts as eager)
+            enabled, grad_state.enabled = grad_state.enabled, False
             try:
                 grads = op.rule(g, out, *saved, **params)
             finally:
+                grad_state.enabled = enabled
                 tr.rule_depth -= 1
             dirty, tr.dirty = tr.dirty, outer
             if not dirty or tr.broken:
@@ -782,11 +787,10 @@ class Tracer(DispatchMode):
             for t, cls in self.swapped:
                 t.__class__ = cls
             self.swapped = []
-            if self.n_backward:  # eager leaves own plain gradients, not create_graph ones
+            if self.n_backward:  # eager leaves own plain gradients, never a rule's array
                 for t, _, grad, _ in self.census.values():
                     gr = t.grad
-                    if gr is not grad and gr is not None and (gr.grad_fn is not None or
-                                                              gr._requires_grad):
+                    if gr is not grad and gr is not None:
                         t.grad = Tensor._make(np.array(gr._data))
         return g
 
