@@ -133,6 +133,10 @@ class FakeBackend:
     def to_host(self, a):
         return np.array(a.view(np.ndarray), copy=True)
 
+    def add_at(self, a, index, values):
+        _refuse_host((index if isinstance(index, tuple) else (index,)) + (values,), "add_at")
+        np.add.at(_unwrap(a), _unwrap(index), _unwrap(values))
+
     def synchronize(self, index=None):
         pass
 

@@ -87,6 +87,16 @@ def to_device(a, dev):
     return b.to_device(a, dev.index)
 
 
+def add_at(a, index, values) -> None:
+    """``numpy.add.at(a, index, values)`` (unbuffered: repeated indices add) on ``a``'s device
+    (CuPy: ``cupyx.scatter_add``)."""
+    b = _MODULES.get(type(a))
+    if b is None:
+        xp.add.at(a, index, values)
+    else:
+        b.add_at(a, index, values)
+
+
 def mixed_device_error(name, tensors):
     """PyTorch's error for an op given tensors on two devices, or None when all share one."""
     seen = []
@@ -100,5 +110,5 @@ def mixed_device_error(name, tensors):
                         f"devices, {seen[0]} and {seen[1]}! (in {name})")
 
 
-__all__ += ["array_module", "backend_of", "device_of", "to_host", "to_device", "register",
+__all__ += ["add_at", "array_module", "backend_of", "device_of", "to_host", "to_device", "register",
             "unregister", "cuda_backend", "DEVICE_TYPES", "mixed_device_error"]

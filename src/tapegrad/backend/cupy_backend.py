@@ -49,6 +49,13 @@ def to_host(a):
     return xp.asnumpy(a)
 
 
+def add_at(a, index, values) -> None:
+    """``numpy.add.at`` on the device: repeated indices add (atomics)."""
+    import cupyx
+
+    cupyx.scatter_add(a, index, values)
+
+
 def synchronize(index=None) -> None:
     with xp.cuda.Device(current_index() if index is None else index):
         xp.cuda.runtime.deviceSynchronize()

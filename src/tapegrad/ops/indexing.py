@@ -9,7 +9,7 @@ import operator
 import warnings
 
 from tapegrad.ops.registry import op, xp
-from tapegrad.backend import array_module
+from tapegrad.backend import array_module, add_at
 from tapegrad.ops import registry as _registry
 from tapegrad.ops.movement import (_check_tensor, _dim, expand, reshape_op, sum_to)
 from tapegrad.ops import elementwise as _E
@@ -46,7 +46,7 @@ def index_backward(g, shape, index, accumulate=True):
         return _add_rows(g, shape, index[0])
     out = array_module(g).zeros(shape, dtype=g.dtype)
     if accumulate:
-        xp.add.at(out, index, g)
+        add_at(out, index, g)
     else:
         out[index] = g
     return out

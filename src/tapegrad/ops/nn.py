@@ -8,7 +8,7 @@ three partial derivatives of one trilinear form, so each one's rule is the other
 """
 import math
 
-from tapegrad.backend import reduce_axis, array_module
+from tapegrad.backend import reduce_axis, array_module, add_at
 from tapegrad.ops.registry import op, xp
 from tapegrad.ops import registry as _registry
 from tapegrad.ops.elementwise import exp, log, sqrt, tanh, sigmoid, erf, where_op as where
@@ -736,13 +736,13 @@ def _tiled_max_indices(x, kh, kw, oh, ow):
     n, c, h, w = x.shape
     if (oh * kh, ow * kw) != (h, w):  # floor mode: the last rows/columns belong to no window
         x = x[:, :, :oh * kh, :ow * kw]
-    rows = array_module(x).ascontiguousarray(
-        x.reshape(n * c * oh, kh, ow, kw).transpose(1, 3, 0, 2))
+    m = array_module(x)
+    rows = m.ascontiguousarray(x.reshape(n * c * oh, kh, ow, kw).transpose(1, 3, 0, 2))
     rows = rows.reshape(kh * kw, n * c * oh * ow)
     top = xp.max(rows, axis=0)  # NaN if the window holds one
     has_nan = bool((top != top).any())
-    off = xp.zeros(top.shape, dtype=xp.int64)
-    hit = xp.empty(top.shape, dtype=bool)
+    off = m.zeros(top.shape, dtype=xp.int64)
+    hit = m.empty(top.shape, dtype=bool)
     for k in range(kh * kw - 1, -1, -1):  # backwards, so the first offset that hits wins
         row = rows[k]
         xp.equal(row, top, out=hit)
@@ -750,7 +750,7 @@ def _tiled_max_indices(x, kh, kw, oh, ow):
             hit |= row != row
         off = xp.where(hit, (k // kw) * w + k % kw, off)
     off = off.reshape(n, c, oh, ow)
-    off += (xp.arange(oh) * (kh * w))[:, None] + xp.arange(ow) * kw
+    off += (m.arange(oh) * (kh * w))[:, None] + m.arange(ow) * kw
     return off
 
 
@@ -772,9 +772,10 @@ def _(g, out, x, idx):
 def max_pool2d_backward(g, idx, size):
     """Scatter-add ``g`` to the argmax positions ``idx`` of an input of shape ``size``."""
     planes, area = size[0] * size[1], math.prod(size[2:])
-    flat = idx.reshape(planes, math.prod(idx.shape[2:])) + xp.arange(planes)[:, None] * area
-    out = xp.zeros(planes * area, dtype=g.dtype)
-    xp.add.at(out, flat.reshape(-1), g.reshape(-1))
+    m = array_module(g)
+    flat = idx.reshape(planes, math.prod(idx.shape[2:])) + m.arange(planes)[:, None] * area
+    out = m.zeros(planes * area, dtype=g.dtype)
+    add_at(out, flat.reshape(-1), g.reshape(-1))
     return out.reshape(size)
 
 
