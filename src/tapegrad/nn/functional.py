@@ -285,6 +285,9 @@ def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
                          f"({max_val})")
     if inplace:
         return _in_place(input, "hardtanh_", lambda t: hardtanh(t, min_val, max_val))
+    if _batched(input):  # under vmap: the mask and the clip by ops
+        inside = (input > min_val) & (input < max_val)
+        return where(inside, input, input.clamp(min_val, max_val).detach())
     x = input._data
     inside = _const((x > min_val) & (x < max_val))
     return where(inside, input, _const(xp.clip(x, min_val, max_val).astype(x.dtype)))

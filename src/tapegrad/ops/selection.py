@@ -158,10 +158,20 @@ SortResult = collections.namedtuple("sort", ["values", "indices"])
 TopkResult = collections.namedtuple("topk", ["values", "indices"])
 
 
+def _refuse_batched(input, name):
+    """The order is picked from the values in Python: under ``tapegrad.func.vmap`` a batched
+    input's array is a placeholder, so refuse rather than return a wrong order."""
+    if getattr(input._data, "value", None) is not None:
+        raise RuntimeError(f"vmap: {name} picks its order from the values in Python and has "
+                           "no batching rule yet: it is not supported on a batched tensor "
+                           "inside tapegrad.func.vmap (run it outside vmap)")
+
+
 def _sort_order(input, dim, descending, name):
     d = _dim(dim, input.ndim, name)
     if input.ndim == 0:
         return xp.zeros((), xp.int64), d
+    _refuse_batched(input, name)
     return _order(input._data, d, descending).astype(xp.int64, copy=False), d
 
 
@@ -197,6 +207,7 @@ def topk(input, k, dim=-1, largest=True, sorted=True):
     if input.ndim == 0:
         idx = xp.zeros((), xp.int64)
     else:
+        _refuse_batched(input, "topk")
         order = _order(input._data, d, largest)
         idx = xp.take(order, xp.arange(k), axis=d).astype(xp.int64, copy=False)
     return TopkResult(_gather(input, idx, d), _registry.Tensor._make(idx))
