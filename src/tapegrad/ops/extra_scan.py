@@ -117,6 +117,9 @@ def _cum_extreme(name, ufunc, result):
             return result(input.clone(), registry.Tensor._make(xp.zeros((), xp.int64)))
         if input.shape[d] == 0:
             return result(input.clone(), registry.Tensor._make(xp.zeros(input.shape, xp.int64)))
+        from tapegrad.ops.selection import _refuse_batched
+
+        _refuse_batched(input, name)  # the indices come from the values in Python
         idx = _running_extreme_index(input._data, d, ufunc)
         # the values are a gather at the indices: the gradient is PyTorch's scatter_add
         return result(index_op(input, index=_grid(idx, d), accumulate=True),
