@@ -314,8 +314,8 @@ def cross_entropy_kernel(x, t, g, ignore_index, mean, grad, red, n_red):
                 return zero, i
             count += 1
     scale = (1.0 / count) if mean else 1.0
-    if mean and count == 0:
-        scale = np.nan
+    if mean and count == 0:  # every row ignored: nan loss, zero gradient (eager, PyTorch)
+        scale = 0.0
     gs = g * x.dtype.type(scale)
     total = zero
     for j in range(n_red):
