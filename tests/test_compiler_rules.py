@@ -280,3 +280,23 @@ def test_nll_loss_and_weighted_smoothed_spatial_cross_entropy_are_traced(dtype):
         np.testing.assert_array_equal(lc, le)
         np.testing.assert_array_equal(gc_, x.grad.numpy())
     assert not comp.breaks and comp.n_hits == 3
+
+
+def test_forward_pieces_with_index_tensors_replay_compiled():
+    """A forward-only function split by a read, indexing with an argument's slices: the
+    pieces replay (the slice of the argument is real at once, so the index's bounds check
+    reads real values), equal to eager with new indices each call."""
+    table = tg.tensor(np.random.default_rng(14).standard_normal((10, 4)))
+
+    def f(i):
+        h = table[i] * 2
+        s = h.sum().item()
+        return h * s + table[i[:2]].sum()
+
+    comp = tg.compile(f)
+    rng = np.random.default_rng(15)
+    for _ in range(4):
+        i = tg.tensor(rng.integers(0, 10, 5))
+        np.testing.assert_array_equal(comp(i).numpy(), f(i).numpy())
+    (e,) = comp.entries
+    assert type(e).__name__ == "SplitEntry" and e.n_replays == 3 and not e.n_fallbacks

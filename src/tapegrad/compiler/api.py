@@ -521,8 +521,55 @@ class _Replay(DispatchMode):
         for v, a in entry.graph.consts.items():
             self.env[id(v)] = a
         self.consts = {id(v) for v in entry.graph.consts}
+        # a new Tensor over a known array (a detach, a re-wrap inside F.embedding, an index
+        # param's array) stands for the same Value, as in the tracer's value_of
+        self.av = {id(t._data): (t._data, v) for t, v in self.tv.values()}
+
+    def _match_values(self, flat):
+        for a in flat:
+            if isinstance(a, Tensor) and id(a) not in self.tv:
+                got = self.av.get(id(a._data))
+                if got is not None and got[0] is a._data:
+                    self.tv[id(a)] = (a, got[1])
+
+    def _value(self, t):
+        got = self.tv.get(id(t))
+        return got[1] if got is not None and got[0] is t else None
+
+    def _slotted(self, n, args, params):
+        """A node whose params held arrays of traced tensors (``Tracer._array_params``)."""
+        extra = []
+
+        def slot(x):
+            if isinstance(x, Tensor):
+                x = x._data
+            if isinstance(x, np.ndarray):
+                got = self.av.get(id(x))
+                if got is None or got[0] is not x:
+                    raise LookupError
+                extra.append(got[1])
+                return Slot(len(extra) - 1)
+            if type(x) in (tuple, list):
+                return type(x)(slot(y) for y in x)
+            return x
+
+        flat = args[0] if args and type(args[0]) is list else args
+        k = n.meta["n_in"]
+        try:
+            key = {name: slot(p) for name, p in params.items()}
+        except LookupError:
+            key = None
+        self._match_values(flat)
+        if key is None or len(flat) != k or freeze(key) != freeze(n.params) or \
+                any(self._value(a) is not w for a, w in zip(flat, n.inputs[:k])) or \
+                len(extra) != len(n.inputs) - k or \
+                any(v is not w for v, w in zip(extra, n.inputs[k:])):
+            self._fall()
+            return dispatch(n.meta["op"], args, params)
+        return self._issue(n)[0]
 
     def _match(self, n, flat, params):
+        self._match_values(flat)
         if len(flat) != len(n.inputs) or freeze(params) != freeze(n.params):
             return False
         for a, want in zip(flat, n.inputs):
@@ -545,12 +592,18 @@ class _Replay(DispatchMode):
         return True
 
     def _issue(self, n):
-        outs = []
-        for v in n.outputs:
-            t = Tensor._make(np.empty(v.shape, v.dtype))
-            t.__class__ = _traced_class(Tensor)
+        ins = [self.env.get(id(a)) if isinstance(a, Value) else a for a in n.inputs]
+        real = n.op is not None and n.op.view and all(a is not None for a in ins)
+        outs = []  # a view of known arrays (``i[:2]`` of an argument) is real at once: an
+        for v, a in zip(n.outputs, call_node(n, ins) if real else [None] * len(n.outputs)):
+            t = Tensor._make(np.empty(v.shape, v.dtype) if a is None else a)  # index's
+            t.__class__ = _traced_class(Tensor)  # bounds check may read it
             self.tv[id(t)] = (t, v)
+            self.av[id(t._data)] = (t._data, v)
             self.placeholders.append((t, v))
+            if a is not None:
+                self.env[id(v)] = a
+                self.filled.add(id(t))
             outs.append(t)
         self.i += 1
         if self.i in self.e.ends:
@@ -570,6 +623,8 @@ class _Replay(DispatchMode):
             if self.fallen:
                 return dispatch(o, args, params)
         n = self.nodes[self.i] if self.i < len(self.nodes) else None
+        if n is not None and n.op is None and n.meta and n.meta.get("op") is o:
+            return self._slotted(n, args, params)
         flat = args[0] if args and type(args[0]) is list else args
         if n is None or n.op is not o or not self._match(n, flat, params):
             self._fall()
@@ -729,42 +784,19 @@ class _TailReplay(_Replay):
         self.args = args
         self.done = False
         self.grads_set = []  # (leaf, its .grad before a skipped backward): undone on divergence
-        # a new Tensor over a known array (a detach, a re-wrap inside F.embedding) stands for
-        # the same Value, as in the tracer's value_of
-        self.av = {id(t._data): (t._data, v) for t, v in self.tv.values()}
 
     def _issue(self, n):
-        ins = [self.env.get(id(a)) if isinstance(a, Value) else a for a in n.inputs]
-        real = n.op is not None and n.op.view and all(a is not None for a in ins)
-        outs = []  # a view of known arrays (``y.view(-1)`` of an argument) is real at once:
-        for v, a in zip(n.outputs, call_node(n, ins) if real else [None] * len(n.outputs)):
-            t = Tensor._make(np.empty(v.shape, v.dtype) if a is None else a)  # (a bounds
-            t.__class__ = _traced_class(Tensor)  # check may read it)
+        outs = super()._issue(n)
+        for t, v in zip(outs, n.outputs):
             if id(v) in self.e.rg_values:  # a non-leaf, as in the trace (in-place checks)
                 t.grad_fn, t._requires_grad = _placeholder_node(), True
-            self.tv[id(t)] = (t, v)
-            self.av[id(t._data)] = (t._data, v)
-            self.placeholders.append((t, v))
-            if a is not None:
-                self.env[id(v)] = a
-                self.filled.add(id(t))
-            outs.append(t)
-        self.i += 1
         return outs
-
-    def _match(self, n, flat, params):
-        self._match_values(flat)
-        return super()._match(n, flat, params)
 
     def _span(self, kind):
         span = self.e.spans.get(self.i)
         if self.done or self.fallen or span is None or span[0] != kind:
             self._fall()
         return span
-
-    def _value(self, t):
-        got = self.tv.get(id(t))
-        return got[1] if got is not None and got[0] is t else None
 
     def trace_backward(self, roots, root_grads, retain_graph, inputs):
         span = self._span("backward")
@@ -830,48 +862,7 @@ class _TailReplay(_Replay):
                 raise RuntimeError(f"tapegrad.compile: {o.name} after the compiled step read "
                                    "an intermediate the graph did not keep")
             return dispatch(o, args, params)
-        n = self.nodes[self.i] if self.i < len(self.nodes) else None
-        if n is not None and n.op is None and n.meta and n.meta.get("op") is o:
-            return self._slotted(n, args, params)
         return super().interpret(o, args, params)
-
-    def _slotted(self, n, args, params):
-        """A node whose params held index arrays (``Tracer._array_params``)."""
-        extra = []
-
-        def slot(x):
-            if isinstance(x, Tensor):
-                x = x._data
-            if isinstance(x, np.ndarray):
-                got = self.av.get(id(x))
-                if got is None or got[0] is not x:
-                    raise LookupError
-                extra.append(got[1])
-                return Slot(len(extra) - 1)
-            if type(x) in (tuple, list):
-                return type(x)(slot(y) for y in x)
-            return x
-
-        flat = args[0] if args and type(args[0]) is list else args
-        k = n.meta["n_in"]
-        try:
-            key = {name: slot(p) for name, p in params.items()}
-        except LookupError:
-            self._fall()
-        self._match_values(flat)
-        if len(flat) != k or freeze(key) != freeze(n.params) or \
-                any(self._value(a) is not w for a, w in zip(flat, n.inputs[:k])) or \
-                len(extra) != len(n.inputs) - k or \
-                any(v is not w for v, w in zip(extra, n.inputs[k:])):
-            self._fall()
-        return self._issue(n)[0]
-
-    def _match_values(self, flat):
-        for a in flat:
-            if isinstance(a, Tensor) and id(a) not in self.tv:
-                got = self.av.get(id(a._data))
-                if got is not None and got[0] is a._data:
-                    self.tv[id(a)] = (a, got[1])
 
     def on_read(self, t):
         if self.done:
