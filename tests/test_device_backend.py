@@ -178,6 +178,18 @@ def test_ops_stay_on_the_device(fake, name, fn, specs, kw):
     battery.run(fn, specs, "cuda", kw)
 
 
+def test_random_like_follows_the_input(fake):
+    x = tapegrad.ones(3, 4).cuda()
+    tapegrad.manual_seed(0)
+    r = tapegrad.randn_like(x, requires_grad=True)
+    tapegrad.manual_seed(0)
+    ref = tapegrad.randn(3, 4)
+    assert r.device.type == "cuda" and r.is_leaf and r.requires_grad
+    np.testing.assert_array_equal(r.detach().cpu().numpy(), ref.numpy())  # the host stream
+    assert tapegrad.zeros_like(x, device="cuda:0").device.type == "cuda"
+    assert tapegrad.zeros_like(x, device="cpu").device.type == "cpu"
+
+
 def test_the_fake_device_catches_host_arrays(fake):
     """The stand-in fails an op that builds a host array for device data (the seam test's
     premise): numpy's own zeros meeting a device array raises."""

@@ -7,8 +7,8 @@ and ``requires_grad=`` the same way.
 import math
 
 from tapegrad import dtypes
-from tapegrad.backend import xp
-from tapegrad.backend.device import resolve as resolve_device
+from tapegrad.backend import xp, DEVICE_TYPES, array_module
+from tapegrad.backend.device import device as _device, resolve as resolve_device
 from tapegrad.ops.registry import op
 from tapegrad.tensor import Tensor
 
@@ -416,11 +416,29 @@ def eye(n, m=None, *, dtype=None, device=None, requires_grad=False) -> Tensor:
     return finish(allocate("eye", (n, m), d, xp.eye, n, m, dtype=d.np), requires_grad, "eye")
 
 
+def on_input_device(input, device):
+    """Whether a ``*_like`` factory given ``device`` makes its result on ``input``'s device
+    array (``input`` is on a device, and ``device`` is None or names that device)."""
+    data = input._data
+    if type(data) is xp.ndarray or type(data) not in DEVICE_TYPES:
+        return False
+    if device is None:
+        return True
+    want = device if isinstance(device, _device) else _device(device)
+    have = input.device
+    return want.type == have.type and want.index in (None, have.index)
+
+
 def _like(name, input, value, dtype, device, requires_grad):
     if not isinstance(input, Tensor):
         raise TypeError(f"{name}: expected a Tensor, got {type(input).__name__}")
-    check_device(device, name)
     d = input.dtype if dtype is None else dtypes.to_dtype(dtype)
+    if on_input_device(input, device):  # made with the input's array module, as PyTorch
+        m = array_module(input._data)
+        arr = m.empty(input.shape, dtype=d.np) if value is None else \
+            m.full(input.shape, value, dtype=d.np)
+        return finish(arr, requires_grad, name)
+    check_device(device, name)
     if value is None:
         return finish(xp.empty(input.shape, dtype=d.np), requires_grad, name)
     return finish(xp.full(input.shape, value, dtype=d.np), requires_grad, name)

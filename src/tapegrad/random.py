@@ -23,6 +23,7 @@ import os
 from tapegrad import dtypes
 from tapegrad.backend import xp
 from tapegrad.creation import size_args, check_device, float_dtype, finish, NO_SIZE, allocate
+from tapegrad.creation import on_input_device
 from tapegrad.tensor import Tensor
 
 _STATE_BYTES = 48  # seed (8) + PCG64 state (16) + increment (16) + has_uint32 (4) + uinteger (4)
@@ -257,26 +258,37 @@ def _like_check(name, input):
         raise TypeError(f"{name}: expected a Tensor, got {type(input).__name__}")
 
 
+def _on_device_of(input, device, requires_grad, make):
+    """``make(device, requires_grad)`` for a ``*_like`` factory: on a device input, drawn on the
+    host from tapegrad's generator, then copied to the input's device (docs/differences.md)."""
+    if not on_input_device(input, device):
+        return make(device, requires_grad)
+    return make(None, False).to(input.device).requires_grad_(requires_grad)
+
+
 def rand_like(input, *, generator=None, dtype=None, device=None, requires_grad=False) -> Tensor:
     """As ``torch.rand_like(x)``: uniform [0, 1) of ``x``'s shape and dtype."""
     _like_check("rand_like", input)
-    return rand(input.shape, generator=generator, dtype=dtype or input.dtype, device=device,
-                requires_grad=requires_grad)
+    return _on_device_of(input, device, requires_grad, lambda dev, rg: rand(
+        input.shape, generator=generator, dtype=dtype or input.dtype, device=dev,
+        requires_grad=rg))
 
 
 def randn_like(input, *, generator=None, dtype=None, device=None, requires_grad=False) -> Tensor:
     """As ``torch.randn_like(x)``."""
     _like_check("randn_like", input)
-    return randn(input.shape, generator=generator, dtype=dtype or input.dtype, device=device,
-                 requires_grad=requires_grad)
+    return _on_device_of(input, device, requires_grad, lambda dev, rg: randn(
+        input.shape, generator=generator, dtype=dtype or input.dtype, device=dev,
+        requires_grad=rg))
 
 
 def randint_like(input, low, high=None, *, generator=None, dtype=None, device=None,
                  requires_grad=False) -> Tensor:
     """As ``torch.randint_like(x, 10)``: ints of ``x``'s shape and dtype."""
     _like_check("randint_like", input)
-    return randint(low, high, input.shape, generator=generator, dtype=dtype or input.dtype,
-                   device=device, requires_grad=requires_grad)
+    return _on_device_of(input, device, requires_grad, lambda dev, rg: randint(
+        low, high, input.shape, generator=generator, dtype=dtype or input.dtype, device=dev,
+        requires_grad=rg))
 
 
 def normal(mean=0.0, std=1.0, size=None, *, generator=None, dtype=None, device=None,

@@ -134,6 +134,14 @@ CENTRAL = [
     ("conv2d", lambda T, x, w, b: T.nn.functional.conv2d(x, w, b, padding=1),
      [(2, 2, 5, 5), (3, 2, 3, 3), (3,)]),
     ("mse_loss", lambda T, a, b: T.nn.functional.mse_loss(a, b), [(3, 4), (3, 4)]),
+    ("embedding", lambda T, w, i: T.nn.functional.embedding(i, w), [(5, 3), _idx(1, 4, 1, 0)]),
+    ("max_pool2d", lambda T, x: T.nn.functional.max_pool2d(x, 2), [(2, 3, 4, 4)]),
+    ("avg_pool2d", lambda T, x: T.nn.functional.avg_pool2d(x, 3, 2, 1), [(2, 3, 5, 5)]),
+    ("batch_norm", lambda T, x, w, b: T.nn.functional.batch_norm(
+        x, None, None, w, b, training=True), [(5, 3), (3,), (3,)]),
+    ("sort topk", lambda T, a: (T.sort(a, 1)[0], T.topk(a, 2)[0]), [(3, 4)]),
+    ("zeros_like ones_like", lambda T, a: T.zeros_like(a) + T.ones_like(a) * a
+     + T.full_like(a, 2.0), [(3, 4)]),
 ]
 
 

@@ -87,6 +87,13 @@ def to_device(a, dev):
     return b.to_device(a, dev.index)
 
 
+def on_device_of(ref, a):
+    """Host array ``a`` copied to the device array ``ref`` lives on (``a`` itself when ``ref``
+    is a host array): small constants an op builds with numpy (divisors, masks)."""
+    b = _MODULES.get(type(ref))
+    return a if b is None else b.to_device(a, b.device_of(ref).index)
+
+
 def add_at(a, index, values) -> None:
     """``numpy.add.at(a, index, values)`` (unbuffered: repeated indices add) on ``a``'s device
     (CuPy: ``cupyx.scatter_add``)."""
@@ -110,5 +117,5 @@ def mixed_device_error(name, tensors):
                         f"devices, {seen[0]} and {seen[1]}! (in {name})")
 
 
-__all__ += ["add_at", "array_module", "backend_of", "device_of", "to_host", "to_device", "register",
+__all__ += ["add_at", "on_device_of", "array_module", "backend_of", "device_of", "to_host", "to_device", "register",
             "unregister", "cuda_backend", "DEVICE_TYPES", "mixed_device_error"]

@@ -8,7 +8,7 @@ three partial derivatives of one trilinear form, so each one's rule is the other
 """
 import math
 
-from tapegrad.backend import reduce_axis, array_module, add_at
+from tapegrad.backend import reduce_axis, array_module, add_at, on_device_of
 from tapegrad.ops.registry import op, xp
 from tapegrad.ops import registry as _registry
 from tapegrad.ops.elementwise import exp, log, sqrt, tanh, sigmoid, erf, where_op as where
@@ -537,8 +537,8 @@ def embedding_backward(g, idx, num_weights, padding_idx=None, scale=None):
     d = g.shape[-1]
     if scale is not None:
         g = g * scale[..., None]
-    out = xp.zeros((num_weights, d), dtype=g.dtype)
-    xp.add.at(out, idx.reshape(-1), g.reshape(-1, d))
+    out = array_module(g).zeros((num_weights, d), dtype=g.dtype)
+    add_at(out, idx.reshape(-1), g.reshape(-1, d))
     if padding_idx is not None:
         out[padding_idx] = 0
     return out
@@ -810,6 +810,8 @@ def avg_pool2d(x, kernel, stride, padding, out_size, count_include_pad=True,
     win = _patches(x, kernel, stride, pads, (1, 1))[:, :, :oh, :ow]
     div = _avg_divisor((h, w), kernel, stride, padding, out_size, count_include_pad,
                        divisor_override, x.dtype)
+    if isinstance(div, xp.ndarray):
+        div = on_device_of(x, div)
     return win.sum(axis=(-2, -1)) / div
 
 
@@ -825,6 +827,8 @@ def avg_pool2d_backward(g, size, kernel, stride, padding, out_size, count_includ
     (kh, kw), (sh, sw), (ph, pw), (oh, ow) = kernel, stride, padding, out_size
     div = _avg_divisor(size, kernel, stride, padding, out_size, count_include_pad,
                        divisor_override, g.dtype)
+    if isinstance(div, xp.ndarray):
+        div = on_device_of(g, div)
     share = (g / div).transpose(0, 2, 3, 1)[..., None, None]
     share = xp.broadcast_to(share, share.shape[:4] + (kh, kw))  # (N, OH, OW, C, KH, KW)
     pads = ((ph, max((oh - 1) * sh + kh - size[0] - ph, 0)),

@@ -13,6 +13,7 @@ from tapegrad.ops import registry as _registry
 from tapegrad.ops.movement import _dim, reshape_op
 from tapegrad.ops.indexing import _grid, getitem, index_op
 from tapegrad.ops.registry import op, xp
+from tapegrad.backend import array_module
 
 
 @op(saves="none", view=True, linear=True)
@@ -209,7 +210,7 @@ def topk(input, k, dim=-1, largest=True, sorted=True):
     else:
         _refuse_batched(input, "topk")
         order = _order(input._data, d, largest)
-        idx = xp.take(order, xp.arange(k), axis=d).astype(xp.int64, copy=False)
+        idx = xp.take(order, array_module(order).arange(k), axis=d).astype(xp.int64, copy=False)
     return TopkResult(_gather(input, idx, d), _registry.Tensor._make(idx))
 
 
