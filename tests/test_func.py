@@ -378,3 +378,16 @@ def test_vmap_grad_cross_entropy_class_indices(reduction):
     want = f(torch, tf)(torch.tensor(x), torch.tensor(t))
     for a, b in zip(got, want):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-12, atol=1e-15)
+
+
+def test_vmap_grad_max_pool2d_has_batch_rules():
+    x = RNG.standard_normal((3, 2, 2, 5, 5))
+
+    def f(T, fn):
+        return fn.vmap(fn.grad_and_value(
+            lambda x: (T.nn.functional.max_pool2d(x, 2, stride=1) ** 2).sum()))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no loop fallback
+        got = f(tapegrad, gf)(tapegrad.tensor(x))
+    close_tree(got, f(torch, tf)(torch.tensor(x)))

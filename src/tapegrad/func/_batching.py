@@ -395,3 +395,43 @@ def _(args, bdims, ignore_index=-100, mean=True):
     g = R["reshape"](move_to_front(g, bg), shape=(x.shape[0], 1, 1)) if bg is not None else g
     p = R["softmax"](x, dim=2)
     return (p * _const(keep) - _const(onehot)) * (g * _const(scale)), 0
+
+
+# --- max pooling: the batch folded into N ----------------------------------------------------
+def _fold(t, size):
+    """(B, N, ...) -> (B * N, ...)."""
+    shape = tuple(t.shape)
+    return R["reshape"](t, shape=(size * shape[1],) + shape[2:])
+
+
+def _unfold(t, size):
+    shape = tuple(t.shape)
+    return R["reshape"](t, shape=(size, shape[0] // size) + shape[1:])
+
+
+@R["max_pool2d_indices"].batch
+def _(args, bdims, **params):
+    x = move_to_front(args[0], bdims[0])
+    size = x.shape[0]
+    return _unfold(R["max_pool2d_indices"](_fold(x, size), **params), size), 0
+
+
+@R["max_pool2d"].batch
+def _(args, bdims):
+    x, idx = args
+    bx, bi = bdims
+    size = x.shape[bx] if bx is not None else idx.shape[bi]
+    x = move_to_front(x, bx) if bx is not None else expand_batch(x, size)
+    idx = move_to_front(idx, bi) if bi is not None else expand_batch(idx, size)
+    return _unfold(R["max_pool2d"](_fold(x, size), _fold(idx, size)), size), 0
+
+
+@R["max_pool2d_backward"].batch
+def _(args, bdims, size):
+    g, idx = args
+    bg, bi = bdims
+    b = g.shape[bg] if bg is not None else idx.shape[bi]
+    g = move_to_front(g, bg) if bg is not None else expand_batch(g, b)
+    idx = move_to_front(idx, bi) if bi is not None else expand_batch(idx, b)
+    folded = (b * size[0],) + tuple(size[1:])
+    return _unfold(R["max_pool2d_backward"](_fold(g, b), _fold(idx, b), size=folded), b), 0

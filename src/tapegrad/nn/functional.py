@@ -1256,6 +1256,13 @@ def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
                                                         padding, dilation, ceil_mode)
     batched = input.ndim == 4
     x = input if batched else _reshape(input, (1,) + tuple(input.shape))
+    if _batched(x):  # under vmap: the indices as an op on the batch (its batching rule)
+        idx = N.max_pool2d_indices(x, kernel=kernel, stride=stride, padding=padding,
+                                   dilation=dilation, out_size=out)
+        values = N.max_pool2d(x, idx)
+        if not batched:
+            values, idx = _reshape(values, values.shape[1:]), _reshape(idx, idx.shape[1:])
+        return (values, idx) if return_indices else values
     idx = _array_fn("max_pool2d_indices", N.max_pool2d_indices.forward, (x,), kernel=kernel,
                     stride=stride, padding=padding, dilation=dilation, out_size=out)
     values = N.max_pool2d(x, idx)
