@@ -490,3 +490,32 @@ def test_tail_read_step_with_index_tensors_and_setitem():
     assert sum(e.n_replays for e in comp.entries) == comp.n_hits > 0 and not comp.breaks
     assert not any(e.n_fallbacks for e in comp.entries)
     assert last.grad_fn is None and not last.requires_grad
+
+
+def test_tail_read_step_indexing_with_a_computed_index_reruns_exactly():
+    """An index computed from the step's own float values (``argmax``) is only a placeholder
+    when the Python replays: the index's bounds check cannot be trusted, so such calls rerun
+    eagerly (exact); index arithmetic on arguments is computed at once and replays."""
+    runs = []
+    for compiled in (False, True):
+        tg.manual_seed(0)
+        emb = tg.randn(10, 4, requires_grad=True)
+        opt = tg.optim.Adam([emb], lr=0.1)
+
+        def step(i):
+            h = emb[(i + 3) % 10]  # arithmetic on an argument: real during the replay
+            k = h.sum(1).argmax(0, keepdim=True).expand(3)  # from the step's values
+            loss = (h[k] * h[k]).sum() + (h * h).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss.item()
+
+        call = tg.compile(step) if compiled else step
+        rng = np.random.default_rng(0)
+        out = [call(tg.tensor(rng.integers(0, 10, 6))) for _ in range(6)]
+        runs.append((out, emb.detach().numpy().copy(), call))
+    (oe, pe, _), (oc, pc, comp) = runs
+    assert oe == oc
+    np.testing.assert_array_equal(pe, pc)
+    assert not comp.breaks and all(type(e).__name__ == "TailEntry" for e in comp.entries)

@@ -486,11 +486,19 @@ class SplitEntry(Entry):
     def replay(self, fn, args):
         mode = _Replay(self, args)
         try:
-            with mode:
-                result = fn(*args)
-            mode.flush_end()
-        finally:
-            mode.restore()
+            try:
+                with mode:
+                    result = fn(*args)
+                mode.flush_end()
+            finally:
+                mode.restore()
+        except Exception:
+            if mode.fallen:
+                raise  # raised by the eager rest of the call: the function's own error
+            # library Python read a placeholder not yet computed (an index's bounds check
+            # on a computed index): the pieces are pure, so the call reruns eagerly (exact)
+            self.n_fallbacks += 1
+            return fn(*args)
         self.n_replays += 1
         self.n_fallbacks += mode.fallen
         return result
@@ -593,7 +601,9 @@ class _Replay(DispatchMode):
 
     def _issue(self, n):
         ins = [self.env.get(id(a)) if isinstance(a, Value) else a for a in n.inputs]
-        real = n.op is not None and n.op.view and all(a is not None for a in ins)
+        real = n.op is not None and (n.op.view or all(v.dtype.kind in "iub" for v in
+                                                      n.outputs)) and \
+            all(a is not None for a in ins)  # (index arithmetic on arguments: cheap)
         outs = []  # a view of known arrays (``i[:2]`` of an argument) is real at once: an
         for v, a in zip(n.outputs, call_node(n, ins) if real else [None] * len(n.outputs)):
             t = Tensor._make(np.empty(v.shape, v.dtype) if a is None else a)  # index's
@@ -754,6 +764,15 @@ class TailEntry(Entry):
             finally:
                 mode.restore()
         except _Diverged:
+            self.n_fallbacks += 1
+            return fn(*args)
+        except Exception:
+            if mode.done:
+                raise  # after the graph ran: the function's own error
+            # before anything real ran, library Python read a placeholder not yet computed
+            # (an index's bounds check on a computed index): rerun eagerly (exact)
+            for t, g in reversed(mode.grads_set):
+                t.grad = g
             self.n_fallbacks += 1
             return fn(*args)
         self.n_replays += 1
