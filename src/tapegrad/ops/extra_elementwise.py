@@ -124,7 +124,7 @@ def xlogy(a, b):
     """As ``torch.xlogy``: ``a * log(b)``, 0 where ``a == 0`` (unless ``b`` is NaN)."""
     with xp.errstate(divide="ignore", invalid="ignore"):
         out = a * xp.log(b)
-    return xp.where((a == 0) & ~xp.isnan(b), xp.zeros((), out.dtype), out)
+    return xp.where((a == 0) & ~xp.isnan(b), out.dtype.type(0), out)  # a scalar: any device
 
 
 @xlogy.grad

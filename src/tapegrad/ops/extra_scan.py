@@ -18,6 +18,7 @@ from tapegrad.ops.reduce import _cast_back, reverse_cumsum, sum_op
 from tapegrad.ops.reduce import _cast_back, reverse_cumsum, sum_op
 from tapegrad.ops.reduce import cumsum_op
 from tapegrad.ops.registry import op, xp
+from tapegrad.backend import array_module
 
 
 def _data(a):
@@ -106,7 +107,7 @@ def _running_extreme_index(a, d, ufunc):
         hit |= xp.isnan(a) & xp.isnan(best)
     shape = [1] * a.ndim
     shape[d] = a.shape[d]
-    pos = xp.where(hit, xp.arange(a.shape[d]).reshape(shape), 0)
+    pos = xp.where(hit, array_module(a).arange(a.shape[d]).reshape(shape), 0)
     return xp.maximum.accumulate(pos, axis=d).astype(xp.int64)
 
 
