@@ -258,7 +258,7 @@ def renorm(input, p, dim, maxnorm):
     d = _dim(dim, input.ndim, "renorm")
     norm = norm_op(input, p=p, dims=tuple(i for i in range(input.ndim) if i != d),
                    keepdim=True)
-    factor = where_op(_data(norm) > maxnorm, maxnorm / (norm + 1e-7), 1.0)
+    factor = where_op(norm > maxnorm, maxnorm / (norm + 1e-7), 1.0)  # (an op: vmap-safe)
     return input * factor
 
 

@@ -246,6 +246,10 @@ def masked_select(input, mask):
     True, as a 1-d tensor."""
     if mask._data.dtype.kind != "b":
         raise RuntimeError(f"masked_select: expected BoolTensor for mask, got {mask.dtype}")
+    if getattr(input._data, "value", None) is not None or \
+            getattr(mask._data, "value", None) is not None:
+        raise RuntimeError("vmap: masked_select's output shape depends on the data of each "
+                           "example; it is not supported under tapegrad.func.vmap (as PyTorch)")
     a, m = broadcast_tensors(input, mask)
     return getitem(a, index=(m._data,))
 
