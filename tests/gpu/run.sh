@@ -26,5 +26,6 @@ if ! "$PY" -c "import cupy" >/dev/null 2>&1; then
         exit 2
     }
 fi
-"$PY" -c "import numpy, tapegrad" || { echo "FAIL: tapegrad/numpy not importable with $PY"; exit 2; }
+"$PY" -c "import numpy, tapegrad" || {
+    echo "FAIL: tapegrad/numpy not importable with $PY"; exit 2; }
 exec "$PY" tests/gpu/gpu_checks.py

@@ -117,5 +117,6 @@ def mixed_device_error(name, tensors):
                         f"devices, {seen[0]} and {seen[1]}! (in {name})")
 
 
-__all__ += ["add_at", "on_device_of", "array_module", "backend_of", "device_of", "to_host", "to_device", "register",
+__all__ += ["add_at", "on_device_of", "array_module", "backend_of", "device_of", "to_host",
+            "to_device", "register",
             "unregister", "cuda_backend", "DEVICE_TYPES", "mixed_device_error"]

@@ -61,7 +61,8 @@ def _add_rows(g, shape, rows):
         width *= m
     rows = rows.reshape(-1)
     rows = xp.where(rows < 0, rows + n, rows)
-    flat = rows if width == 1 else (rows[:, None] * width + array_module(rows).arange(width)).reshape(-1)
+    flat = rows if width == 1 else \
+        (rows[:, None] * width + array_module(rows).arange(width)).reshape(-1)
     out = xp.bincount(flat, weights=g.reshape(-1), minlength=n * width)
     return out.astype(g.dtype, copy=False).reshape(shape)
 

@@ -105,7 +105,7 @@ def copy_slices(a, v, chain, inplace=False):
     the gradient rule always copies)."""
     out = a if inplace else a.copy()
     w = replay_view(out, chain)
-    if w.flags.writeable and xp.may_share_memory(w, out):
+    if getattr(w.flags, "writeable", True) and xp.may_share_memory(w, out):  # CuPy: no flag
         w[...] = v
     else:  # the chain copies on this layout, or ends in a read-only broadcast: by position
         index = replay_view(xp.arange(out.size).reshape(out.shape), chain)

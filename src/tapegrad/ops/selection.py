@@ -30,6 +30,8 @@ def _(g, out, a):
 def _writable_diagonal(a, offset, dim1, dim2):
     """``numpy.diagonal`` (diagonal dim last) as a view writable when ``a`` is."""
     v = xp.diagonal(a, offset, dim1, dim2)
+    if not hasattr(a.flags, "writeable"):  # CuPy: no read-only arrays; its diagonal is a view
+        return v
     start = [slice(None)] * a.ndim
     start[dim2 if offset >= 0 else dim1] = slice(abs(offset), None)
     corner = a[tuple(start)] if v.size else a
