@@ -83,7 +83,8 @@ def test_to_round_trips(fake):
     assert z.device.type == "cuda" and z._data is not x._data
     w = x.to("cuda", tapegrad.float32)
     assert w.device.type == "cuda" and w.dtype is tapegrad.float32
-    assert y.to(x).device.type == "cuda"  # to(other) takes only the dtype, as PyTorch
+    assert y.to(x).device.type == "cpu" and x.to(y).device.type == "cuda"  # dtype and device
+    assert y.to(x.float()).dtype is tapegrad.float32
     with pytest.raises(RuntimeError, match="invalid device ordinal"):
         x.to("cuda:1")
 

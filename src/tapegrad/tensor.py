@@ -844,8 +844,8 @@ def _to_args(t, args, kwargs):
     if kwargs:
         raise TypeError(f"to: unexpected keyword arguments {sorted(kwargs)}")
     for a in args:
-        if isinstance(a, Tensor):
-            dtype = a.dtype
+        if isinstance(a, Tensor):  # to(other): other's dtype and device
+            dtype, device = a.dtype, a.device
         elif isinstance(a, dtypes.dtype):
             dtype = a
         elif isinstance(a, bool):
