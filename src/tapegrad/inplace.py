@@ -6,6 +6,7 @@ methods that use these stay there."""
 import weakref
 
 from tapegrad import dtypes
+from tapegrad.autograd.engine import WATCH  # non-empty while any DispatchMode is active
 from tapegrad.autograd.grad_mode import state as grad_state
 from tapegrad.backend import xp
 from tapegrad.ops import registry
@@ -24,7 +25,7 @@ _new = object.__new__
 # see its new version and raise at backward, as in PyTorch.
 
 def _tracked(t, operands):
-    if grad_state.modes and _F.carries_tangent(t, operands):  # forward mode (tapegrad.func)
+    if WATCH and grad_state.modes and _F.carries_tangent(t, operands):  # forward mode (tapegrad.func)
         return True
     if not grad_state.enabled:
         return False
@@ -155,7 +156,8 @@ def _binary_inplace(t, name, ufunc, other, alpha, fn, float_only=False):
 
 
 def _unary_inplace(t, name, ufunc, fn, float_only):
-    if grad_state.enabled and t._requires_grad or grad_state.modes and _F.carries_tangent(t):
+    if grad_state.enabled and t._requires_grad or WATCH and grad_state.modes and \
+            _F.carries_tangent(t):
         return _inplace(t, name, fn, (), {})
     if float_only and t._data.dtype not in _FLOAT_NP:
         raise _cast_error(name, dtypes.get_default_dtype(), t.dtype)

@@ -997,7 +997,7 @@ def _mark_static(fn):
     of the graph (as torch.compile specialises them), not a break."""
     def create(*args, **kwargs):
         out = fn(*args, **kwargs)
-        if grad_state.modes:
+        if engine.WATCH and grad_state.modes:  # the global list first: no thread-local read
             tr = active()
             if tr is not None and not tr.broken:
                 for t in (out if type(out) is list else (out,)):
@@ -1015,7 +1015,7 @@ def _mark_static(fn):
 
 def _scheduler_step(original):
     def step(self, *args, **kwargs):
-        tr = (active() or _tail_replay()) if grad_state.modes else None
+        tr = (active() or _tail_replay()) if engine.WATCH and grad_state.modes else None
         if tr is None or kwargs:
             return original(self, *args, **kwargs)
         return tr.python_effect(f"{type(self).__name__}.step", original, (self,) + args)
@@ -1052,7 +1052,7 @@ def _install():
     original = Optimizer.step
 
     def step(self, closure=None):
-        tr = (active() or _tail_replay()) if grad_state.modes else None
+        tr = (active() or _tail_replay()) if engine.WATCH and grad_state.modes else None
         if tr is None or closure is not None or type(self).step is not step:
             return original(self, closure)
         return tr.optimizer_step(self, original)
