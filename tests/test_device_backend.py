@@ -154,6 +154,22 @@ def test_optimizer_updates_stay_on_the_device(fake):
                                    ref.weight.detach().numpy(), rtol=1e-12, atol=1e-14)
 
 
+def test_optimizer_state_follows_the_parameters(fake):
+    lin = tapegrad.nn.Linear(3, 2).cuda()
+    opt = tapegrad.optim.Adam(lin.parameters())
+    lin(tapegrad.randn(4, 3).cuda()).sum().backward()
+    opt.step()
+    state = opt.state_dict()
+    for s in state["state"].values():  # saved from the cpu, as a checkpoint loaded there
+        s.update({k: v.cpu() for k, v in s.items() if k != "step"})
+    again = tapegrad.optim.Adam(lin.parameters())
+    again.load_state_dict(state)
+    st = again.state[lin.weight]
+    assert st["exp_avg"].device.type == "cuda" and st["step"].device.type == "cpu"  # PyTorch's
+    again.step()
+    assert lin.weight.device.type == "cuda"
+
+
 # --- the seam test -----------------------------------------------------------------------------
 ROWS = battery.rows()
 # ops still reaching numpy directly (or composites building cpu tensors) for device data:

@@ -16,7 +16,7 @@ from itertools import chain
 
 from tapegrad import dtypes
 from tapegrad.autograd.grad_mode import enable_grad, no_grad
-from tapegrad.backend import xp, DEVICE_TYPES
+from tapegrad.backend import xp, DEVICE_TYPES, device_of, to_device
 from tapegrad.tensor import Tensor
 
 
@@ -329,6 +329,10 @@ class Optimizer:
                 data = value._data
                 if key != "step" and param._data.dtype.kind == "f":
                     data = data.astype(param._data.dtype)
+                if key != "step" and type(data) is not type(param._data) and (
+                        type(data) in DEVICE_TYPES or type(param._data) in DEVICE_TYPES):
+                    # to the parameter's device, as PyTorch (``step`` stays on the cpu)
+                    return Tensor._make(to_device(data, device_of(param._data)))
                 return Tensor._make(data.copy())
             if isinstance(value, dict):
                 return {k: cast(param, v, k) for k, v in value.items()}
