@@ -20,7 +20,6 @@ with its source line, is reported.
 """
 import gc
 import os
-import sys
 import traceback
 
 import numpy as np
@@ -1096,9 +1095,6 @@ def trace(fn, *args, **kwargs):
     _, graph, tr = trace_call(fn, args, kwargs, fullgraph=True)
     return graph
 
-
-if sys.version_info < (3, 9):  # pragma: no cover
-    raise ImportError("tapegrad.compiler needs Python 3.9+")
 
 # at import (tapegrad imports the compiler), so that an ``optimizer.step`` a scheduler wrapped
 # earlier, and names bound to the creation functions, already lead to the hooks
