@@ -351,7 +351,9 @@ class SparseCooTensor(Tensor):
 
     def to(self, *args, **kwargs):
         """As ``Tensor.to``: a dtype change converts the values (differentiable)."""
-        dtype, copy = _T._to_args(self, args, kwargs)
+        dtype, copy, dev = _T._to_args(self, args, kwargs)
+        if dev is not None and dev.type != "cpu":
+            raise RuntimeError(f"to: sparse tensors live on the cpu only (got device {dev})")
         if dtype is not None and dtype.np != self._data.dtype:
             return _sparse(self._indices_array, self._values_tensor.to(dtype), self.shape,
                            self._coalesced)
