@@ -126,9 +126,29 @@ def test_mixed_devices_raise_pytorchs_error(fake):
         tapegrad.cat([b, a])
 
 
-def test_factories_refuse_cuda_with_a_pointer(fake):
-    with pytest.raises(RuntimeError, match=r"zeros: device='cuda'.*\.to\('cuda'\)"):
-        tapegrad.zeros(2, device="cuda")
+def test_factories_make_tensors_on_the_device(fake):
+    tapegrad.manual_seed(0)
+    host = tapegrad.randn(2, 3)
+    tapegrad.manual_seed(0)
+    made = {
+        "zeros": tapegrad.zeros(2, 3, device="cuda"),
+        "ones": tapegrad.ones(2, device=tapegrad.device("cuda", 0)),
+        "full": tapegrad.full((2,), 3.0, device="cuda:0"),
+        "arange": tapegrad.arange(4, device="cuda"),
+        "linspace": tapegrad.linspace(0, 1, 5, device="cuda"),
+        "eye": tapegrad.eye(3, device="cuda"),
+        "tensor": tapegrad.tensor([1.0, 2.0], device="cuda", requires_grad=True),
+        "as_tensor": tapegrad.as_tensor(np.arange(3), device="cuda"),
+        "randn": tapegrad.randn(2, 3, device="cuda"),
+        "zeros_like": tapegrad.zeros_like(host, device="cuda"),
+    }
+    for name, t in made.items():
+        assert t.device == tapegrad.device("cuda", 0), name
+    assert made["tensor"].is_leaf and made["tensor"].requires_grad
+    np.testing.assert_array_equal(made["randn"].cpu().numpy(), host.numpy())  # host stream
+    np.testing.assert_array_equal(made["arange"].cpu().numpy(), [0, 1, 2, 3])
+    with pytest.raises(RuntimeError, match="zeros: .*invalid device ordinal"):
+        tapegrad.zeros(2, device="cuda:3")
 
 
 def test_optimizer_updates_stay_on_the_device(fake):
@@ -152,6 +172,19 @@ def test_optimizer_updates_stay_on_the_device(fake):
         assert lin.weight.device.type == "cuda" and lin.weight.grad.device.type == "cuda"
         np.testing.assert_allclose(lin.weight.cpu().detach().numpy(),
                                    ref.weight.detach().numpy(), rtol=1e-12, atol=1e-14)
+
+
+def test_layers_made_on_the_device(fake):
+    tapegrad.manual_seed(0)
+    on_cuda = [tapegrad.nn.Linear(3, 2, device="cuda"), tapegrad.nn.Conv2d(1, 2, 3, device="cuda"),
+               tapegrad.nn.Embedding(5, 2, device="cuda"), tapegrad.nn.LayerNorm(4, device="cuda")]
+    tapegrad.manual_seed(0)
+    on_cpu = [tapegrad.nn.Linear(3, 2), tapegrad.nn.Conv2d(1, 2, 3), tapegrad.nn.Embedding(5, 2),
+              tapegrad.nn.LayerNorm(4)]
+    for a, b in zip(on_cuda, on_cpu):
+        for (k, v), w in zip(a.state_dict().items(), b.state_dict().values()):
+            assert v.device.type == "cuda", (type(a).__name__, k)
+            np.testing.assert_array_equal(v.cpu().numpy(), w.numpy())  # the same init draws
 
 
 def test_optimizer_state_follows_the_parameters(fake):

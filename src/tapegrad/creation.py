@@ -8,9 +8,10 @@ import math
 
 from tapegrad import dtypes
 from tapegrad.backend import xp, DEVICE_TYPES, array_module
-from tapegrad.backend.device import device as _device, resolve as resolve_device
+from tapegrad import backend
+from tapegrad.backend.device import device as _device, resolve as resolve_device, no_cuda
 from tapegrad.ops.registry import op
-from tapegrad.tensor import Tensor
+from tapegrad.tensor import Tensor, _to_target
 
 
 # --- shared argument handling ------------------------------------------------------------
@@ -74,8 +75,18 @@ def allocate(name, shape, dtype, make, /, *args, **kwargs):
 
 
 def check_device(device, name):
-    """Accept ``None``, ``'cpu'``, ``'cpu:0'`` or a cpu ``tapegrad.device``; ``'cuda'`` raises
-    as PyTorch's CPU-only build does (``backend.device.resolve`` is the one device check)."""
+    """Accept ``None``, ``'cpu'``, ``'cpu:0'`` or a cpu ``tapegrad.device`` (returns the cpu);
+    ``'cuda'`` returns the cuda device where CuPy sees one (the factory makes its array on the
+    host and ``finish`` copies it there), else raises as PyTorch's CPU-only build does
+    (``backend.device.resolve`` is the one device check)."""
+    if device is not None and (isinstance(device, _device) and device.type == "cuda" or
+                               isinstance(device, str) and device.startswith("cuda")):
+        if backend.cuda_backend() is None:
+            raise no_cuda(name)
+        try:
+            return _to_target(device)
+        except RuntimeError as e:
+            raise RuntimeError(f"{name}: {e}") from None
     return resolve_device(device, name)
 
 
@@ -89,8 +100,11 @@ def float_dtype(dtype, name):
     return d
 
 
-def finish(array, requires_grad, name="tensor"):
-    """Wrap a freshly made array; ``requires_grad=True`` on integer dtypes raises."""
+def finish(array, requires_grad, name="tensor", device=None):
+    """Wrap a freshly made array (copied to ``device`` when that is not the cpu);
+    ``requires_grad=True`` on integer dtypes raises."""
+    if device is not None and device.type != "cpu":
+        array = backend.to_device(array, device)
     t = Tensor._make(array)
     if requires_grad:
         t.requires_grad = True
@@ -98,13 +112,14 @@ def finish(array, requires_grad, name="tensor"):
 
 
 def _filled(name, size, value, dtype, device, requires_grad, keyword=NO_SIZE):
-    check_device(device, name)
+    dev = check_device(device, name)
     d = dtypes.get_default_dtype() if dtype is None else dtypes.to_dtype(dtype)
     shape = size_args(size, name, keyword)
     if value is None:
-        return finish(allocate(name, shape, d, xp.empty, shape, dtype=d.np), requires_grad, name)
+        return finish(allocate(name, shape, d, xp.empty, shape, dtype=d.np), requires_grad, name,
+                      dev)
     return finish(allocate(name, shape, d, xp.full, shape, value, dtype=d.np), requires_grad,
-                  name)
+                  name, dev)
 
 
 # --- copies: the two ops behind clone(), contiguous() and the in-place writes -----------------
@@ -146,7 +161,10 @@ def tensor(data, dtype=None, device=None, requires_grad=False) -> Tensor:
 
     >>> tapegrad.tensor([[1.0, 2.0]], requires_grad=True)
     """
-    check_device(device, "tensor")
+    dev = check_device(device, "tensor")
+    if dev is not None and dev.type != "cpu":  # made on the host, copied to the device
+        t = Tensor._from_data(data, dtype=dtype)
+        return finish(backend.to_device(t._data, dev), requires_grad, "tensor")
     return Tensor._from_data(data, dtype=dtype, requires_grad=requires_grad)
 
 
@@ -172,7 +190,9 @@ def as_tensor(data, dtype=None, device=None) -> Tensor:
 
     >>> tapegrad.as_tensor(numpy.arange(3))       # shares the array's memory
     """
-    check_device(device, "as_tensor")
+    dev = check_device(device, "as_tensor")
+    if dev is not None and dev.type != "cpu":
+        return as_tensor(data, dtype).to(dev)
     if isinstance(data, Tensor):
         return data if dtype is None else data.to(dtype)
     if isinstance(data, xp.ndarray):
@@ -342,7 +362,7 @@ def arange(start=0, end=None, step=1, *, dtype=None, device=None, requires_grad=
 
     The length is ``ceil((end - start) / step)``, computed in double precision as PyTorch does.
     """
-    check_device(device, "arange")
+    dev = check_device(device, "arange")
     if end is None:
         start, end = 0, start
     start, end, step = (_number(v, "arange", w) for v, w in
@@ -376,7 +396,7 @@ def arange(start=0, end=None, step=1, *, dtype=None, device=None, requires_grad=
         n = max(n, 0)
         values = allocate("arange", (n,), dtypes.int64,
                           lambda: first + stride * xp.arange(n, dtype=xp.int64))
-    return finish(values.astype(d.np, copy=False), requires_grad, "arange")
+    return finish(values.astype(d.np, copy=False), requires_grad, "arange", dev)
 
 
 def linspace(start, end, steps, *, dtype=None, device=None, requires_grad=False) -> Tensor:
@@ -385,7 +405,7 @@ def linspace(start, end, steps, *, dtype=None, device=None, requires_grad=False)
     PyTorch fills the first half from ``start`` and the second half back from ``end``; the
     same formula is used here so values agree to the last bit in float64.
     """
-    check_device(device, "linspace")
+    dev = check_device(device, "linspace")
     start, end = _number(start, "linspace", "start"), _number(end, "linspace", "end")
     steps = _number(steps, "linspace", "steps")
     if not isinstance(steps, int) or steps < 0:
@@ -402,18 +422,19 @@ def linspace(start, end, steps, *, dtype=None, device=None, requires_grad=False)
     values = allocate("linspace", (steps,), dtypes.float64, fill)
     if not dtypes.is_floating(d):
         values = xp.trunc(values)
-    return finish(values.astype(d.np), requires_grad, "linspace")
+    return finish(values.astype(d.np), requires_grad, "linspace", dev)
 
 
 def eye(n, m=None, *, dtype=None, device=None, requires_grad=False) -> Tensor:
     """As ``torch.eye(3)`` or ``torch.eye(2, 4)``: ones on the diagonal."""
-    check_device(device, "eye")
+    dev = check_device(device, "eye")
     n = _number(n, "eye", "n")
     m = n if m is None else _number(m, "eye", "m")
     if n < 0 or m < 0:
         raise RuntimeError(f"eye: n and m must be non-negative, got n={n}, m={m}")
     d = dtypes.get_default_dtype() if dtype is None else dtypes.to_dtype(dtype)
-    return finish(allocate("eye", (n, m), d, xp.eye, n, m, dtype=d.np), requires_grad, "eye")
+    return finish(allocate("eye", (n, m), d, xp.eye, n, m, dtype=d.np), requires_grad, "eye",
+                  dev)
 
 
 def on_input_device(input, device):
@@ -438,10 +459,10 @@ def _like(name, input, value, dtype, device, requires_grad):
         arr = m.empty(input.shape, dtype=d.np) if value is None else \
             m.full(input.shape, value, dtype=d.np)
         return finish(arr, requires_grad, name)
-    check_device(device, name)
+    dev = check_device(device, name)
     if value is None:
-        return finish(xp.empty(input.shape, dtype=d.np), requires_grad, name)
-    return finish(xp.full(input.shape, value, dtype=d.np), requires_grad, name)
+        return finish(xp.empty(input.shape, dtype=d.np), requires_grad, name, dev)
+    return finish(xp.full(input.shape, value, dtype=d.np), requires_grad, name, dev)
 
 
 def zeros_like(input, *, dtype=None, device=None, requires_grad=False) -> Tensor:

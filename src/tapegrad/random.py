@@ -194,33 +194,33 @@ def _vmapped(name, shape, draw, inputs=()):
 def rand(*args, size=NO_SIZE, generator=None, dtype=None, device=None,
          requires_grad=False) -> Tensor:
     """As ``torch.rand(2, 3)``: uniform on [0, 1)."""
-    check_device(device, "rand")
+    dev = check_device(device, "rand")
     d = float_dtype(dtype, "rand")
     shape = size_args(args, "rand", size)
     v = _vmapped("rand", shape, lambda s: uniform_array(numpy_rng(generator), s, d))
     if v is not None:
         return v
     return finish(allocate("rand", shape, d, uniform_array, numpy_rng(generator), shape, d),
-                  requires_grad, "rand")
+                  requires_grad, "rand", dev)
 
 
 def randn(*args, size=NO_SIZE, generator=None, dtype=None, device=None,
           requires_grad=False) -> Tensor:
     """As ``torch.randn(2, 3)``: standard normal."""
-    check_device(device, "randn")
+    dev = check_device(device, "randn")
     d = float_dtype(dtype, "randn")
     shape = size_args(args, "randn", size)
     v = _vmapped("randn", shape, lambda s: normal_array(numpy_rng(generator), s, d))
     if v is not None:
         return v
     return finish(allocate("randn", shape, d, normal_array, numpy_rng(generator), shape, d),
-                  requires_grad, "randn")
+                  requires_grad, "randn", dev)
 
 
 def randint(low, high=None, size=None, *, generator=None, dtype=None, device=None,
             requires_grad=False) -> Tensor:
     """As ``torch.randint(10, (3,))`` or ``torch.randint(2, 10, (3,))``: ints in [low, high)."""
-    check_device(device, "randint")
+    dev = check_device(device, "randint")
     if size is None and isinstance(high, (tuple, list)):
         low, high, size = 0, low, high
     if size is None:
@@ -239,18 +239,18 @@ def randint(low, high=None, size=None, *, generator=None, dtype=None, device=Non
         return v
     values = allocate("randint", shape, dtypes.int64, numpy_rng(generator).integers, low, high,
                       size=shape)
-    return finish(values.astype(d.np), requires_grad, "randint")
+    return finish(values.astype(d.np), requires_grad, "randint", dev)
 
 
 def randperm(n, *, generator=None, dtype=None, device=None, requires_grad=False) -> Tensor:
     """As ``torch.randperm(5)``: a random permutation of ``0 .. n-1`` (int64)."""
-    check_device(device, "randperm")
+    dev = check_device(device, "randperm")
     n = int(n)
     if n < 0:
         raise RuntimeError(f"randperm: n must be non-negative, got {n}")
     d = dtypes.int64 if dtype is None else dtypes.to_dtype(dtype)
     values = allocate("randperm", (n,), dtypes.int64, numpy_rng(generator).permutation, n)
-    return finish(values.astype(d.np), requires_grad, "randperm")
+    return finish(values.astype(d.np), requires_grad, "randperm", dev)
 
 
 def _like_check(name, input):
@@ -298,7 +298,7 @@ def normal(mean=0.0, std=1.0, size=None, *, generator=None, dtype=None, device=N
 
     The result carries no graph (PyTorch's normal has zero gradient w.r.t. mean and std).
     """
-    check_device(device, "normal")
+    dev = check_device(device, "normal")
     rng = numpy_rng(generator)
     tensors = [a for a in (mean, std) if isinstance(a, Tensor)]
     if not tensors:
@@ -313,7 +313,7 @@ def normal(mean=0.0, std=1.0, size=None, *, generator=None, dtype=None, device=N
         if v is not None:
             return v
         values = mean + std * allocate("normal", shape, d, normal_array, rng, shape, d)
-        return finish(values.astype(d.np, copy=False), requires_grad, "normal")
+        return finish(values.astype(d.np, copy=False), requires_grad, "normal", dev)
     m = mean._data if isinstance(mean, Tensor) else mean
     s = std._data if isinstance(std, Tensor) else std
     d = dtypes.result_type(*tensors)
@@ -323,7 +323,7 @@ def normal(mean=0.0, std=1.0, size=None, *, generator=None, dtype=None, device=N
         raise RuntimeError("normal: expects all elements of std >= 0.0")
     shape = xp.broadcast_shapes(xp.shape(m), xp.shape(s))
     values = m + s * normal_array(rng, shape, d)
-    return finish(xp.asarray(values, dtype=d.np), requires_grad, "normal")
+    return finish(xp.asarray(values, dtype=d.np), requires_grad, "normal", dev)
 
 
 def bernoulli(input, p=None, *, generator=None) -> Tensor:

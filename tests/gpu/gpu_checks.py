@@ -139,7 +139,7 @@ def timings():
         torch, has_torch = None, False
     from tapegrad.bench import models as M
 
-    cases = [("H=2048 MLP step (batch 4096, float64)", lambda T, d: _mlp_step(T, d))]
+    cases = [("H=2048 MLP step (batch 4096, float64)", lambda T, d: _mlp_step(T, d), 1e-9)]
 
     def gpt(T, d):
         state, batches = M.initial_state("gpt"), M.make_data("gpt", 4)
@@ -148,11 +148,15 @@ def timings():
         s.batches = [(x.to(d), y.to(d)) for x, y in s.batches]
         return s
 
-    cases.append(("GPT step (char_gpt, float32)", gpt))
-    for name, make in cases:
+    cases.append(("GPT step (char_gpt, float32)", gpt, 1e-4))
+    for name, make, tol in cases:
         try:
             ours = make(tapegrad, "cuda")
             a = _loss(ours)
+            c = _loss(make(tapegrad, "cpu"))
+            d = abs(a - c) / abs(c)
+            check(f"{name} on cuda: third loss matches cpu", d < tol,
+                  f"{a:.8f} vs {c:.8f} (rel {d:.1e}, tolerance {tol:g})")
             t_ours = _timed(ours, tapegrad.cuda.synchronize)
             line = f"tapegrad {t_ours * 1e3:.2f} ms"
             if has_torch:

@@ -65,7 +65,7 @@ def build(T, vocab, block=32, dim=64, heads=4, layers=2):
 
         def forward(self, idx):
             t = idx.shape[1]
-            x = self.tok(idx) + self.pos(T.arange(t))
+            x = self.tok(idx) + self.pos(T.arange(t, device=idx.device))
             return self.head(self.ln_f(self.blocks(x)))
 
     return GPT().double()

@@ -8,7 +8,7 @@ import warnings
 
 from tapegrad import dtypes
 from tapegrad.autograd.grad_mode import state as grad_state
-from tapegrad.backend import xp
+from tapegrad.backend import xp, on_device_of
 from tapegrad.ops import nn as N
 from tapegrad.ops.elementwise import relu as _relu, tanh as _tanh, sigmoid as _sigmoid
 from tapegrad.ops.elementwise import where, sqrt, to_dtype, exp, log, expm1, log1p
@@ -1559,7 +1559,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     dt = query._data.dtype
     bias = None
     if is_causal:
-        attn_mask = _static(xp.tril(xp.ones((L, S), dtype=bool)))
+        attn_mask = _static(on_device_of(query._data, xp.tril(xp.ones((L, S), dtype=bool))))
     blocked = None
     if attn_mask is not None:
         m = attn_mask._data

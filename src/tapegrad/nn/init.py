@@ -8,7 +8,7 @@ import math
 import warnings
 
 from tapegrad.autograd.grad_mode import no_grad
-from tapegrad.backend import xp
+from tapegrad.backend import xp, on_device_of
 from tapegrad.random import numpy_rng
 
 __all__ = ["calculate_gain", "uniform_", "normal_", "trunc_normal_", "constant_", "ones_",
@@ -17,7 +17,10 @@ __all__ = ["calculate_gain", "uniform_", "normal_", "trunc_normal_", "constant_"
 
 
 def _fill(tensor, values):
-    """Write ``values`` into ``tensor``'s storage (cast to its dtype); bump its version."""
+    """Write ``values`` into ``tensor``'s storage (cast to its dtype); bump its version. Values
+    drawn on the host are copied to a device tensor's device first."""
+    if isinstance(values, xp.ndarray) and type(tensor._data) is not xp.ndarray:
+        values = on_device_of(tensor._data, values)
     tensor._data[...] = values
     tensor._version[0] += 1
     return tensor

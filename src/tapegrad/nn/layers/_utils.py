@@ -5,17 +5,16 @@ from itertools import repeat
 
 from tapegrad import dtypes
 from tapegrad.backend import xp
-from tapegrad.backend.device import resolve as resolve_device
+from tapegrad.creation import check_device, finish
 from tapegrad.nn import init
 from tapegrad.nn.parameter import Parameter
-from tapegrad.tensor import Tensor
 
 
 def empty(shape, device=None, dtype=None):
     """An uninitialised tensor (``torch.empty(shape, device=, dtype=)``) for a layer to fill."""
-    resolve_device(device, "empty")
+    dev = check_device(device, "empty")  # cuda: the layer's storage on the device
     dt = dtypes.get_default_dtype() if dtype is None else dtypes.to_dtype(dtype)
-    return Tensor._make(xp.empty(tuple(shape), dtype=dt.np))
+    return finish(xp.empty(tuple(shape), dtype=dt.np), False, "empty", dev)
 
 
 def empty_parameter(shape, device=None, dtype=None):
