@@ -139,8 +139,8 @@ def resolve(dev, name):
         from tapegrad import backend
         if backend.cuda_backend() is None:
             raise no_cuda(name)
-        raise RuntimeError(f"{name}: device={str(dev)!r}: tapegrad's factories create tensors on "
-                           "the cpu only; create it there and move it with .to('cuda') (see "
+        raise RuntimeError(f"{name}: device={str(dev)!r} is not supported here; make the tensor "
+                           "with a factory's device= or move it with .to('cuda') (see "
                            "docs/differences.md, Devices)")
     raise RuntimeError(f"{name}: device type '{dev.type}' is not supported (tapegrad runs on the "
                        f"cpu only for now; got device={str(dev)!r})")
