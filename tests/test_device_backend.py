@@ -205,18 +205,7 @@ def test_optimizer_state_follows_the_parameters(fake):
 
 # --- the seam test -----------------------------------------------------------------------------
 ROWS = battery.rows()
-# ops still reaching numpy directly (or composites building cpu tensors) for device data:
-# listed in docs/differences.md, "Devices"; a row here that starts passing fails the test, so
-# the list only shrinks
-KNOWN = {
-    "copysign", "take", "index_add", "index_add method",
-    "cumprod zeros", "gradient coordinates", "median", "median dim",
-    "nanmedian", "kthvalue", "quantile", "quantile interpolation", "nanquantile", "cov",
-    "cov weights", "corrcoef", "put", "scatter_reduce sum", "scatter_reduce mean",
-    "scatter_reduce prod", "scatter_reduce prod zeros", "scatter_reduce amax",
-    "scatter_reduce amin", "index_reduce", "block_diag", "combinations", "float_power",
-    "sgn rsub",
-}
+KNOWN = battery.KNOWN
 
 
 @pytest.mark.parametrize("name,fn,specs,kw", ROWS, ids=[r[0] for r in ROWS])

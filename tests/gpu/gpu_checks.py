@@ -30,17 +30,26 @@ def check(name, ok, detail=""):
 
 
 def op_battery():
-    passed, failed = 0, []
+    """Every row but the known ones (``battery.KNOWN``, failing on the fake device too) must
+    agree; known rows that pass on the GPU are reported (the list can shrink)."""
+    passed, failed, known, fixed = 0, [], 0, []
     for name, fn, specs, kw in battery.rows():
         try:
             battery.run(fn, specs, "cuda", kw)
             passed += 1
+            if name in battery.KNOWN:
+                fixed.append(name)
         except Exception as e:  # noqa: BLE001 - every row is reported
+            if name in battery.KNOWN:
+                known += 1
+                continue
             failed.append(f"{name}: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
     for f in failed:
         print("     ", f)
+    if fixed:
+        print("      known rows passing on the GPU:", ", ".join(fixed))
     check("op battery on cuda vs cpu (float64, 1e-12)", not failed,
-          f"{passed} rows agree, {len(failed)} fail")
+          f"{passed} rows agree, {len(failed)} fail, {known} known failures skipped")
 
 
 def _train(build, data, steps, dev, lr, opt="sgd"):
