@@ -156,14 +156,17 @@ def test_threads_training_side_by_side_match_sequential_runs_bitwise():
 def test_checkpoint_in_one_thread_sees_only_its_own_ops():
     w = tapegrad.randn(8, 8, dtype=tapegrad.float64, requires_grad=True)
     x = tapegrad.randn(4, 8, dtype=tapegrad.float64)
-    start, stop = threading.Event(), threading.Event()
+    start, ran, stop = threading.Event(), threading.Event(), threading.Event()
     other_grads = []
 
     def busy():  # records ops while the main thread is inside a checkpointed segment
         v = tapegrad.randn(5, dtype=tapegrad.float64, requires_grad=True)
         start.wait()
-        while not stop.is_set():
+        while True:
             (v.exp() * v).sum().backward()
+            ran.set()
+            if stop.is_set():
+                break
         other_grads.append(v.grad)
 
     t = threading.Thread(target=busy)
@@ -172,8 +175,10 @@ def test_checkpoint_in_one_thread_sees_only_its_own_ops():
     def segment(a):
         start.set()
         h = a
-        for _ in range(200):
+        for i in range(200):
             h = (h @ w).tanh()
+            if i == 100:
+                assert ran.wait(10)  # the other thread has recorded ops inside the segment
         return h
 
     out = checkpoint(segment, x, use_reentrant=False)
