@@ -9,7 +9,7 @@ level above sees the backward pass as ordinary ops: that is how the transforms c
 import functools
 import weakref
 
-from tapegrad.autograd.engine import Node
+from tapegrad.autograd.engine import leaves_below
 from tapegrad.autograd.grad_mode import enable_grad, state as grad_state
 from tapegrad.func import _tree
 from tapegrad.func._forward import ForwardLevel
@@ -47,26 +47,10 @@ def _reaches_outer(tensors, inner):
     """Does the graph of ``tensors`` reach a requiring-grad leaf other than ``inner`` (or
     the leaves of transforms that have returned)?"""
     inner = {id(t) for t in inner} | set(_DEAD)
-    stack, seen = [], set()
-    for t in tensors:
-        if t is None or not t._requires_grad:
-            continue
-        if t.grad_fn is None:
-            if id(t) not in inner:
-                return True
-            continue
-        stack.append(t.grad_fn)
-    while stack:
-        node = stack.pop()
-        if node in seen:
-            continue
-        seen.add(node)
-        for p in node.parents:
-            if type(p) is Node:
-                stack.append(p)
-            elif p is not None and id(p) not in inner:
-                return True
-    return False
+    roots = [t for t in tensors if t is not None and t._requires_grad]
+    if any(t.grad_fn is None and id(t) not in inner for t in roots):
+        return True
+    return any(id(p) not in inner for _, p in leaves_below(roots))
 
 
 def _exit(t, keep):
