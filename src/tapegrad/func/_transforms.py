@@ -302,6 +302,20 @@ def _basis(t):
     return eye(n, dtype=t.dtype).reshape((n,) + tuple(t.shape))
 
 
+def _over_argnums(func, args, argnums, name):
+    """``(diff, f)``: the ``args`` at ``argnums`` and ``func`` as a function of those alone
+    (the other args fixed)."""
+    nums = _check_argnums(argnums, len(args), name)
+
+    def f(*d):
+        full = list(args)
+        for i, x in zip(nums, d):
+            full[i] = x
+        return func(*full)
+
+    return tuple(args[i] for i in nums), f
+
+
 def jacrev(func, argnums=0, *, has_aux=False, chunk_size=None):
     """As ``torch.func.jacrev``: the Jacobian by reverse mode, one vjp per output element
     (batched with vmap). Output shape: ``out.shape + input.shape``."""
@@ -309,14 +323,7 @@ def jacrev(func, argnums=0, *, has_aux=False, chunk_size=None):
 
     @functools.wraps(func)
     def wrapper(*args):
-        nums = _check_argnums(argnums, len(args), "jacrev")
-        diff = tuple(args[i] for i in nums)
-
-        def f(*d):
-            full = list(args)
-            for i, x in zip(nums, d):
-                full[i] = x
-            return func(*full)
+        diff, f = _over_argnums(func, args, argnums, "jacrev")
 
         res = vjp(f, *diff, has_aux=has_aux)
         out, vjp_fn = res[0], res[1]
@@ -345,14 +352,7 @@ def jacfwd(func, argnums=0, has_aux=False, *, randomness="error"):
 
     @functools.wraps(func)
     def wrapper(*args):
-        nums = _check_argnums(argnums, len(args), "jacfwd")
-        diff = tuple(args[i] for i in nums)
-
-        def f(*d):
-            full = list(args)
-            for i, x in zip(nums, d):
-                full[i] = x
-            return func(*full)
+        diff, f = _over_argnums(func, args, argnums, "jacfwd")
 
         cols = []
         aux = None
