@@ -509,6 +509,14 @@ def _root(pg, rank, what, name):
     return pg.ranks.index(rank)
 
 
+def _root_or_group_rank(pg, rank, group_rank, what, name):
+    """The root as a rank of ``pg``: ``group_rank`` when given, else the global ``rank``
+    (None: 0)."""
+    if group_rank is not None:
+        return group_rank
+    return _root(pg, 0 if rank is None else rank, what, name)
+
+
 def _same(what, t, ref, name):
     if tuple(t.shape) != tuple(ref.shape) or t.dtype != ref.dtype:
         raise ValueError(f"{what}: {name} has shape {tuple(t.shape)} and dtype {t.dtype}, "
@@ -547,8 +555,7 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
     pg = _group(group, what)
     if pg is None:
         return None
-    root = group_dst if group_dst is not None else _root(pg, 0 if dst is None else dst, what,
-                                                          "dst")
+    root = _root_or_group_rank(pg, dst, group_dst, what, "dst")
     mpi_op = _mpi_op(op, tensor, what)
     buf, back = _staging(tensor, op)
     mine = pg.rank() == root
@@ -573,8 +580,7 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
     pg = _group(group, what)
     if pg is None:
         return None
-    root = group_src if group_src is not None else _root(pg, 0 if src is None else src, what,
-                                                          "src")
+    root = _root_or_group_rank(pg, src, group_src, what, "src")
     buf, back = _staging(tensor)
     request = pg.comm.Ibcast(buf, root)
     mine = pg.rank() == root
@@ -661,8 +667,7 @@ def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group
     pg = _group(group, what)
     if pg is None:
         return None
-    root = group_dst if group_dst is not None else _root(pg, 0 if dst is None else dst, what,
-                                                          "dst")
+    root = _root_or_group_rank(pg, dst, group_dst, what, "dst")
     mine = pg.rank() == root
     if mine:
         if gather_list is None or len(gather_list) != pg.size():
@@ -694,8 +699,7 @@ def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, gro
     pg = _group(group, what)
     if pg is None:
         return None
-    root = group_src if group_src is not None else _root(pg, 0 if src is None else src, what,
-                                                          "src")
+    root = _root_or_group_rank(pg, src, group_src, what, "src")
     mine = pg.rank() == root
     send = None
     if mine:
@@ -802,8 +806,7 @@ def broadcast_object_list(object_list, src=None, group=None, device=None, group_
     pg = _group(group, what)
     if pg is None:
         return None
-    root = group_src if group_src is not None else _root(pg, 0 if src is None else src, what,
-                                                          "src")
+    root = _root_or_group_rank(pg, src, group_src, what, "src")
     mine = pg.rank() == root
     data = _pickle(list(object_list)) if mine else None
     size = xp.array([data.size if mine else 0], xp.int64)
