@@ -523,6 +523,19 @@ def _same(what, t, ref, name):
                          f"expected shape {tuple(ref.shape)} and dtype {ref.dtype} as the input")
 
 
+def _check_root_list(what, tensors, name, side, role, ref, pg, root):
+    """gather's gather_list / scatter's scatter_list: on the root, one tensor per rank like
+    ``ref``; on the other ranks, none."""
+    if pg.rank() == root:
+        if tensors is None or len(tensors) != pg.size():
+            raise ValueError(f"{what}: the {side} rank needs a {name} of {pg.size()} tensors")
+        for t in tensors:
+            _same(what, _check_tensor(t, what, f"each of {name}"), ref, role)
+    elif tensors:
+        raise ValueError(f"{what}: {name} must be given on the {side} rank only "
+                         f"(rank {pg.rank()} is not {root})")
+
+
 # --- collectives -----------------------------------------------------------------------------
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     """As ``torch.distributed.all_reduce``: every rank's ``tensor`` becomes the reduction of
@@ -669,15 +682,8 @@ def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group
         return None
     root = _root_or_group_rank(pg, dst, group_dst, what, "dst")
     mine = pg.rank() == root
-    if mine:
-        if gather_list is None or len(gather_list) != pg.size():
-            raise ValueError(f"{what}: the destination rank needs a gather_list of {pg.size()} "
-                             "tensors")
-        for t in gather_list:
-            _same(what, _check_tensor(t, what, "each of gather_list"), tensor, "an output")
-    elif gather_list:
-        raise ValueError(f"{what}: gather_list must be given on the destination rank only "
-                         f"(rank {pg.rank()} is not {root})")
+    _check_root_list(what, gather_list, "gather_list", "destination", "an output", tensor, pg,
+                     root)
     send, _ = _staging(tensor)
     recv = xp.empty((pg.size(), send.size), xp.uint8) if mine else None
     request = pg.comm.Igather(send, recv, root)
@@ -701,18 +707,11 @@ def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, gro
         return None
     root = _root_or_group_rank(pg, src, group_src, what, "src")
     mine = pg.rank() == root
+    _check_root_list(what, scatter_list, "scatter_list", "source", "an input", tensor, pg, root)
     send = None
     if mine:
-        if scatter_list is None or len(scatter_list) != pg.size():
-            raise ValueError(f"{what}: the source rank needs a scatter_list of {pg.size()} "
-                             "tensors")
-        for t in scatter_list:
-            _same(what, _check_tensor(t, what, "each of scatter_list"), tensor, "an input")
         send = xp.stack([xp.ascontiguousarray(t._data).reshape(-1).view(xp.uint8)
                          for t in scatter_list])
-    elif scatter_list:
-        raise ValueError(f"{what}: scatter_list must be given on the source rank only "
-                         f"(rank {pg.rank()} is not {root})")
     recv, back = _staging(tensor)
     request = pg.comm.Iscatter(send, recv, root)
     return _issue([request], lambda: _write_back(tensor, back), what, pg, async_op, [tensor])
