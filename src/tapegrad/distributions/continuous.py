@@ -22,6 +22,13 @@ def _numbers(*values):
     return all(isinstance(v, numbers.Number) for v in values)
 
 
+def _broadcast_params(*values):
+    """``broadcast_all(*values)`` and the batch shape PyTorch gives them: ``()`` when every
+    value is a number, else the broadcast shape."""
+    params = broadcast_all(*values)
+    return params, (() if _numbers(*values) else params[0].shape)
+
+
 class Normal(Distribution):
     """As ``torch.distributions.Normal(loc, scale)``."""
 
@@ -31,8 +38,7 @@ class Normal(Distribution):
     _mean_carrier_measure = 0
 
     def __init__(self, loc, scale, validate_args=None):
-        self.loc, self.scale = broadcast_all(loc, scale)
-        batch_shape = () if _numbers(loc, scale) else self.loc.shape
+        (self.loc, self.scale), batch_shape = _broadcast_params(loc, scale)
         super().__init__(batch_shape, validate_args=validate_args)
 
     def expand(self, batch_shape, _instance=None):
@@ -90,8 +96,7 @@ class Uniform(Distribution):
                 "high": constraints.greater_than(self.low)}
 
     def __init__(self, low, high, validate_args=None):
-        self.low, self.high = broadcast_all(low, high)
-        batch_shape = () if _numbers(low, high) else self.low.shape
+        (self.low, self.high), batch_shape = _broadcast_params(low, high)
         super().__init__(batch_shape, validate_args=validate_args)
 
     def expand(self, batch_shape, _instance=None):
@@ -150,8 +155,7 @@ class Exponential(Distribution):
     has_rsample = True
 
     def __init__(self, rate, validate_args=None):
-        (self.rate,) = broadcast_all(rate)
-        batch_shape = () if isinstance(rate, numbers.Number) else self.rate.shape
+        (self.rate,), batch_shape = _broadcast_params(rate)
         super().__init__(batch_shape, validate_args=validate_args)
 
     def expand(self, batch_shape, _instance=None):
@@ -203,8 +207,7 @@ class Laplace(Distribution):
     has_rsample = True
 
     def __init__(self, loc, scale, validate_args=None):
-        self.loc, self.scale = broadcast_all(loc, scale)
-        batch_shape = () if _numbers(loc, scale) else self.loc.shape
+        (self.loc, self.scale), batch_shape = _broadcast_params(loc, scale)
         super().__init__(batch_shape, validate_args=validate_args)
 
     def expand(self, batch_shape, _instance=None):
@@ -260,8 +263,7 @@ class Gamma(Distribution):
     has_rsample = True
 
     def __init__(self, concentration, rate, validate_args=None):
-        self.concentration, self.rate = broadcast_all(concentration, rate)
-        batch_shape = () if _numbers(concentration, rate) else self.concentration.shape
+        (self.concentration, self.rate), batch_shape = _broadcast_params(concentration, rate)
         super().__init__(batch_shape, validate_args=validate_args)
 
     def expand(self, batch_shape, _instance=None):
