@@ -536,6 +536,13 @@ def _check_root_list(what, tensors, name, side, role, ref, pg, root):
                          f"(rank {pg.rank()} is not {root})")
 
 
+def _unpack_rows(recv, tensors, ref):
+    """Row r of the gathered bytes ``recv`` (rank r's ``ref``) into ``tensors[r]``."""
+    for r, t in enumerate(tensors):
+        t._data[...] = recv[r].view(ref._data.dtype).reshape(t._data.shape)
+        t._version[0] += 1
+
+
 # --- collectives -----------------------------------------------------------------------------
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     """As ``torch.distributed.all_reduce``: every rank's ``tensor`` becomes the reduction of
@@ -617,12 +624,8 @@ def all_gather(tensor_list, tensor, group=None, async_op=False):
     recv = xp.empty((pg.size(), send.size), xp.uint8)
     request = pg.comm.Iallgather(send, recv)
 
-    def finish():
-        for r, t in enumerate(tensor_list):
-            t._data[...] = recv[r].view(tensor._data.dtype).reshape(t._data.shape)
-            t._version[0] += 1
-
-    return _issue([request], finish, what, pg, async_op, tensor_list)
+    return _issue([request], lambda: _unpack_rows(recv, tensor_list, tensor), what, pg,
+                  async_op, tensor_list)
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
@@ -690,9 +693,7 @@ def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group
 
     def finish():
         if mine:
-            for r, t in enumerate(gather_list):
-                t._data[...] = recv[r].view(tensor._data.dtype).reshape(t._data.shape)
-                t._version[0] += 1
+            _unpack_rows(recv, gather_list, tensor)
 
     return _issue([request], finish, what, pg, async_op, gather_list or [])
 
