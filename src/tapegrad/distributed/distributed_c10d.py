@@ -428,6 +428,13 @@ def _write_back(t, buf):
     t._version[0] += 1
 
 
+def _finish_reduction(t, buf, back, op, pg):
+    """After a reduction into ``buf`` (``t``'s staging): the mean for ``AVG``, then ``t``."""
+    if op == ReduceOp.AVG:
+        buf[...] /= pg.size()
+    _write_back(t, back)
+
+
 def _mpi_op(op, t, what):
     MPI = _MPI
     if not isinstance(op, RedOpType):
@@ -560,12 +567,8 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     buf, back = _staging(tensor, op)
     request = pg.comm.Iallreduce(_MPI.IN_PLACE, buf, mpi_op)
 
-    def finish():
-        if op == ReduceOp.AVG:
-            buf[...] /= pg.size()
-        _write_back(tensor, back)
-
-    return _issue([request], finish, what, pg, async_op, [tensor])
+    return _issue([request], lambda: _finish_reduction(tensor, buf, back, op, pg), what, pg,
+                  async_op, [tensor])
 
 
 def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_dst=None):
@@ -586,9 +589,7 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
 
     def finish():
         if mine:
-            if op == ReduceOp.AVG:
-                buf[...] /= pg.size()
-            _write_back(tensor, back)
+            _finish_reduction(tensor, buf, back, op, pg)
 
     return _issue([request], finish, what, pg, async_op, [tensor])
 
@@ -667,12 +668,8 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
     recv, back = _staging(output, op)
     request = pg.comm.Ireduce_scatter_block(send, recv, mpi_op)
 
-    def finish():
-        if op == ReduceOp.AVG:
-            recv[...] /= pg.size()
-        _write_back(output, back)
-
-    return _issue([request], finish, what, pg, async_op, [output])
+    return _issue([request], lambda: _finish_reduction(output, recv, back, op, pg), what, pg,
+                  async_op, [output])
 
 
 def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group_dst=None):
