@@ -20,8 +20,8 @@ from tapegrad.autograd.grad_mode import state as grad_state
 from tapegrad.compiler import codegen, passes
 from tapegrad.autograd.engine import DispatchMode
 from tapegrad.compiler.ir import Graph, Input, Node, Value, call_node, freeze
-from tapegrad.compiler.tracer import (GraphBreak, Slot, _sgd_key, _traced_class, trace_call,
-                                      unflatten)
+from tapegrad.compiler.tracer import (GraphBreak, _sgd_key, _traced_class, slot_params,
+                                      trace_call, unflatten)
 from tapegrad.ops.registry import _prepare_elementwise, dispatch
 from tapegrad.tensor import Tensor
 
@@ -546,27 +546,18 @@ class _Replay(DispatchMode):
 
     def _slotted(self, n, args, params):
         """A node whose params held arrays of traced tensors (``Tracer._array_params``)."""
-        extra = []
-
-        def slot(x):
-            if isinstance(x, Tensor):
-                x = x._data
-            if isinstance(x, np.ndarray):
-                got = self.av.get(id(x))
-                if got is None or got[0] is not x:
-                    raise LookupError
-                extra.append(got[1])
-                return Slot(len(extra) - 1)
-            if type(x) in (tuple, list):
-                return type(x)(slot(y) for y in x)
-            return x
+        def find(x):
+            got = self.av.get(id(x))
+            if got is None or got[0] is not x:
+                raise LookupError
+            return got[1]
 
         flat = args[0] if args and type(args[0]) is list else args
         k = n.meta["n_in"]
         try:
-            key = {name: slot(p) for name, p in params.items()}
+            key, extra = slot_params(params, find)
         except LookupError:
-            key = None
+            key, extra = None, []
         self._match_values(flat)
         if key is None or len(flat) != k or freeze(key) != freeze(n.params) or \
                 any(self._value(a) is not w for a, w in zip(flat, n.inputs[:k])) or \

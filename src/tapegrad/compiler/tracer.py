@@ -421,23 +421,14 @@ class Tracer(DispatchMode):
         its rule too; attention's dropout ``keep``): ``(params with each array a Slot, their
         Values)``, or ``()``. Boolean masks stay breaks (a mask index's result shape depends on
         the data)."""
-        extra = []
-
-        def slot(x):
-            if isinstance(x, Tensor):
-                x = x._data
-            if isinstance(x, np.ndarray):
-                v = self.amap.get(id(x))
-                if v is None or x.dtype.kind == "b":  # a mask: data-dependent shapes
-                    raise LookupError
-                extra.append(v)
-                return Slot(len(extra) - 1)
-            if type(x) in (tuple, list):
-                return type(x)(slot(y) for y in x)
-            return x
+        def find(x):
+            v = self.amap.get(id(x))
+            if v is None or x.dtype.kind == "b":  # a mask: data-dependent shapes
+                raise LookupError
+            return v
 
         try:
-            return {k: slot(p) for k, p in params.items()}, extra
+            return slot_params(params, find)
         except LookupError:
             return ()
 
@@ -897,6 +888,25 @@ def fill_slots(p, extra):
     if type(p) in (tuple, list):
         return type(p)(fill_slots(x, extra) for x in p)
     return p
+
+
+def slot_params(params, find):
+    """``(params with each array a Slot, their Values)``: every array (or Tensor's array) in
+    ``params``, nested in tuples and lists too, becomes ``Slot(j)`` with ``find(array)`` the
+    ``j``-th Value; ``find`` raises LookupError for an array that cannot be a slot."""
+    extra = []
+
+    def slot(x):
+        if isinstance(x, Tensor):
+            x = x._data
+        if isinstance(x, np.ndarray):
+            extra.append(find(x))
+            return Slot(len(extra) - 1)
+        if type(x) in (tuple, list):
+            return type(x)(slot(y) for y in x)
+        return x
+
+    return {k: slot(p) for k, p in params.items()}, extra
 
 
 def _slotted_impl(o, n_in, variadic):
