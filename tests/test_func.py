@@ -183,6 +183,11 @@ def test_vmap_in_dims_out_dims_and_chunk_size():
         gf.vmap(lambda a, b: a + b)(ga, tapegrad.tensor(XB))
     with pytest.raises(RuntimeError, match="data"):
         gf.vmap(lambda a: a.sum().item())(ga)
+    for read in (lambda a: a.numpy(), np.asarray):  # PyTorch: "Cannot access data pointer"
+        with pytest.raises(RuntimeError, match="data"):
+            gf.vmap(lambda a: tapegrad.tensor(read(a)))(ga)
+        with pytest.raises(RuntimeError, match="data pointer"):
+            tf.vmap(lambda a: torch.tensor(read(a)))(ta)
 
 
 def test_vmap_fallback_warns_naming_the_op():

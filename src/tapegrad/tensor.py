@@ -260,14 +260,18 @@ class Tensor:
             raise RuntimeError(
                 "Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() "
                 "instead.")
-        if type(self._data) is not xp.ndarray and self.device.type != "cpu":
-            raise TypeError(f"can't convert {self.device} device type tensor to numpy. Use "
-                            "Tensor.cpu() to copy the tensor to host memory first.")
+        if type(self._data) is not xp.ndarray:
+            refuse = getattr(self._data, "refuse_host_read", None)  # vmap's batched values
+            if refuse is not None:
+                refuse()
+            if self.device.type != "cpu":
+                raise TypeError(f"can't convert {self.device} device type tensor to numpy. "
+                                "Use Tensor.cpu() to copy the tensor to host memory first.")
         return self._data
 
     def __array__(self, dtype=None, copy=None):
-        if type(self._data) is not xp.ndarray and self.device.type != "cpu":
-            self.numpy(force=True)  # raises PyTorch's TypeError: no implicit device-to-host
+        if type(self._data) is not xp.ndarray:
+            self.numpy(force=True)  # raises for device data and for vmap's batched values
         return self._data if dtype is None else self._data.astype(dtype)
 
     def tolist(self):

@@ -27,15 +27,15 @@ from tapegrad.ops.registry import REGISTRY
 
 class BatchedArray(xp.ndarray):
     """The logical view of a batched value (see the module docstring). Reading its values
-    (``item``, ``bool``, ``tolist``) raises, as in PyTorch's vmap."""
+    (``item``, ``bool``, ``tolist``, ``numpy()``, ``np.asarray``) raises, as in PyTorch's vmap."""
 
     def _no_data(self, *a, **k):
         raise RuntimeError("vmap: It looks like you're attempting to use a Tensor's data "
-                           "(.item(), bool(), .tolist()) inside of a function being vmapped; "
-                           "this is not supported (the per-example values are not materialised "
-                           "in Python)")
+                           "(.item(), bool(), .tolist(), .numpy()) inside of a function being "
+                           "vmapped; this is not supported (the per-example values are not "
+                           "materialised in Python)")
 
-    item = tolist = __bool__ = __float__ = __int__ = __index__ = _no_data
+    item = tolist = __bool__ = __float__ = __int__ = __index__ = refuse_host_read = _no_data
 
 
 def _Tensor():
