@@ -21,7 +21,7 @@ from tapegrad.compiler import codegen, passes
 from tapegrad.autograd.engine import DispatchMode
 from tapegrad.compiler.ir import Graph, Input, Node, Value, call_node, freeze
 from tapegrad.compiler.tracer import (GraphBreak, _sgd_key, _traced_class, slot_params,
-                                      trace_call, unflatten)
+                                      trace_call, unflatten, user_frame)
 from tapegrad.ops.registry import _prepare_elementwise, dispatch
 from tapegrad.tensor import Tensor
 
@@ -192,6 +192,25 @@ def _check_inputs(graph, args):
     return arrays
 
 
+def _inside_transform():
+    """Why a compiled graph cannot run here (None when it can): under ``jvp``/``vmap`` (a
+    replay of numpy code would skip their tangents and batching) or under two reverse-mode
+    transforms (``grad(grad(...))``: the compiled backward is not differentiable)."""
+    from tapegrad.func._forward import ForwardLevel
+    from tapegrad.func._transforms import reverse_depth
+    from tapegrad.func._vmap import VmapLevel
+
+    for m in grad_state.modes:
+        if isinstance(m, (ForwardLevel, VmapLevel)):
+            kind = "jvp/jacfwd" if isinstance(m, ForwardLevel) else "vmap"
+            return (f"called inside a function transform ({kind}): runs eagerly so the "
+                    "transform sees each op")
+    if reverse_depth() > 1:
+        return ("called inside nested reverse-mode transforms (grad of grad): runs eagerly, "
+                "the compiled backward is not differentiable")
+    return None
+
+
 class CompiledFunction:
     """What ``tapegrad.compile(fn)`` returns: call it as ``fn``."""
 
@@ -223,6 +242,11 @@ class CompiledFunction:
 
     def __call__(self, *args, **kwargs):
         self.n_calls += 1
+        why = _inside_transform()
+        if why is not None:  # a replay would bypass the transform: eager, with the reason
+            if not any(b.reason == why for b in self.breaks):
+                self.breaks.append(GraphBreak(why, user_frame()))
+            return self.fn(*args, **kwargs)
         spec = _spec(args, kwargs)
         training = self._training(args)
         last = self._last  # fast path: the entry that ran last time is checked first

@@ -7,6 +7,7 @@ transform is active (a mode on the stack, or an outer grad the result depends on
 level above sees the backward pass as ordinary ops: that is how the transforms compose.
 """
 import functools
+import threading
 import weakref
 
 from tapegrad.autograd.engine import leaves_below
@@ -73,12 +74,25 @@ def _check_argnums(argnums, n, name):
     return tuple(a % n for a in nums)
 
 
+# How many reverse-mode transforms are running ``fn`` in this thread (the compiler runs a
+# compiled function eagerly under two or more: its compiled backward is not differentiable)
+_reverse = threading.local()
+
+
+def reverse_depth():
+    return getattr(_reverse, "depth", 0)
+
+
 def _vjp_core(fn, primals, name, has_aux=False):
     """Run ``fn`` on fresh handles of ``primals``: (handles, leaves, outputs, aux)."""
     T = _T()
     handles = _tree.tree_map(lambda x: _enter(x) if isinstance(x, T) else x, primals)
     leaves = [x for x in _tree.flatten(handles)[0] if isinstance(x, T)]
-    out = fn(*handles)
+    _reverse.depth = reverse_depth() + 1
+    try:
+        out = fn(*handles)
+    finally:
+        _reverse.depth -= 1
     aux = None
     if has_aux:
         if not (isinstance(out, tuple) and len(out) == 2):
