@@ -219,6 +219,47 @@ def test_fusion_groups_pointwise_chains(kernels_):
         assert src.count("@njit(") == 2 and "# exp -> mul -> tanh" in src
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_gelu_and_erf_chains_fuse_into_one_kernel_each(kernels_, dtype):
+    """GELU, its gradient and erf join their pointwise chains; numba computes erf with
+    ``math.erf`` (float32: in float64, rounded once, as scipy's float32 loop): erf and GELU
+    are bitwise eager's in float32, gelu_backward (libm exp) within float32 rounding; float64
+    1e-12 relative (numpy kernels: bitwise)."""
+    R, C = 64, 33
+    g = Graph()
+    x = g.new_value((R, C), dtype, "x")
+    gr = g.new_value((R, C), dtype, "g")
+    b = g.new_value((C,), dtype, "b")
+    for i, v in enumerate((x, gr, b)):
+        g.inputs.append((v, Input("array", index=i)))
+    ins = {"approximate": "none"}
+    fwd = _node(g, "mul", [_node(g, "gelu", [_node(g, "add", [x, b])], **ins), 3.0])
+    bwd = _node(g, "sub", [_node(g, "gelu_backward", [_node(g, "mul", [gr, 0.5]), x], **ins),
+                           1.0])
+    erf = _node(g, "add", [_node(g, "erf", [_node(g, "neg", [x])]), 1.0])
+    g.outputs = [fwd, bwd, erf]
+    out = passes.fuse(g)
+    assert [n.name for n in out.nodes] == ["fused"] * 3
+    assert [[m.name for m in n.meta["nodes"]] for n in out.nodes] == [
+        ["add", "gelu", "mul"], ["mul", "gelu_backward", "sub"], ["neg", "erf", "add"]]
+    rng = np.random.default_rng(0)
+    arr = [(rng.standard_normal(s) * 3).astype(dtype) for s in ((R, C), (R, C), (C,))]
+    src, run = tg.compiler.codegen.generate(out)
+    got = run(arr, [None] * 3, [])
+    want = passes.evaluate(g, arr)[0]
+    if kernels_ == "numba":
+        assert src.count("@njit(") == 3 and src.count("math.erf(") == 3
+    for k, (a, w) in enumerate(zip(got, want)):
+        a, w = np.asarray(a), np.asarray(w)
+        assert a.dtype == w.dtype == dtype
+        if kernels_ == "numpy" or (dtype == np.float32 and k != 1):
+            assert np.array_equal(a, w), k
+        elif dtype == np.float32:
+            assert np.abs(a - w).max() <= 4 * np.finfo(dtype).eps * np.abs(w).max(), k
+        else:
+            assert _agree(a, w, kernels_), k
+
+
 def test_value_check_names_a_broken_pass():
     def build(g, x):
         return [_node(g, "mul", [_node(g, "exp", [x]), 2.0])]

@@ -10,13 +10,19 @@ import numpy as np
 
 from tapegrad.compiler.ir import Graph, Node, Value, call_node, evaluate
 from tapegrad.compiler.codegen import UFUNCS, UNARY_WITH_CONST
+from tapegrad.compiler import kernels
 from tapegrad.ops.registry import REGISTRY
 
 # ops whose output is the elementwise image of their (same-shaped or scalar) inputs
 POINTWISE = frozenset(set(UFUNCS) | set(UNARY_WITH_CONST) | {
     "gt", "lt", "ge", "le", "eq", "ne", "to_dtype", "sigmoid", "where", "pow", "clamp",
     "clamp_min", "clamp_max", "reciprocal", "rsqrt", "sign", "sin", "cos", "expm1", "log1p",
-    "erf", "softplus", "silu", "gelu", "square"})
+    "erf", "softplus", "silu", "gelu", "gelu_backward", "square"})
+
+
+# kept as a one-node kernel even when nothing fuses with them: numba's ``math.erf`` loop
+# beats eager's (GELU between two linears in the char GPT)
+ALONE = frozenset({"erf", "gelu", "gelu_backward"})
 
 
 class PassCheckError(AssertionError):
@@ -230,7 +236,8 @@ def fuse(graph):
         body = members.get(root(n)) if pointwise(n) else None
         reduce = epilogue.get(root(n), []) if body is not None else []
         con = contract.get(root(n), []) if body is not None else []
-        if body is None or (len(body) == 1 and not reduce and not con):
+        if body is None or (len(body) == 1 and not reduce and not con and not (
+                body[0].name in ALONE and kernels.backend() == "numba")):
             nodes.append(n)
             continue
         if n is not body[-1]:
