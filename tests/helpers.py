@@ -299,3 +299,25 @@ def check_op(fn, specs, *, forward=None, vmap=None, **kwargs):  # noqa: F811
                       oracle=forward != "differences")
     if vmap:
         check_vmap(fn, arrays, [draw(seed + 100 + k) for k in (1, 2)])
+
+
+def state_to_torch(obj):
+    """A (nested) state dict with tapegrad Tensors as the same structure of torch tensors."""
+    if isinstance(obj, tapegrad.Tensor):
+        return torch.tensor(np.asarray(obj._data))
+    if isinstance(obj, dict):
+        return {k: state_to_torch(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(state_to_torch(v) for v in obj)
+    return obj
+
+
+def state_to_tapegrad(obj):
+    """The inverse of ``state_to_torch``: torch tensors become tapegrad Tensors (copied)."""
+    if isinstance(obj, torch.Tensor):
+        return tapegrad.tensor(obj.numpy().copy())
+    if isinstance(obj, dict):
+        return {k: state_to_tapegrad(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(state_to_tapegrad(v) for v in obj)
+    return obj

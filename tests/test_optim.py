@@ -7,6 +7,7 @@ import torch
 
 import tapegrad
 from tapegrad import optim
+from helpers import state_to_tapegrad as _to_tapegrad, state_to_torch as _to_torch
 
 RTOL = 1e-13
 STEPS = 50
@@ -117,26 +118,6 @@ def test_closure_and_zero_grad_without_set_to_none_match_torch():
     _assert_close(a[0], b[0], "losses")
     for x, y in zip(a[1], b[1]):
         _assert_close(x, y, "parameters")
-
-
-def _to_torch(obj):
-    if isinstance(obj, tapegrad.Tensor):
-        return torch.tensor(np.asarray(obj._data))
-    if isinstance(obj, dict):
-        return {k: _to_torch(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_torch(v) for v in obj)
-    return obj
-
-
-def _to_tapegrad(obj):
-    if isinstance(obj, torch.Tensor):
-        return tapegrad.tensor(obj.numpy().copy())
-    if isinstance(obj, dict):
-        return {k: _to_tapegrad(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_tapegrad(v) for v in obj)
-    return obj
 
 
 @pytest.mark.parametrize("name,groups,kw", [CASES[1], CASES[3], CASES[8], CASES[9], CASES[13]],

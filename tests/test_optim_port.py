@@ -10,6 +10,7 @@ import torch
 
 import tapegrad
 from tapegrad import optim
+from helpers import state_to_tapegrad as _to_tapegrad, state_to_torch as _to_torch
 from tapegrad.optim import lr_scheduler, swa_utils
 
 RTOL = 1e-12
@@ -104,26 +105,6 @@ def test_foreach_flat_batch_is_bit_identical(name, groups, kw):
     assert np.array_equal(loop[0], flat[0])
     for a, b in zip(loop[1], flat[1]):
         assert np.array_equal(a, b)
-
-
-def _to_torch(obj):
-    if isinstance(obj, tapegrad.Tensor):
-        return torch.tensor(np.asarray(obj._data))
-    if isinstance(obj, dict):
-        return {k: _to_torch(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_torch(v) for v in obj)
-    return obj
-
-
-def _to_tapegrad(obj):
-    if isinstance(obj, torch.Tensor):
-        return tapegrad.tensor(obj.numpy().copy())
-    if isinstance(obj, dict):
-        return {k: _to_tapegrad(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_tapegrad(v) for v in obj)
-    return obj
 
 
 def _same_group_options(sd, tsd):
