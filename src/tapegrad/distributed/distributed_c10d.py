@@ -29,6 +29,7 @@ from tapegrad.tensor import Tensor
 
 _MPI = None  # the mpi4py.MPI module, imported on init (importing it initialises MPI)
 _FAILURE_TAG = 7001
+_REPORTED_TAG = 7002  # "I printed why I stop": the failed rank waits for these before aborting
 default_pg_timeout = datetime.timedelta(minutes=30)
 
 
@@ -373,6 +374,8 @@ def _excepthook(exc_type, exc, tb):
     if isinstance(exc, RankFailedError):
         sys.stderr.write(f"tapegrad.distributed: rank {me} stops because rank "
                          f"{exc.failed_rank} failed\n")
+        sys.stderr.flush()
+        comm.Isend([b"", _MPI.BYTE], exc.failed_rank, _REPORTED_TAG)
     else:
         text = "".join(traceback.format_exception_only(exc_type, exc)).strip()
         text = text if len(text) <= 300 else text[:300] + " ..."
@@ -381,10 +384,18 @@ def _excepthook(exc_type, exc, tb):
         message = text.encode()
         requests = [comm.Isend([message, _MPI.BYTE], r, _FAILURE_TAG)
                     for r in range(comm.Get_size()) if r != me]
-        deadline = time.monotonic() + 2.0
+        # Wait (bounded) until every rank waiting on a collective has printed why it stops:
+        # aborting at once would kill them mid-report on a loaded machine.
+        deadline = time.monotonic() + 5.0
         while requests and not _MPI.Request.Testall(requests) and time.monotonic() < deadline:
             time.sleep(1e-3)
-        time.sleep(0.3)  # the ranks waiting on a collective print their error before the abort
+        waiting = comm.Get_size() - 1
+        while waiting and time.monotonic() < deadline:
+            if comm.Iprobe(_MPI.ANY_SOURCE, _REPORTED_TAG):
+                comm.Recv([bytearray(0), _MPI.BYTE], _MPI.ANY_SOURCE, _REPORTED_TAG)
+                waiting -= 1
+            else:
+                time.sleep(1e-3)
     sys.stderr.flush()
     sys.stdout.flush()
     _MPI.COMM_WORLD.Abort(1)
