@@ -22,7 +22,7 @@ import sys
 
 import numpy as np
 
-from tapegrad.compiler import kernels, memory
+from tapegrad.compiler import kernels, memory, op_kernels
 from tapegrad.compiler.ir import Value
 
 # pointwise ops whose forward is exactly one numpy ufunc call on float arrays: a fused kernel
@@ -324,6 +324,9 @@ def generate(graph, name="compiled"):
         elif n.name == "cross_entropy_fused" and kernels.backend() == "numba":
             fn = w.bind("cross_entropy_fused", kernels.cross_entropy_call(len(n.outputs) > 2))
             expr = w.call(n, names).replace(w.bind(n.name, n.impl), fn, 1)
+        elif kernels.backend() == "numba" and (kfn := op_kernels.lookup(n)) is not None:
+            expr = w.call(n, names).split("(", 1)[1]
+            expr = f"{w.bind(n.name + '_kernel', kfn)}({expr}"
         elif out_expr is not None:  # a small matmul into its planned buffer
             a, b = (names[id(x)] for x in n.inputs)
             expr = f"np.matmul({a}, {b}, out={out_expr})"
