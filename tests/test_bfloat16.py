@@ -360,3 +360,31 @@ def test_kl_div_of_a_negative_target_is_nan_as_in_torch():  # found by the sweep
     np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-15)  # nan where t < 0
     np.testing.assert_allclose(results[1][1], results[0][1], rtol=1e-15)
     assert np.isnan(results[1][0]).sum() == (t < 0).sum() > 0
+
+
+def test_optimizer_state_loaded_into_bfloat16_parameters_is_cast_as_in_torch():
+    # PyTorch casts loaded floating state (not ``step``) to the parameter's dtype: float32
+    # moments saved elsewhere come back bfloat16 for a bfloat16 model.
+    results = []
+    for lib in (tapegrad, torch):
+        lib.manual_seed(0)
+        m = lib.nn.Linear(3, 2).to(lib.bfloat16)
+        opt = lib.optim.Adam(m.parameters())
+        m(lib.ones(4, 3, dtype=lib.bfloat16)).sum().backward()
+        opt.step()
+        sd = opt.state_dict()
+        sd["state"] = {k: {n: (t if n == "step" else t.to(lib.float32)) for n, t in v.items()}
+                       for k, v in sd["state"].items()}
+        again = lib.optim.Adam(m.parameters())
+        again.load_state_dict(sd)
+        results.append({n: str(t.dtype).split(".")[-1] for n, t in again.state[m.weight].items()})
+    assert results[0] == results[1] == {"step": "float32", "exp_avg": "bfloat16",
+                                        "exp_avg_sq": "bfloat16"}
+
+
+def test_anomaly_mode_sees_nan_in_bfloat16():
+    x = tapegrad.tensor([1.0, 0.0], dtype=tapegrad.bfloat16, requires_grad=True)
+    with pytest.raises(RuntimeError, match="nan"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with tapegrad.autograd.detect_anomaly():
+            (x / 0 * 0).sum().backward()

@@ -23,6 +23,7 @@ import os
 import traceback
 
 from tapegrad.autograd.engine import add_watcher, remove_watcher
+from tapegrad import dtypes
 from tapegrad.backend import xp
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -42,7 +43,7 @@ def _nonfinite(a):
     """'nan', 'inf' or None for an array (or Tensor) of floats."""
     if hasattr(a, "_data"):
         a = a._data
-    if not isinstance(a, xp.ndarray) or a.dtype.kind not in "fc":
+    if not isinstance(a, xp.ndarray) or not (a.dtype.kind == "c" or dtypes.is_floating(a.dtype)):
         return None
     if xp.isfinite(a).all():
         return None

@@ -327,7 +327,7 @@ class Optimizer:
         def cast(param, value, key=None):
             if isinstance(value, Tensor):
                 data = value._data
-                if key != "step" and param._data.dtype.kind == "f":
+                if key != "step" and dtypes.is_floating(param._data.dtype):
                     data = data.astype(param._data.dtype)
                 if key != "step" and type(data) is not type(param._data) and (
                         type(data) in DEVICE_TYPES or type(param._data) in DEVICE_TYPES):
