@@ -256,14 +256,14 @@ class Tracer(DispatchMode):
         self.rg_values = set()  # ids of the Values whose tensors required grad
         # the census: tensors alive before the call (state the graph reads by reference)
         from tapegrad import random as _random
-        objs, gens = [], []
         gen_cls = _random.Generator
-        for o in gc.get_objects():
-            t = type(o)  # not isinstance: that reads __class__, which some objects override
-            if issubclass(t, Tensor):
-                objs.append(o)
-            elif t is gen_cls:
-                gens.append(o)
+        classes = _subclasses(Tensor)
+        # an instance of a Python class refers to its class: get_referrers finds every live
+        # tensor in one pass in C (gc.get_objects and a Python loop over all objects cost
+        # 40 ms once PyTorch is imported); the type test drops the other referrers (modules)
+        found = gc.get_referrers(gen_cls, *classes)
+        objs = [o for o in found if type(o) in classes]
+        gens = [o for o in found if type(o) is gen_cls]
         self.census = {id(t): (t, t._version[0], t.grad, None if t.grad is None else
                                t.grad._version[0]) for t in objs}
         self.grad_owner = {id(t.grad): t for t in objs if t.grad is not None}
@@ -394,6 +394,8 @@ class Tracer(DispatchMode):
             return out
         d = out._data
         v = self.graph.new_value(d.shape, d.dtype)
+        if params.get("inplace") is True and o.name == "copy_slices":
+            params = dict(params, inplace=False)  # functional: the write-back is alias()'s
         if slotted:  # integer index arrays of traced tensors: inputs of the node
             key, extra = slotted
             self.graph.nodes.append(Node(None, o.name, ins + extra, key, [v],
@@ -481,7 +483,11 @@ class Tracer(DispatchMode):
             return
         e = self.tmap.get(id(src))
         if e is None or e[0] is not src:
-            return
+            c = self.census.get(id(src))  # state not read yet (the base of a view written)
+            if c is None or c[0] is not src or src._version[0] != c[1]:
+                return
+            self.value_of(src)
+            e = self.tmap[id(src)]
         self._bind(dst, e[1])
         c = self.census.get(id(dst))
         if c is not None and c[0] is dst:
@@ -819,6 +825,17 @@ class Tracer(DispatchMode):
 
 
 _RNG_BREAK = "random numbers were drawn (dropout, rand...): each call needs fresh ones"
+
+
+def _subclasses(cls):
+    """``cls`` and all its live subclasses (those made at run time included)."""
+    out, todo = {cls}, [cls]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            if sub not in out:
+                out.add(sub)
+                todo.append(sub)
+    return out
 
 
 def _parameter():
