@@ -23,9 +23,11 @@ Exactness: ``+ - * /``, comparisons, casts, max/min (numpy's NaN rule) round exa
 numpy ufuncs do; the column sums add rows in order, as numpy's ``add.reduce`` over a leading
 axis of a C-contiguous array does, so they are bit-identical too. ``exp``/``log``/``tanh``
 call the C library where numpy may use its own SIMD code: within an ulp, not bitwise.
-``erf`` (and GELU and its gradient, which eager writes with it) is ``math.erf``: in float32 it
-is taken in float64 and rounded once, as scipy's float32 loop does (bit-identical to eager's
-float32 erf); in float64 it is the same function as eager's fallback (``math.erf``, bitwise)
+``erf`` (and GELU and its gradient, which eager writes with it): in float32 a polynomial
+(``erf32``, no libm call, so the loop vectorises: 1.9 vs 11.5 ns an element measured) taken
+in float64 and rounded once, as scipy's float32 loop does (eager's float32 erf except within
+5.4e-14 relative of a rounding midpoint: 60 of 6.1e8 float32 inputs, 1 ulp); in float64 it
+is ``math.erf``, the same function as eager's fallback (bitwise)
 and within 4.5e-16 relative of scipy's (eager's path when scipy is installed).
 
 Sources are written to a cache directory and imported, so numba's ``cache=True`` keeps the
@@ -64,11 +66,39 @@ ERF_OPS = {"erf": "{e0}",
 
 
 def _erf(a, dt):
-    """numba's ``erf`` of the expression ``a`` of dtype ``dt`` (float32: in float64, rounded
-    once, as scipy's float32 loop)."""
+    """numba's ``erf`` of the expression ``a`` of dtype ``dt`` (float32: ``erf32``, in
+    float64, rounded once, as scipy's float32 loop)."""
     if dt == "np.float64":
         return f"math.erf({a})"
-    return f"{dt}(math.erf(np.float64({a})))"
+    return f"{dt}(erf32(np.float64({a})))"
+
+
+# float32 erf without a libm call, so that LLVM vectorises the loop around it: x * P(t),
+# t = x*x/8 - 1 on |x| <= 4, P the degree-23 Chebyshev interpolant of erf(sqrt u)/sqrt u on
+# [0, 16] written in powers of t; evaluated in float64, relative error <= 5.4e-14 of erf,
+# so rounded once to float32 it is scipy's float32 erf (correctly rounded: math.erf rounded)
+# except where erf lies within that of a rounding midpoint (then 1 ulp). Beyond 4, erf
+# rounds to +-1 in float32; NaN stays NaN (the comparison is false).
+ERF32_COEFFS = (
+    0.3535309956433878, -0.17657623330136532, 0.13167511689964084, -0.10771044253014905,
+    0.09020899387698399, -0.07472786567162942, 0.059886909359934994, -0.04576511177349191,
+    0.03306059062184811, -0.022473555537373086, 0.014349836806032582, -0.00860629367904577,
+    0.0048527008914917595, -0.002577962875421378, 0.0012946046887796594,
+    -0.0006135610536966054, 0.00027244442325580383, -0.00011675995435633769,
+    5.0995742764843516e-05, -1.9474614222107485e-05, 4.867587784831905e-06,
+    -1.8477082233652099e-06, 1.525078675158126e-06, -4.7677593373708656e-07)
+
+
+def erf32_source():
+    """The numba source of ``erf32(x)`` (float64 in, float64 out; inlined by numba)."""
+    horner = repr(ERF32_COEFFS[-1])
+    for c in ERF32_COEFFS[-2::-1]:
+        horner = f"({horner} * t + {c!r})"
+    return ('@njit(inline="always")\n'
+            "def erf32(x):\n"
+            "    z = np.float64(4.0) if x > 4.0 else (np.float64(-4.0) if x < -4.0 else x)\n"
+            "    t = z * z * 0.125 - 1.0\n"
+            f"    return z * {horner}\n")
 
 
 def _erf_expr(name, args, dt):
@@ -203,8 +233,10 @@ def numba_source(fname, body, ins, out_value, n_reduce, weak=(), contract=(), st
         f"red{k}" for k in range(n_reduce)] + [f"con{k}" for k in range(len(contract))]
     flat = len(shape) == 1  # a 1-D result: one loop (else the operands come as (R, C))
     odt = _np_type(out_value.dtype)
-    lines = ["import math", "import numpy as np", "from numba import njit", "",
-             "", '@njit(error_model="numpy", cache=True)',
+    lines = ["import math", "import numpy as np", "from numba import njit", ""]
+    if any(m.name in ERF_OPS and m.outputs[0].dtype == np.float32 for m in body):
+        lines += ["", erf32_source()]
+    lines += ["", '@njit(error_model="numpy", cache=True)',
              f"def {fname}({', '.join(params)}):",
              "    C = out0.shape[0]" if flat else "    R, C = out0.shape"]
     accs = [f"acc{k}" for k in range(n_reduce)]
