@@ -8,6 +8,8 @@ ratios are PyTorch eager / contestant (higher is faster). Compile time is report
 (a second compiled function of the same step, with the modules already imported).
 """
 import argparse
+import os
+import sys
 import time
 
 import numpy as np
@@ -125,6 +127,181 @@ def hand_fused(sizes, batch, dtype, lr=0.5):
     return lambda: fn(X, y, W1T, b1, W2, b2, lr, *grads, h, dh)
 
 
+# --- the same step under the other compilers: JAX jit and torch.compile -------------------
+XLA_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+
+
+def import_jax(threads=1):
+    """JAX with float64 enabled, or None when it is not installed.
+
+    At one thread, XLA_FLAGS gets ``XLA_ONE_THREAD`` before JAX is first imported and XLA's
+    thread pool is made while the process is pinned to one CPU (jaxlib 0.10 ignores the eigen
+    flag: its CPU runtime has its own pool, measured at ~1.9 CPUs of CPU time per wall second
+    on a 2-CPU machine; pinned, <= 1): the pool's threads keep that one CPU.
+    """
+    pin = threads == 1 and "jax" not in sys.modules and hasattr(os, "sched_setaffinity")
+    if threads == 1 and "jax" not in sys.modules:
+        flags = os.environ.get("XLA_FLAGS", "")
+        os.environ["XLA_FLAGS"] = (flags + " " + XLA_ONE_THREAD).strip()
+    try:
+        import jax
+    except ImportError:
+        return None
+    jax.config.update("jax_enable_x64", True)
+    if pin:
+        cpus = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, {min(cpus)})
+        try:
+            jax.jit(lambda a: a + 1)(jax.numpy.zeros(3)).block_until_ready()
+        finally:
+            os.sched_setaffinity(0, cpus)
+    return jax
+
+
+def _mlp_loss(relu, linear, cross_entropy):
+    """``loss(params, x, t)``: the spiral MLP (Linear, ReLU, ..., Linear) and its mean
+    cross-entropy, params ``[W1, b1, W2, b2, ...]`` as ``init_params`` gives them."""
+    def loss(params, x, t):
+        for k in range(0, len(params), 2):
+            if k:
+                x = relu(x)
+            x = linear(x, params[k], params[k + 1])
+        return cross_entropy(x, t)
+
+    return loss
+
+
+def jax_step(jax, sizes, batch, dtype, lr=0.5):
+    """``(step, state)``: the spiral SGD step as one ``jax.jit`` function of (params, x, y)
+    returning (new params, loss); ``step()`` advances ``state`` (the params) one step and
+    waits for the result."""
+    jnp = jax.numpy
+
+    def cross_entropy(z, t):
+        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(z), t[:, None], axis=1))
+
+    loss = _mlp_loss(jax.nn.relu, lambda x, w, b: x @ w.T + b, cross_entropy)
+
+    def sgd(params, x, t):
+        value, grads = jax.value_and_grad(loss)(params, x, t)
+        return [p - lr * g for p, g in zip(params, grads)], value
+
+    fn = jax.jit(sgd)
+    X, y = spiral_data(batch, dtype=dtype)
+    data = (jnp.asarray(X), jnp.asarray(y))
+    state = [[jnp.asarray(p) for p in init_params(sizes, dtype=dtype)]]
+
+    def step():
+        state[0], value = jax.block_until_ready(fn(state[0], *data))
+        return float(value)
+
+    return step, state
+
+
+def torch_compiled_step(torch, sizes, batch, dtype, lr=0.5, compile=True):
+    """``(step, state)``: the spiral SGD step as one function, forward and backward by
+    ``torch.func.grad_and_value`` and the SGD update, under ``torch.compile`` (or eager with
+    ``compile=False``); ``step()`` advances ``state`` (the params) one step."""
+    F = torch.nn.functional
+    loss = _mlp_loss(torch.relu, F.linear, F.cross_entropy)
+
+    def sgd(params, x, t):
+        grads, value = torch.func.grad_and_value(loss)(params, x, t)
+        return [p - lr * g for p, g in zip(params, grads)], value
+
+    fn = torch.compile(sgd) if compile else sgd
+    X, y = spiral_data(batch, dtype=dtype)
+    data = (torch.tensor(X), torch.tensor(y))
+    state = [[torch.tensor(p) for p in init_params(sizes, dtype=dtype)]]
+
+    def step():
+        state[0], value = fn(state[0], *data)
+        return value.item()
+
+    return step, state
+
+
+def _timed(fn):
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _first_steps(step, n=3):
+    return [float(step()) for _ in range(n)]
+
+
+def _rel_diff(a, b):
+    return max(abs(x - y) / max(abs(y), 1e-300) for x, y in zip(a, b))
+
+
+def other_compilers(args, torch, jax, threads, sizes, want):
+    """``[(label, step or None, note)]`` for torch.compile and JAX jit, each checked against
+    ``want`` (PyTorch eager's losses over the first steps) before it is timed; ``note`` says
+    why a contestant is missing, else its compile times and agreement."""
+    dt, tol = args.dtype, 1e-9 if args.dtype == "float64" else 1e-4
+    found = []
+    if torch is None:
+        found.append(("torch.compile", None, "not installed"))
+    else:
+        try:
+            with threads.torch_threads(1):  # inductor bakes its thread count into the kernels
+                step, _ = torch_compiled_step(torch, sizes, args.batch, dt)
+                cold = _timed(step)
+                torch._dynamo.reset()
+                step, _ = torch_compiled_step(torch, sizes, args.batch, dt)
+                warm = _timed(step)
+                torch._dynamo.reset()
+                from torch._inductor import config as inductor_config
+                with inductor_config.patch(fx_graph_cache=False):
+                    step, _ = torch_compiled_step(torch, sizes, args.batch, dt)
+                    fresh = _timed(step)
+                check, _ = torch_compiled_step(torch, sizes, args.batch, dt)
+                diff = _rel_diff(_first_steps(check), want)
+        except Exception as e:  # noqa: BLE001 - the bench reports why and carries on
+            found.append(("torch.compile", None, f"failed: {type(e).__name__}: "
+                                                 f"{str(e).splitlines()[0][:200]}"))
+        else:
+            ok = "agrees" if diff <= tol else "DIFFERS"
+            found.append(("torch.compile", step if diff <= tol else None,
+                          f"compile: cold {cold:.2f} s (first in this process; inductor's disk "
+                          f"cache may hold it), warm {warm * 1e3:.0f} ms (recompiled after "
+                          f"dynamo.reset, caches on), warm without the FX graph cache "
+                          f"{fresh:.2f} s; losses over 3 steps {ok} with PyTorch eager "
+                          f"(max relative difference {diff:.1e})"))
+    if jax is None:
+        found.append(("JAX jit", None, "not installed"))
+    else:
+        step, _ = jax_step(jax, sizes, args.batch, dt)
+        cold = _timed(step)
+        step, _ = jax_step(jax, sizes, args.batch, dt)  # a new function: traced, compiled
+        warm = _timed(step)
+        diff = _rel_diff(_first_steps(jax_step(jax, sizes, args.batch, dt)[0]), want)
+        ok = "agrees" if diff <= tol else "DIFFERS"
+        found.append(("JAX jit", step if diff <= tol else None,
+                      f"compile: cold {cold:.2f} s (first jit in this process), warm "
+                      f"{warm * 1e3:.0f} ms (a new jitted function); losses over 3 steps {ok} "
+                      f"with PyTorch eager (max relative difference {diff:.1e}); jax "
+                      f"{jax.__version__}, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}"))
+    return found
+
+
+def inplace_check(torch, sizes, batch, dtype, steps=6):
+    """torch.compile of the in-place step (``make_step``: zero_grad, backward, opt.step in one
+    compiled function) against the same step eager: ``(compile seconds, first step whose loss
+    differs by more than 1e-12 relative, or None, eager losses, compiled losses)``."""
+    eager, _, data = make_step(torch, sizes, batch, dtype=dtype)
+    raw, _, cdata = make_step(torch, sizes, batch, dtype=dtype)
+    comp = torch.compile(raw)
+    t0 = time.perf_counter()
+    b = [comp(*cdata).item()]
+    seconds = time.perf_counter() - t0
+    b += [comp(*cdata).item() for _ in range(steps - 1)]
+    a = [eager(*data).item() for _ in range(steps)]
+    bad = [i + 1 for i, (x, y) in enumerate(zip(a, b)) if abs(x - y) > 1e-12 * abs(x)]
+    return seconds, (bad[0] if bad else None), a, b
+
+
 # --- a chain of k pointwise ops ----------------------------------------------------------
 def pointwise_chain(k):
     """``x -> k pointwise ops`` (mul, add, relu, sub in turn), no grad."""
@@ -165,6 +342,11 @@ def run_pointwise(args, tapegrad, torch, threads):
                          f"{e / harness.median(c):.2f}x", f"{harness.spread(c):.0%}"])
     harness.out(harness.table(rows, ["chain", "us/call", "vs tapegrad eager", "spread"]))
     harness.out(f"kernels: {tapegrad.compiler.kernels.backend()}")
+
+
+# the rows of the spiral step's table, in this order
+ORDER = ("PyTorch eager", "torch.compile", "JAX jit", "tapegrad eager", "tapegrad compiled",
+         "hand-fused numba step")
 
 
 def _model_step(S):
@@ -258,6 +440,9 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--quick", action="store_true", help="5 rounds")
     p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--inplace-check", action="store_true",
+                   help="also torch.compile the in-place step (module, loss.backward(), "
+                        "optimizer.step()) and compare its losses with eager")
     p.add_argument("--dtype", default="float64", choices=("float64", "float32"))
     p.add_argument("--mode", default="step", choices=("step", "pointwise"),
                    help="step: the spiral training step; pointwise: chains of k ops")
@@ -304,23 +489,57 @@ def main(argv=None):
         second = time.perf_counter() - t0
         cases = [harness.Case("tapegrad compiled", lambda: compiled(*cdata)),
                  harness.Case("tapegrad eager", lambda: eager(*data))]
+        missing = {}  # label -> why it is not timed
         hand = hand_fused(sizes, args.batch, dt)
         if hand is not None:
             hand()
             cases.append(harness.Case("hand-fused numba step", hand))
+        else:
+            missing["hand-fused numba step"] = "numba not installed"
+        # the reference losses every other compiler must reproduce before it is timed
+        first, _, first_data = make_step(torch or tapegrad, sizes, args.batch, dtype=dt)
+        want = _first_steps(lambda: first(*first_data).item())
+        jax = import_jax(args.threads)
+        notes = []
+        for label, step, note in other_compilers(args, torch, jax, threads, sizes, want):
+            notes.append(f"{label}: {note}")
+            if step is None:
+                missing[label] = note.split(";")[0]
+            else:  # torch.compile's kernels were generated for one thread
+                cases.append(harness.Case(label, step, torch_threads=1 if torch and
+                                          label == "torch.compile" else None))
         n_own = len(cases)
         if torch is not None:
             tstep, _, tdata = make_step(torch, sizes, args.batch, dtype=dt)
             cases += harness.torch_cases("PyTorch eager", lambda: (lambda: tstep(*tdata)),
                                          threads, args.threads)
+        else:
+            missing["PyTorch eager"] = "not installed"
         harness.interleave(cases, threads, rounds=rounds)
         ref = harness.best(cases[n_own:]) if torch is not None else cases[1]
+        by_label = {c.label: c for c in cases[:n_own]}
+        if torch is not None:
+            by_label["PyTorch eager"] = ref
         rows = []
-        for c in cases[:n_own] + ([ref] if torch is not None else []):
+        for label in ORDER:
+            c = by_label.get(label)
+            if c is None:
+                rows.append([label, "-", "-", "-", missing.get(label, "not run")])
+                continue
             rows.append([c.label, harness.fmt_us(harness.median(c)),
                          f"{harness.median(ref) / harness.median(c):.2f}x",
-                         f"{harness.spread(c):.0%}"])
-        harness.out(harness.table(rows, ["step", "us/step", "vs PyTorch eager", "spread"]))
+                         f"{harness.spread(c):.0%}", ""])
+        harness.out(harness.table(rows, ["step", "us/step", f"vs {ref.label}", "spread",
+                                         "note"]))
+        for line in notes:
+            harness.out(line)
+        if args.inplace_check and torch is not None:
+            with threads.torch_threads(1):
+                secs, bad, a, b = inplace_check(torch, sizes, args.batch, dt)
+            harness.out(f"torch.compile of the in-place step (zero_grad, backward, opt.step): "
+                        f"first call {secs:.2f} s; losses over {len(a)} steps vs eager: "
+                        + ("agree to 1e-12" if bad is None else f"differ from step {bad}")
+                        + f" (max relative difference {_rel_diff(b, a):.1e})")
         harness.out(f"compile time: cold {cold * 1e3:.1f} ms (first call: trace + passes + "
                     f"codegen + the eager step itself), warm {warm * 1e3:.1f} ms (a new "
                     f"compiled function, modules imported), second guard set "
