@@ -13,6 +13,7 @@ from tapegrad.ops import registry
 from tapegrad.tensor import Tensor, _TYPE_NAMES
 from tapegrad.ops import elementwise as _E, movement as _M
 from tapegrad.func import _forward as _F  # forward mode through in-place ops
+from tapegrad.func import _vmap as _V  # vmap: in-place ops on batched values
 
 _FLOAT_NP = dtypes.FLOAT_NP  # dtypes.is_floating's set, read directly on the fast paths
 _new = object.__new__
@@ -25,6 +26,8 @@ _new = object.__new__
 # see its new version and raise at backward, as in PyTorch.
 
 def _tracked(t, operands):
+    if WATCH and grad_state.modes and _V.any_batched(t, operands):
+        return True
     if WATCH and grad_state.modes and _F.carries_tangent(t, operands):  # forward mode (tapegrad.func)
         return True
     if not grad_state.enabled:
@@ -156,6 +159,8 @@ def _binary_inplace(t, name, ufunc, other, alpha, fn, float_only=False):
 
 
 def _unary_inplace(t, name, ufunc, fn, float_only):
+    if WATCH and grad_state.modes and _V.is_batched(t):
+        return _inplace(t, name, fn, (), {})
     if grad_state.enabled and t._requires_grad or WATCH and grad_state.modes and \
             _F.carries_tangent(t):
         return _inplace(t, name, fn, (), {})
@@ -366,6 +371,8 @@ def _inplace(t, name, fn, args, kwargs):
     """The general in-place op: ``fn(t, *args, **kwargs)`` out of place, written back into
     ``t``'s buffer. In grad mode with something requiring grad, ``t`` takes over the result's
     Node; otherwise this is a plain write."""
+    if WATCH and grad_state.modes and _V.any_batched(t, args + tuple(kwargs.values())):
+        return _V.inplace(t, name, fn, args, kwargs)
     if not _tracked(t, args + tuple(kwargs.values())):
         from tapegrad.autograd.grad_mode import no_grad
 

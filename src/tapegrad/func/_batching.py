@@ -6,7 +6,7 @@ move the batch to the front and shift the op's dim params by one: numpy forwards
 handle a leading dim.
 """
 from tapegrad.func._vmap import (move_to_front, pad_after_batch, expand_batch, logical_ndim,
-                                 _front)
+                                 _front, is_batched)
 from tapegrad.ops.movement import _dim
 from tapegrad.backend import xp
 from tapegrad.ops.registry import REGISTRY
@@ -58,7 +58,8 @@ def _dim_rule(name, key, kind):
 
 for _n in ("sum", "mean", "max", "min", "amax", "amin", "logsumexp", "var", "std", "flip"):
     _dim_rule(_n, "dims", "tuple")
-for _n in ("cumsum", "reverse_cumsum", "softmax", "log_softmax"):
+for _n in ("cumsum", "reverse_cumsum", "softmax", "log_softmax", "sort_order", "cumprod",
+           "logcumsumexp"):
     _dim_rule(_n, "dim", "int")
 for _n in ("prod", "argmax", "argmin"):
     _dim_rule(_n, "dim", "optional")
@@ -321,6 +322,8 @@ def _selecting(name):
             idx = move_to_front(idx, pbdims["idx"])
         elif hasattr(idx, "_data") or hasattr(idx, "shape"):
             idx = expand_batch(idx, size) if hasattr(idx, "_data") else idx
+        if hasattr(idx, "_data") and not is_batched(idx):
+            idx = idx._data  # the forward takes an array (a Tensor batched further out stays)
         return o(a, idx=idx, dim=_shift(dim, nd), keepdim=keepdim), 0
 
     o.batch(rule)
@@ -328,6 +331,24 @@ def _selecting(name):
 
 for _n in ("max_dim", "min_dim", "take_along_reduce"):
     _selecting(_n)
+
+
+@R["put_along"].batch
+@_to_front_params
+def _(args, bdims, pbdims=None, idx=None, shape=(), dim=0, keepdim=False):
+    size = args[0].shape[bdims[0]] if bdims[0] is not None else idx.shape[pbdims["idx"]]
+    g = move_to_front(args[0], bdims[0]) if bdims[0] is not None else \
+        expand_batch(args[0], size)
+    if len(shape) == 0:
+        return g, 0
+    if pbdims and "idx" in pbdims:
+        idx = move_to_front(idx, pbdims["idx"])
+    else:
+        idx = xp.broadcast_to(getattr(idx, "_data", idx), (size,) + tuple(idx.shape))
+    if hasattr(idx, "_data") and not is_batched(idx):
+        idx = idx._data
+    return R["put_along"](g, idx=idx, shape=(size,) + tuple(shape),
+                          dim=_shift(dim, len(shape)), keepdim=keepdim), 0
 
 
 def rules():

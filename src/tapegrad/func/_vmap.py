@@ -65,6 +65,59 @@ def is_batched(t):
     return type(getattr(t, "_data", None)) is BatchedArray
 
 
+def any_batched(t, operands):
+    """Whether an in-place op on ``t`` with ``operands`` meets a vmap value (inplace.py asks,
+    under a DispatchMode only)."""
+    return is_batched(t) or any(is_batched(o) for o in operands)
+
+
+# --- in-place ops on batched values ----------------------------------------------------------
+def inplace(t, name, fn, args, kwargs):
+    """``t.<name>(*args)`` where ``t`` or an operand is batched: ``fn(t, *args)`` out of place
+    (batched by the rules), then written into the physical storage of ``t``, which its views'
+    physical values share (view rules give numpy views), as PyTorch's vmap writes in place."""
+    from tapegrad.autograd.grad_mode import no_grad
+    from tapegrad.inplace import _inplace_result
+
+    if grad_state.enabled and any(getattr(o, "_requires_grad", False)
+                                  for o in (t,) + tuple(args) + tuple(kwargs.values())):
+        raise RuntimeError(f"vmap: {name}: an in-place op on a batched tensor that requires "
+                           "grad is not supported inside vmap (use the out-of-place op)")
+    with no_grad():
+        result = _inplace_result(t, name, fn(t, *args, **kwargs))
+    _write_batched(t, result, name)
+    t._version[0] += 1
+    return t
+
+
+def _write_batched(dst, src, name):
+    """Copy logical ``src`` into logical ``dst`` (broadcasting), level by level down to the
+    arrays: at each level both move their batch dim to the front (views of ``dst``'s)."""
+    d = dst._data
+    if type(d) is not BatchedArray:
+        if is_batched(src):
+            raise RuntimeError(
+                f"vmap: {name}(self, *extra_args) is not possible because there exists a Tensor "
+                "`other` in extra_args that has more elements than `self`. This happened due to "
+                "`other` being vmapped over but `self` not being vmapped over in a vmap. Please "
+                f"try to use out-of-place operators instead of {name}.")
+        try:
+            xp.copyto(d, src._data, casting="unsafe")
+        except ValueError as e:
+            raise RuntimeError(f"vmap: {name}: cannot write into the batched tensor's storage "
+                               f"(shape {tuple(d.shape)}): {e}") from None
+        return
+    level = d.level
+    nd = dst.dim()
+    s, sb = unwrap(src, level)
+    if sb is None:
+        s = REGISTRY["reshape"](s, shape=(1,) * (nd - s.dim() + 1) + tuple(s.shape))
+    else:
+        s = move_to_front(s, sb)
+        s = pad_after_batch(s, nd - (s.dim() - 1))
+    _write_batched(move_to_front(d.value, d.bdim), s, name)
+
+
 # --- physical helpers ----------------------------------------------------------------------
 def move_to_front(t, bdim):
     if bdim == 0:
@@ -183,6 +236,8 @@ class VmapLevel(DispatchMode):
             ps = dict(params)
             for k, b in pbdims.items():
                 ps[k] = pick(params[k], b)
+                if not is_batched(ps[k]):
+                    ps[k] = ps[k]._data  # a forward takes its params as arrays
             outs.append(op(args, **ps) if listed else op(*args, **ps))
         return REGISTRY["stack"](outs, dim=0), 0
 

@@ -13,6 +13,7 @@ from tapegrad.ops import registry as _registry
 from tapegrad.ops.movement import _dim, reshape_op
 from tapegrad.ops.indexing import _grid, getitem, index_op
 from tapegrad.ops.registry import op, xp
+from tapegrad.ops.reduce import take_along_reduce
 from tapegrad.backend import array_module
 
 
@@ -161,21 +162,32 @@ SortResult = collections.namedtuple("sort", ["values", "indices"])
 TopkResult = collections.namedtuple("topk", ["values", "indices"])
 
 
-def _refuse_batched(input, name):
-    """The order is picked from the values in Python: under ``tapegrad.func.vmap`` a batched
-    input's array is a placeholder, so refuse rather than return a wrong order."""
-    if getattr(input._data, "value", None) is not None:
-        raise RuntimeError(f"vmap: {name} picks its order from the values in Python and has "
-                           "no batching rule yet: it is not supported on a batched tensor "
-                           "inside tapegrad.func.vmap (run it outside vmap)")
+@op(flops=0, saves="none", differentiable=False)
+def sort_order(a, dim, descending=False):
+    """The stable order that sorts ``a`` along ``dim`` (int64): sort's indices as an op, so
+    ``tapegrad.func.vmap`` batches it (a batched input's array is no data to sort in Python)."""
+    return _order(a, dim, descending).astype(xp.int64, copy=False)
+
+
+def _batched(input):
+    return getattr(input._data, "value", None) is not None  # a tapegrad.func.vmap value
 
 
 def _sort_order(input, dim, descending, name):
     d = _dim(dim, input.ndim, name)
     if input.ndim == 0:
         return xp.zeros((), xp.int64), d
-    _refuse_batched(input, name)
+    if _batched(input):
+        return sort_order(input, dim=d, descending=descending), d
     return _order(input._data, d, descending).astype(xp.int64, copy=False), d
+
+
+def _picked(input, idx, d):
+    """``(values, indices)`` of ``input`` at ``idx`` along ``d`` (an array, or a vmap op's
+    Tensor of indices: then gathered by the batched ``take_along_reduce``)."""
+    if isinstance(idx, _registry.Tensor):
+        return take_along_reduce(input, idx=idx, dim=d, keepdim=True), idx
+    return _gather(input, idx, d), _registry.Tensor._make(idx)
 
 
 def sort(input, dim=-1, descending=False, stable=False):
@@ -183,12 +195,13 @@ def sort(input, dim=-1, descending=False, stable=False):
     picked positions. tapegrad's sort is always stable (ties keep their order), which is
     what PyTorch guarantees with ``stable=True``."""
     idx, d = _sort_order(input, dim, descending, "sort")
-    return SortResult(_gather(input, idx, d), _registry.Tensor._make(idx))
+    return SortResult(*_picked(input, idx, d))
 
 
 def argsort(input, dim=-1, descending=False, stable=False):
     """As ``torch.argsort``: the indices that sort ``input`` along ``dim`` (stable)."""
-    return _registry.Tensor._make(_sort_order(input, dim, descending, "argsort")[0])
+    idx = _sort_order(input, dim, descending, "argsort")[0]
+    return idx if isinstance(idx, _registry.Tensor) else _registry.Tensor._make(idx)
 
 
 def topk(input, k, dim=-1, largest=True, sorted=True):
@@ -209,11 +222,13 @@ def topk(input, k, dim=-1, largest=True, sorted=True):
                            f"size {n} of a tensor of shape {tuple(input.shape)})")
     if input.ndim == 0:
         idx = xp.zeros((), xp.int64)
+    elif _batched(input):
+        idx = getitem(sort_order(input, dim=d, descending=largest),
+                      index=(slice(None),) * d + (slice(0, k),))
     else:
-        _refuse_batched(input, "topk")
         order = _order(input._data, d, largest)
         idx = xp.take(order, array_module(order).arange(k), axis=d).astype(xp.int64, copy=False)
-    return TopkResult(_gather(input, idx, d), _registry.Tensor._make(idx))
+    return TopkResult(*_picked(input, idx, d))
 
 
 __all__ = ["diagonal", "diag_embed", "diag", "narrow", "sort", "argsort", "topk"]
