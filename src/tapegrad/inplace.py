@@ -231,7 +231,7 @@ class _StaleView(Tensor):
 
     @grad_fn.setter
     def grad_fn(self, fn):
-        self.__class__ = Tensor
+        self.__class__ = getattr(type(self), "_fresh_cls", Tensor)
         self.grad_fn = fn
 
     @property
@@ -263,8 +263,14 @@ def _mark_views(base, keep=None):
         v = r()
         if v is not None:
             live.append(r)
-            if v is not keep and type(v) is Tensor:
-                v.__class__ = _StaleView
+            if v is not keep:
+                cls = type(v)
+                if cls is Tensor:
+                    v.__class__ = _StaleView
+                elif cls is not _StaleView:  # the compiler's tracer's Tensor class
+                    stale = getattr(cls, "_stale_cls", None)
+                    if stale is not None:
+                        v.__class__ = stale
     refs[:] = live
 
 
@@ -285,7 +291,9 @@ def _refresh_view(t):
         r = _M.replay_view(base, chain)
     finally:
         grad_state.enabled = prev
-    t.__class__ = Tensor
+    t.__class__ = getattr(type(t), "_fresh_cls", Tensor)
+    if grad_state.modes:
+        _traced_alias(t, r)  # the compiler's tracer: the view stands for the replayed one
     old, fn = t.grad_fn, r.grad_fn
     t.grad_fn = fn
     t._requires_grad = r._requires_grad
@@ -335,15 +343,19 @@ def _inplace_view(t, name, fn, args, kwargs):
     old._requires_grad = t._requires_grad
     if grad_state.modes:
         _F.carry_tangent(t, old)
+        _traced_alias(old, t)
     result = _inplace_result(t, name, fn(old, *args, **kwargs))
     bnode = base.grad_fn
     old_base = Tensor._make(base._data, grad_fn=bnode)  # copy_slices saves nothing
     old_base._requires_grad = base._requires_grad
+    if grad_state.modes:
+        _traced_alias(old_base, base)
     # writes the view's region of the base's own memory: no copy of the base
     new_base = _M.copy_slices(old_base, result, chain=chain, inplace=True)
     base._version[0] += 1  # shared with every view of the base
     if grad_state.modes:
         _F.restamp(base)  # forward mode: the base's tangent came from copy_slices
+        _traced_alias(base, new_base)
     new = new_base.grad_fn
     base.grad_fn = new
     base._requires_grad = new_base._requires_grad

@@ -48,6 +48,8 @@ TRACEABLE_RULES = frozenset({
     "index_backward", "index_put", "permute", "cat", "stack", "repeat", "flip", "roll",
     "tril", "triu", "constant_pad_nd", "cross_entropy_index", "cross_entropy_index_backward",
     "nll_loss", "softmax_cross_entropy", "batch_norm", "embedding_backward", "gelu_backward",
+    # the functionalised in-place writes (``x[1:3] = v`` in grad mode: copy, copy_slices)
+    "copy", "copy_slices",
 })
 
 
@@ -127,6 +129,76 @@ def _inplace_method(name):
     return method
 
 
+def _setitem_method(cls):
+    base = cls.__setitem__
+
+    def __setitem__(self, index, value):
+        tr = active()
+        if tr is None or tr.broken:
+            return base(self, index, value)
+        return tr.setitem(self, index, value, base)
+
+    return __setitem__
+
+
+def _has_mask(p):
+    """Whether param ``p`` (an index key) holds a boolean array."""
+    if isinstance(p, Tensor):
+        p = p._data
+    if isinstance(p, np.ndarray):
+        return p.dtype.kind == "b"
+    return type(p) in (tuple, list) and any(_has_mask(x) for x in p)
+
+
+def _int_list(x):
+    """A (nested) list of Python ints, bools excluded (a list of bools is a mask)."""
+    return all(_int_list(i) if type(i) is list else type(i) is int for i in x) and bool(x)
+
+
+def _mask_write(t, index, value):
+    """``t[mask] = value`` (``mask`` a boolean tensor over ``t``'s leading dims, ``value`` a
+    number or a tensor that broadcasts to the trailing dims) as ``where(mask, value, t)``: the
+    same elements written, a static shape. ``None`` when the index or value is of another
+    kind (eager's own path)."""
+    m = index[0] if type(index) is tuple and len(index) == 1 else index
+    if not isinstance(m, Tensor) or m._data.dtype.kind != "b" or not m.ndim:
+        return None
+    k, shape = m.ndim, tuple(t.shape)
+    if tuple(m.shape) != shape[:k]:
+        return None
+    if isinstance(value, Tensor):
+        vshape = tuple(value.shape)
+    elif isinstance(value, (bool, int, float)):
+        vshape = ()
+    else:
+        return None
+    while len(vshape) > len(shape) - k and vshape[0] == 1:  # eager drops leading 1s
+        vshape = vshape[1:]
+    try:
+        if len(vshape) > len(shape) - k or \
+                np.broadcast_shapes(vshape, shape[k:]) != shape[k:]:
+            return None
+    except ValueError:
+        return None
+    extra = len(shape) - k
+
+    def where_mask(a, v):
+        from tapegrad.ops import elementwise as E, movement as M
+
+        cond = M.reshape_op(m, shape=m.shape + (1,) * extra) if extra else m
+        dt = a._data.dtype
+        if isinstance(v, Tensor):
+            if tuple(v.shape) != vshape:
+                v = M.reshape_op(v, shape=vshape)
+            if v._data.dtype != dt:
+                v = E.to_dtype(v, dtype=a.dtype)
+        else:
+            v = bool(v) if dt.kind == "b" else int(v) if dt.kind in "iu" else float(v)
+        return E.where_op(cond, v, a)
+
+    return where_mask
+
+
 def _aliasing(name):
     """``detach()`` / ``.data``: a new Tensor over the same array stands for the same value."""
     base = getattr(Tensor, name)
@@ -157,9 +229,24 @@ def _traced_class(cls):
             body[name] = _inplace_method(name)
         for name in ("detach", "data"):
             body[name] = _aliasing(name)
+        body["__setitem__"] = _setitem_method(cls)
         t = type(cls.__name__, (cls,), body)
         _traced_classes[cls] = t
+        if cls is Tensor:  # a traced view made stale by an in-place op on its base
+            from tapegrad.inplace import _StaleView
+
+            stale = _traced_class(_StaleView)
+            t._stale_cls, stale._fresh_cls = stale, t
     return t
+
+
+def _untraced_class(t, cls):
+    """The class ``t`` goes back to after the trace (a view made stale meanwhile stays so)."""
+    if getattr(type(t), "_fresh_cls", None) is not None:
+        from tapegrad.inplace import _StaleView
+
+        return _StaleView
+    return cls
 
 
 class _RuleProxy:
@@ -296,6 +383,15 @@ class Tracer(DispatchMode):
         if isinstance(t, Tensor):
             e = self.tmap.get(id(t))
             if e is not None and e[0] is t:
+                if t._version[0] != e[2] and grad_state.enabled and \
+                        getattr(type(t), "_fresh_cls", None) is not None:
+                    modes = grad_state.modes  # (interpret runs outside the modes)
+                    grad_state.modes = modes + [self]
+                    try:  # a view whose base was written: replayed; alias() rebinds it
+                        t.grad_fn
+                    finally:
+                        grad_state.modes = modes
+                    e = self.tmap[id(t)]
                 if t._version[0] != e[2]:
                     self.graph_break("a tensor was modified in place outside ops")
                 return e[1]
@@ -386,6 +482,9 @@ class Tracer(DispatchMode):
                     break
                 if self.rule_depth:
                     self.dirty = True
+                elif _has_mask(p):
+                    self.graph_break(f"{o.name}: a boolean-mask index (the result's shape "
+                                     "depends on the mask's values)")
                 else:
                     self.graph_break(f"{o.name}: an array-valued parameter {k}= computed "
                                      "outside ops")
@@ -425,6 +524,9 @@ class Tracer(DispatchMode):
         the data)."""
         def find(x):
             v = self.amap.get(id(x))
+            s = self.static.get(id(x)) if v is None else None
+            if s is not None and s[0]._data is x and s[0]._version[0] == s[1]:
+                v = self.value_of(s[0])  # a literal (a list index, _grid's aranges)
             if v is None or x.dtype.kind == "b":  # a mask: data-dependent shapes
                 raise LookupError
             return v
@@ -521,6 +623,69 @@ class Tracer(DispatchMode):
         if c is not None and c[0] is t:
             self.mutated[id(t)] = t
         return t
+
+    def setitem(self, t, index, value, base):
+        """``t[index] = value`` on a traced tensor, functionalised: the out-of-place op
+        (``index_put``; ``copy_slices`` for a basic index in grad mode; ``where`` for a
+        boolean mask, whose written shape is static) on ``t``'s value, written back into
+        ``t``'s buffer, ``t`` (and a view's base) then standing for the result. In grad mode
+        this is eager's own in-place machinery (``inplace._inplace``: ``t`` takes over the
+        result's history, views are rebased) with every tensor it makes known to the trace;
+        a Python number assigned becomes a literal of the graph and a list index a constant."""
+        from tapegrad.inplace import _inplace, _tracked
+
+        if self.broken:
+            return base(t, index, value)
+        tracked = _tracked(t, (value,))
+        masked = _mask_write(t, index, value)
+        if masked is None:
+            index = self._literal_index(index)
+            if tracked and isinstance(value, (bool, int, float)):
+                lit = Tensor._make(np.asarray(value, dtype=t._data.dtype))
+                self.constant(lit)
+                self.held.append(lit)
+                value = lit
+        if tracked:
+            if masked is None:
+                return base(t, index, value)
+            _inplace(t, "__setitem__", masked, (value,), {})
+            return None
+        if t._data.base is not None and type(getattr(t, "_view", None)) is tuple:
+            return base(t, index, value)  # a view: its base changes too (read later: a break)
+        self.value_of(t)
+        if self.broken:
+            return base(t, index, value)
+        from tapegrad.ops import indexing
+
+        write = masked or (lambda a, v: indexing.index_put(a, v, index=index))
+        prev, grad_state.enabled = grad_state.enabled, False
+        try:
+            new = write(t, value)
+        finally:
+            grad_state.enabled = prev
+        if self.broken or new._data.shape != t._data.shape or \
+                new._data.dtype != t._data.dtype:
+            return base(t, index, value)
+        np.copyto(t._data, new._data)
+        t._version[0] += 1
+        self.tmap[id(t)] = [t, self.tmap[id(new)][1], t._version[0]]
+        c = self.census.get(id(t))
+        if c is not None and c[0] is t:
+            self.mutated[id(t)] = t
+        return None
+
+    def _literal_index(self, index):
+        """``index`` with each list of Python ints a constant of the graph (an int64 tensor
+        the node reads, as ``Tensor.__getitem__`` reads the list) instead of an array made
+        outside ops."""
+        if type(index) is tuple:
+            return tuple(self._literal_index(i) for i in index)
+        if type(index) is list and _int_list(index):
+            lit = Tensor._make(np.asarray(index, dtype=np.int64))
+            self.constant(lit)
+            self.held.append(lit)
+            return lit
+        return index
 
     # --- backward -----------------------------------------------------------------------
     def trace_backward(self, roots, root_grads, retain_graph, inputs):
@@ -781,7 +946,7 @@ class Tracer(DispatchMode):
                 self._writes()
         finally:
             for t, cls in self.swapped:
-                t.__class__ = cls
+                t.__class__ = _untraced_class(t, cls)
             self.swapped = []
             if self.n_backward:  # eager leaves own plain gradients, never a rule's array
                 for t, _, grad, _ in self.census.values():
@@ -1039,6 +1204,41 @@ def _mark_static(fn):
     return create
 
 
+def _static_grid(fn):
+    """``indexing._grid`` (the advanced-index key of gather/scatter/take_along_dim...): its
+    ``arange`` components are made from shapes only, so under a tracer they are constants of
+    the graph; the index itself stays the traced tensor's array (an input of the node)."""
+    def grid(idx, d):
+        key = fn(idx, d)
+        if engine.WATCH and grad_state.modes:
+            tr = active()
+            if tr is not None and not tr.broken:
+                for k, a in enumerate(key):
+                    if k != d:
+                        tr.constant(Tensor._make(a))
+        return key
+
+    grid.__name__ = fn.__name__
+    grid.__doc__ = fn.__doc__
+    grid.__wrapped__ = fn
+    grid._compiler_hook = True
+    return grid
+
+
+def _install_grid():
+    import sys
+
+    from tapegrad.ops import indexing
+
+    original = indexing._grid
+    if getattr(original, "_compiler_hook", False):
+        return
+    wrapped = _static_grid(original)
+    for name, mod in list(sys.modules.items()):  # the ops modules that imported it by name
+        if name.startswith("tapegrad.") and getattr(mod, "_grid", None) is original:
+            mod._grid = wrapped
+
+
 def _scheduler_step(original):
     def step(self, *args, **kwargs):
         tr = (active() or _tail_replay()) if engine.WATCH and grad_state.modes else None
@@ -1069,6 +1269,7 @@ def _install():
             setattr(tapegrad, name, wrapped)
     if hasattr(autograd, "_root_grads"):
         autograd._root_grads = _mark_static(autograd._root_grads)
+    _install_grid()
     from tapegrad.optim import lr_scheduler
 
     for cls in list(vars(lr_scheduler).values()):  # each scheduler's own step()
@@ -1104,7 +1305,7 @@ def trace_call(fn, args, kwargs=None, fullgraph=False, joint=False, split_reads=
         graph = tr.finish(result)
     except BaseException:
         for t, cls in tr.swapped:
-            t.__class__ = cls
+            t.__class__ = _untraced_class(t, cls)
         tr.swapped = []
         raise
     if tr.broken and fullgraph:
