@@ -65,6 +65,31 @@ def is_batched(t):
     return type(getattr(t, "_data", None)) is BatchedArray
 
 
+def physical_array(t):
+    """The array behind ``t`` with every vmap level's batch dim in front (outermost first), for
+    code that must read a batched tensor's values as PyTorch's kernels see the whole physical
+    batch (a decision for the batch, values for ``rebatch``)."""
+    d = t._data
+    while type(d) is BatchedArray:
+        t = move_to_front(d.value, d.bdim)
+        d = t._data
+    return d
+
+
+def rebatch(array, like):
+    """The logical Tensor of ``array`` laid out as ``physical_array(like)`` (the same leading
+    batch dims, outermost first): values computed on the physical batch, batched again."""
+    levels = []
+    d = like._data
+    while type(d) is BatchedArray:
+        levels.append(d.level)
+        d = d.value._data
+    t = registry.Tensor._make(array)
+    for level in reversed(levels):
+        t = wrap(t, 0, level)
+    return t
+
+
 def any_batched(t, operands):
     """Whether an in-place op on ``t`` with ``operands`` meets a vmap value (inplace.py asks,
     under a DispatchMode only)."""

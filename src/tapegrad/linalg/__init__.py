@@ -359,17 +359,23 @@ def lstsq(A, B, rcond=None, *, driver=None):
     X = _D.lstsq_op(A, B, rcond=None if rcond is None else float(rcond))
     m, n = A.shape[-2], A.shape[-1]
     a = A._data
+    batched = getattr(a, "value", None) is not None  # under tapegrad.func.vmap: read the
+    if batched:  # physical batch, as PyTorch's kernel (the residuals' choice is the batch's)
+        from tapegrad.func._vmap import physical_array, rebatch
+
+        a = physical_array(A)
     dt = a.dtype
     s = xp.linalg.svd(a, compute_uv=False) if a.size else xp.zeros(a.shape[:-2] + (0,), dt)
     eps_rcond = xp.finfo(dt).eps * max(m, n) if rcond is None else float(rcond)
     smax = s.max(axis=-1, keepdims=True) if s.shape[-1] else xp.zeros(s.shape[:-1] + (1,), dt)
     rank = (s > eps_rcond * smax).sum(axis=-1).astype(xp.int64)
     empty = _registry.Tensor._make(xp.zeros((0,), dt))
+    made = (lambda arr: rebatch(arr, A)) if batched else _registry.Tensor._make
     if driver == "gels":
         rank_t = _registry.Tensor._make(xp.zeros((0,), xp.int64))
     else:
-        rank_t = _registry.Tensor._make(xp.asarray(rank))
-    sv = _registry.Tensor._make(s) if driver in ("gelsd", "gelss") else empty
+        rank_t = made(xp.asarray(rank))
+    sv = made(s) if driver in ("gelsd", "gelss") else empty
     residuals = empty
     if driver != "gelsy" and m > n and bool((rank == n).all()):
         r = matmul(A, X) - B

@@ -612,6 +612,9 @@ def to_sparse(x, sparse_dim=None, *, layout=None, blocksize=None, dense_dim=None
         raise RuntimeError(f"to_sparse: sparse_dim must be in [1, {ndim}] for a tensor of "
                            f"shape {tuple(x.shape)}, got {sd}")
     data = x._data
+    if getattr(data, "value", None) is not None:  # PyTorch's vmap has no sparse tensors either
+        raise RuntimeError("to_sparse: the nonzero pattern depends on the values: not supported "
+                           "on a batched tensor inside tapegrad.func.vmap")
     mask = data != 0
     if sd < ndim:
         mask = mask.any(axis=tuple(range(sd, ndim)))
