@@ -30,6 +30,7 @@ def _load():
 
 
 _MODULES = []  # kernel modules, imported on the first lookup
+_MODULES.append("tapegrad.compiler.kernels_gpt")  # GPT: LayerNorm, softmax, attention
 
 
 def lookup(node):

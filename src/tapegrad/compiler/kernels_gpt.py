@@ -1,0 +1,319 @@
+"""Hand-written numba kernels for the transformer ops of the char-GPT step (op_kernels.py).
+
+Each factory sees one graph node and returns a callable with the op forward's signature
+(arrays, then the node's params as keywords), or None where its kernel does not apply (then
+the op's numpy forward runs):
+
+* ``layer_norm`` over the last axis: one pass per row (mean, centred variance, scale and
+  shift). The row sums are numpy's pairwise sum (8 partial sums, blocks of 128 split in
+  two), in the op's own order of operations, so the result is bitwise eager's.
+* ``softmax`` over the last axis of a float array: ``x - max`` per row, numpy's own ``exp``
+  (its SIMD loop: numba's libm ``exp`` is 6x slower), then the rows' pairwise sums and the
+  division: bitwise eager's.
+* ``scaled_dot_product_attention`` without dropout: eager's two batched BLAS products, and
+  between them one in-place pass (``* scale + bias``, less the row's max), numpy's ``exp``
+  and one pass of row sums and divisions instead of eager's seven numpy calls and their
+  temporaries: bitwise eager's. (A numba loop nest for the products themselves measured
+  slower than BLAS: 2 GFLOP/s, its rows may alias, so LLVM keeps them scalar.)
+
+float32 and float64 (the result's dtype is the input's; float32 arithmetic stays float32,
+as numpy's with a Python-float constant does). numba's ``cache=True`` keeps the machine code
+between processes.
+"""
+import numpy as np
+
+from tapegrad.compiler import op_kernels
+from tapegrad.compiler.ir import Value
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_K = {}
+
+
+def _kernels():
+    """The numba functions, compiled (or loaded from numba's cache) on first use."""
+    if not _K:
+        from tapegrad.compiler import kernels
+
+        import sys
+
+        mod = sys.modules[kernels.load("attention_shift", SOURCE).py_func.__module__]
+        for name in ("layer_norm_rows", "softmax_shift", "softmax_norm", "attention_shift"):
+            _K[name] = getattr(mod, name)
+    return _K
+
+
+SOURCE = '''import numpy as np
+from numba import njit
+
+
+@njit(error_model="numpy", cache=True)
+def _block_sum(a, lo, n):
+    """numpy's pairwise_sum (umath loops_utils) of a[lo:lo + n], n <= 128: 8 partial sums."""
+    res = a[lo]
+    if n < 8:  # (numpy starts from 0.0: only an all -0.0 run differs, in its sign)
+        for i in range(1, n):
+            res += a[lo + i]
+        return res
+    r0 = a[lo]
+    r1 = a[lo + 1]
+    r2 = a[lo + 2]
+    r3 = a[lo + 3]
+    r4 = a[lo + 4]
+    r5 = a[lo + 5]
+    r6 = a[lo + 6]
+    r7 = a[lo + 7]
+    i = 8
+    while i < n - (n % 8):
+        r0 += a[lo + i]
+        r1 += a[lo + i + 1]
+        r2 += a[lo + i + 2]
+        r3 += a[lo + i + 3]
+        r4 += a[lo + i + 4]
+        r5 += a[lo + i + 5]
+        r6 += a[lo + i + 6]
+        r7 += a[lo + i + 7]
+        i += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < n:
+        res += a[lo + i]
+        i += 1
+    return res
+
+
+@njit(error_model="numpy", cache=True)
+def pairwise_sum(a, lo, n):
+    """numpy's pairwise_sum of a[lo:lo + n]: above 128, the halves (the first a multiple of
+    8) summed alike and added. Its recursion walked with explicit stacks (numba's cache
+    does not load recursive functions)."""
+    if n <= 128:
+        return _block_sum(a, lo, n)
+    f_lo = np.empty(64, np.int64)
+    f_n = np.empty(64, np.int64)
+    f_st = np.empty(64, np.int64)
+    vals = np.empty(64, a.dtype)
+    sp = 1
+    vp = 0
+    f_lo[0] = lo
+    f_n[0] = n
+    f_st[0] = 0
+    while sp > 0:
+        t = sp - 1
+        m = f_n[t]
+        if m <= 128:
+            vals[vp] = _block_sum(a, f_lo[t], m)
+            vp += 1
+            sp -= 1
+            continue
+        n2 = m // 2
+        n2 -= n2 % 8
+        if f_st[t] == 0:
+            f_st[t] = 1
+            f_lo[sp] = f_lo[t]
+            f_n[sp] = n2
+            f_st[sp] = 0
+            sp += 1
+        elif f_st[t] == 1:
+            f_st[t] = 2
+            f_lo[sp] = f_lo[t] + n2
+            f_n[sp] = m - n2
+            f_st[sp] = 0
+            sp += 1
+        else:
+            vals[vp - 2] = vals[vp - 2] + vals[vp - 1]
+            vp -= 1
+            sp -= 1
+    return vals[0]
+
+
+@njit(error_model="numpy", cache=True)
+def layer_norm_rows(x, w, b, eps, has_w, has_b, out, xc):
+    """out[i] = (x[i] - mean) / sqrt(var + eps) * w + b, as ops.nn._norm_forward."""
+    R, C = x.shape
+    n = x.dtype.type(C)
+    one = x.dtype.type(1)
+    for i in range(R):
+        xi = x[i]
+        mean = pairwise_sum(xi, 0, C) / n
+        for j in range(C):
+            xc[j] = xi[j] - mean
+        sq = out[i]
+        for j in range(C):
+            sq[j] = xc[j] * xc[j]
+        rstd = one / np.sqrt(pairwise_sum(sq, 0, C) / n + eps)
+        for j in range(C):
+            v = xc[j] * rstd
+            if has_w:
+                v = v * w[j]
+            if has_b:
+                v = v + b[j]
+            sq[j] = v
+
+
+@njit(error_model="numpy", cache=True)
+def softmax_shift(x, out):
+    """out[i] = x[i] - max(x[i]) (numpy's maximum: NaN wins); numpy's exp follows."""
+    R, C = x.shape
+    for i in range(R):
+        xi = x[i]
+        oi = out[i]
+        m = xi[0]
+        for j in range(1, C):
+            v = xi[j]
+            if v > m or v != v:
+                m = v
+        for j in range(C):
+            oi[j] = xi[j] - m
+
+
+@njit(error_model="numpy", cache=True)
+def softmax_norm(e):
+    """e[i] /= sum(e[i]), numpy's pairwise sum."""
+    R, C = e.shape
+    for i in range(R):
+        ei = e[i]
+        s = pairwise_sum(ei, 0, C)
+        for j in range(C):
+            ei[j] = ei[j] / s
+
+
+@njit(error_model="numpy", cache=True)
+def attention_shift(s, bias, scale, has_bias):
+    """In place over the (B, H, T, S) products q k^T: s = s * scale + bias (broadcast to
+    s's shape), less each row's max (numpy's maximum: NaN wins)."""
+    B, H, T, S = s.shape
+    for bb in range(B):
+        for h in range(H):
+            for i in range(T):
+                r = s[bb, h, i]
+                for j in range(S):
+                    r[j] = r[j] * scale
+                if has_bias:
+                    for j in range(S):
+                        r[j] = r[j] + bias[bb, h, i, j]
+                m = r[0]
+                for j in range(1, S):
+                    if r[j] > m or r[j] != r[j]:
+                        m = r[j]
+                for j in range(S):
+                    r[j] = r[j] - m
+'''
+
+
+def _floats(*vals):
+    """The one float dtype of these Values (float32 or float64), else None."""
+    dts = {np.dtype(v.dtype) for v in vals if v is not None}
+    if len(dts) != 1:
+        return None
+    dt = dts.pop()
+    return dt if dt in _FLOATS else None
+
+
+def _value(a):
+    return a if isinstance(a, Value) else None
+
+
+@op_kernels.register("layer_norm")
+def layer_norm_factory(node):
+    """LayerNorm over the last axis of a float32/float64 input, weight and bias of that
+    length (or None)."""
+    x = _value(node.inputs[0]) if node.inputs else None
+    if x is None or not x.shape or x.shape[-1] == 0 or any(d == 0 for d in x.shape):
+        return None
+    p = node.params
+    C = x.shape[-1]
+    if tuple(p.get("axes", ())) != (len(x.shape) - 1,) or tuple(p.get("param_shape", ())) \
+            != (C,) or not isinstance(p.get("eps"), (int, float)):
+        return None
+    extra = list(node.inputs[1:])
+    wb = [_value(a) for a in extra]
+    if any(a is not None and w is None for a, w in zip(extra, wb)):
+        return None  # a literal weight/bias
+    if any(w is not None and tuple(w.shape) != (C,) for w in wb):
+        return None
+    dt = _floats(x, *wb)
+    if dt is None:
+        return None
+    fn = _kernels()["layer_norm_rows"]
+    shape = tuple(x.shape)
+    R = int(np.prod(shape[:-1], dtype=np.int64))
+    empty = np.empty(0, dt)
+
+    def layer_norm_kernel(x, w=None, b=None, *, axes, eps, param_shape):
+        out = np.empty(shape, dt)
+        fn(x.reshape(R, C), empty if w is None else w, empty if b is None else b,
+           dt.type(eps), w is not None, b is not None, out.reshape(R, C), np.empty(C, dt))
+        return out
+
+    return layer_norm_kernel
+
+
+@op_kernels.register("softmax")
+def softmax_factory(node):
+    """softmax over the last axis of a float32/float64 input."""
+    x = _value(node.inputs[0]) if node.inputs else None
+    if x is None or not x.shape or any(d == 0 for d in x.shape):
+        return None
+    dim = node.params.get("dim")
+    if not isinstance(dim, int) or dim not in (-1, len(x.shape) - 1):
+        return None
+    dt = _floats(x)
+    if dt is None or np.dtype(node.outputs[0].dtype) != dt:
+        return None
+    shift, norm = _kernels()["softmax_shift"], _kernels()["softmax_norm"]
+    shape = tuple(x.shape)
+    C = shape[-1]
+    R = int(np.prod(shape[:-1], dtype=np.int64))
+
+    def softmax_kernel(x, dim):
+        out = np.empty(shape, dt)
+        o = out.reshape(R, C)
+        shift(x.reshape(R, C), o)
+        np.exp(o, out=o)  # numpy's own exp (SIMD), as eager's
+        norm(o)
+        return out
+
+    return softmax_kernel
+
+
+@op_kernels.register("scaled_dot_product_attention")
+def attention_factory(node):
+    """Attention over 4-D float32/float64 q, k, v (no dropout), an additive float bias of
+    their dtype broadcasting to the scores, or none."""
+    ins = list(node.inputs) + [None] * (4 - len(node.inputs))
+    q, k, v, bias = ins[:4]
+    if not all(isinstance(a, Value) for a in (q, k, v)) or node.params.get("keep") is not None:
+        return None
+    if bias is not None and not isinstance(bias, Value):
+        return None
+    if len(q.shape) != 4 or len(k.shape) != 4 or len(v.shape) != 4:
+        return None
+    B, H, T, D = q.shape
+    S, E = k.shape[2], v.shape[3]
+    if tuple(k.shape) != (B, H, S, D) or tuple(v.shape) != (B, H, S, E) or \
+            0 in (B, H, T, D, S, E):
+        return None
+    dt = _floats(q, k, v, bias)
+    scale = node.params.get("scale", 1.0)
+    if dt is None or not isinstance(scale, (int, float)) or isinstance(scale, bool):
+        return None
+    if bias is not None:
+        try:
+            if np.broadcast_shapes(tuple(bias.shape), (B, H, T, S)) != (B, H, T, S):
+                return None
+        except ValueError:
+            return None
+    from tapegrad.backend.blas import matmul
+
+    shift, norm = _kernels()["attention_shift"], _kernels()["softmax_norm"]
+    none = np.zeros((1, 1, 1, 1), dt)
+    sc = dt.type(scale)
+
+    def attention_kernel(q, k, v, bias=None, scale=1.0, keep=None):
+        s = matmul(q, np.swapaxes(k, -1, -2))  # eager's products (its BLAS calls)
+        b4 = none if bias is None else np.broadcast_to(bias, (B, H, T, S))
+        shift(s, b4, sc, bias is not None)
+        np.exp(s, out=s)  # numpy's own exp (SIMD), as eager's softmax
+        norm(s.reshape(B * H * T, S))
+        return matmul(s, v)
+
+    return attention_kernel
