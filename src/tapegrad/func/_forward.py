@@ -19,7 +19,7 @@ Tangents are kept per level by the identity of the primal's backend array, so a 
 re-wrapping the same array (a saved output in a gradient rule, ``detach()``) keeps its
 tangent; a view is a new array and gets its own.
 """
-from tapegrad.autograd.engine import DispatchMode, Meta
+from tapegrad.autograd.engine import WATCH, DispatchMode, Meta, _next_seq
 from tapegrad.autograd.grad_mode import state as grad_state
 from tapegrad.dtypes import FLOAT_NP
 from tapegrad.ops import registry
@@ -40,9 +40,51 @@ def _tensor_cls():
 class ForwardLevel(DispatchMode):
     """One forward-mode level (``forward_ad.dual_level``, one ``func.jvp`` call)."""
 
-    def __init__(self):
+    def __init__(self, private=False):
         _tensor_cls()
         self.tangents = {}  # id(primal array) -> (primal array, tangent Tensor)
+        # private (func.jvp): no tangent is seen before the level returns, so a graph that a
+        # transform inside records (grad's tape in jvp(grad(f))) is never asked for a
+        # tangent's gradient. ``seal()`` marks where "inside" starts; ``outer`` turns True for
+        # good once an op reads a requiring-grad tensor from outside (a closure, a new leaf)
+        self.private = private
+        self.entry_seq = -1
+        self.outer = not private
+
+    def seal(self):
+        """Nodes recorded from now on are inside this (private) level."""
+        self.entry_seq = _next_seq()
+
+    def _inner(self, a):
+        """Is requiring-grad ``a`` from inside this private level? A leaf on a tangent-carrying
+        array (grad's handle on a dual), or a registered op's output recorded since ``seal``
+        (by induction over the ops this level saw; anything else: outside, for good)."""
+        if self.outer:
+            return False
+        n = a.grad_fn
+        if n is None:
+            e = self.tangents.get(id(a._data))
+            if e is not None and e[0] is a._data:
+                return True
+        elif n.seq > self.entry_seq and REGISTRY.get(getattr(n.op, "name", None)) is n.op:
+            return True
+        self.outer = True
+        return False
+
+    def _raw(self, flat, tangents):
+        """May this op's tangent be computed on backend arrays, unrecorded? Asked only with no
+        mode below (another level, vmap or the compiler's tracer must see the tangent ops) and
+        no watcher: when the tape could not record it anyway: grad mode off, or no input
+        tangent requires grad and no primal input does (inner ones of a private level aside)."""
+        if not grad_state.enabled:
+            return True
+        for t in tangents:
+            if t is not None and t._requires_grad:
+                return False
+        for a in flat:
+            if isinstance(a, Tensor) and a._requires_grad and not self._inner(a):
+                return False
+        return True
 
     def tangent(self, t):
         if not isinstance(t, Tensor):
@@ -93,8 +135,16 @@ class ForwardLevel(DispatchMode):
         flat = args[0] if listed else args
         tangents = [self.tangent(a) for a in flat]
         if not op.differentiable or all(t is None for t in tangents):
+            if not self.outer and grad_state.enabled:
+                for a in flat:  # its output counts as inside only if its inputs do
+                    if isinstance(a, Tensor) and a._requires_grad and not self._inner(a):
+                        break
             return op(*args, **params)
-        if op.elementwise and not listed:
+        if op.elementwise and not listed and not (
+                len(flat) == 2 and isinstance(flat[0], Tensor) and isinstance(flat[1], Tensor)
+                and flat[0]._data.dtype is flat[1]._data.dtype
+                and flat[0]._data.shape == flat[1]._data.shape
+                and not (op.float_only and flat[0]._data.dtype.kind in "biu")):
             # promote and broadcast here, as dispatch would below: a gradient rule reads the
             # broadcast inputs its Node saved, and they must carry tangents at this level
             st = grad_state
@@ -105,9 +155,16 @@ class ForwardLevel(DispatchMode):
             finally:
                 st.modes = modes
             tangents = [self.tangent(a) for a in flat]
-        out = op(*args, **params)
+        alone = not grad_state.modes and not _watched()  # no mode below, no watcher
+        out = _eager(op, args, params) if alone else op(*args, **params)
         if not isinstance(out, Tensor) or out._data.dtype not in FLOAT_NP:
             return out
+        if alone and out._data.dtype in _RAW_DTYPES and self._raw(flat, tangents):
+            t = _array_jvp(op, out._data, flat, tangents, params, listed)
+            if t is not _ON_TENSORS:
+                if t is not None:
+                    self.set_tangent(out, Tensor._make(_fit_array(t, out._data, op)))
+                return out
         t = jvp_of(op, out, flat, tangents, params, listed)
         if t is not None:
             self.set_tangent(out, _fit(t, out, op))
@@ -171,6 +228,115 @@ def _fit(t, out, op):
             raise RuntimeError(f"{op.name}: its JVP rule returned a tangent of shape "
                                f"{tuple(t.shape)} for an output of shape "
                                f"{tuple(out.shape)}") from None
+    return t
+
+
+def _watched():
+    """Is an op watcher (checkpointing, anomaly mode, the memory tracker) open anywhere?"""
+    for _, w in WATCH:
+        if not isinstance(w, DispatchMode):
+            return True
+    return False
+
+
+def _eager(op, args, params):
+    """``op(*args, **params)`` run eagerly (recorded on the tape), with no mode below and no
+    watcher: straight to dispatch, as ``registry._watched`` would after finding neither."""
+    st = grad_state
+    if st.watching:
+        return op(*args, **params)
+    st.watching = True
+    try:
+        return registry.dispatch(op, args, params)
+    finally:
+        st.watching = False
+
+
+# --- tangents on backend arrays -------------------------------------------------------------
+# When nothing can record or watch the tangent computation (ForwardLevel._raw), the JVP rule
+# runs on the arrays right after the primal: the same rule, through the ops' forwards (an op
+# called on arrays is its forward), with no Tensor, dispatch or mode per tangent op. Float16
+# and bfloat16 keep the Tensor path (numpy promotes their products with a Python float apart
+# from tapegrad's promotion). Derived rules (linear, pointwise) are built from forwards and
+# gradient rules, which run on arrays by design; a hand-written JVP rule runs on arrays only
+# when listed in ARRAY_RULES (read to call only ops and array-safe operators).
+_RAW_DTYPES = frozenset(d for d in FLOAT_NP if d.itemsize >= 4 and d.kind == "f")
+_ON_TENSORS = object()
+ARRAY_RULES = frozenset((
+    "linear", "linear_relu", "matmul", "einsum", "softmax", "log_softmax",
+    "softmax_cross_entropy", "cross_entropy_index", "cross_entropy_index_backward",
+    "nll_loss", "layer_norm", "batch_norm", "embedding", "l2_norm", "var", "std",
+    "logsumexp", "constant_pad_nd", "conv2d", "conv2d_input", "conv2d_weight"))
+
+
+def _array_jvp(op, od, flat, tangents, params, listed):
+    """``jvp_of`` on backend arrays: the output's tangent (an array, a scalar or None) from
+    the output array ``od``, the inputs and their tangent Tensors; ``_ON_TENSORS`` when the
+    op's rule must run on Tensors."""
+    ts = [None if t is None else t._data for t in tangents]
+    xs = [a._data if isinstance(a, Tensor) else a for a in flat]
+    if op.jvp_rule is not None:
+        if op.name not in ARRAY_RULES:
+            return _ON_TENSORS
+        return op.jvp_rule(ts, od, *xs, **params)
+    if op.linear:
+        targs = []
+        for a, x, t in zip(flat, xs, ts):
+            if t is not None:
+                targs.append(t)
+            elif isinstance(a, Tensor):
+                targs.append(registry.xp.zeros_like(x) if x.dtype in FLOAT_NP else x)
+            elif isinstance(a, (int, float)) and not isinstance(a, bool) and op.elementwise:
+                targs.append(0)
+            else:
+                targs.append(a)
+        return op.forward(targs, **params) if listed else op.forward(*targs, **params)
+    if op.pointwise:
+        if op.rule is None:
+            return None
+        shape = od.shape
+        inputs = []
+        for a, x in zip(flat, xs):
+            if isinstance(a, Tensor):
+                if op.elementwise and x.shape != shape:
+                    x = _broadcast_to(x, shape=shape)
+                if not op.save_inputs:
+                    x = Meta(x)
+            inputs.append(x)
+        saved_out = od if op.save_out else None
+        total = None
+        n = len(flat)
+        for i, t in enumerate(ts):
+            if t is None:
+                continue
+            t = _fit_array(t, od, op)
+            gi = _call_rule(op, t, saved_out, inputs, params, [j == i for j in range(n)])[i]
+            if gi is None:
+                continue
+            total = gi if total is None else total + gi
+        return total
+    return _ON_TENSORS
+
+
+def _broadcast_to(a, shape):
+    return REGISTRY["broadcast_to"].forward(a, shape=shape)
+
+
+def _fit_array(t, od, op):
+    """``_fit`` on arrays: the tangent as an array of the output's dtype and shape."""
+    if isinstance(t, Tensor):  # a rule that made a Tensor of its own (no graph: no input had)
+        t = t._data
+    elif type(t) is not registry.xp.ndarray:
+        t = registry.xp.asarray(t)
+    if t.dtype != od.dtype:
+        t = REGISTRY["to_dtype"].forward(t, dtype=od.dtype)
+    if t.shape != od.shape:
+        try:
+            t = _broadcast_to(t, shape=od.shape)
+        except ValueError:
+            raise RuntimeError(f"{op.name}: its JVP rule returned a tangent of shape "
+                               f"{tuple(t.shape)} for an output of shape "
+                               f"{tuple(od.shape)}") from None
     return t
 
 

@@ -259,17 +259,17 @@ def jvp(func, primals, tangents, *, strict=False, has_aux=False):
         if not isinstance(p, T) or not isinstance(t, T):
             raise RuntimeError("jvp(f, primals, tangents): expected primals and tangents to "
                                "be Tensors")
-        if tuple(p.shape) != tuple(t.shape):
+        if p._data.shape != t._data.shape:
             raise RuntimeError(f"jvp(f, primals, tangents): Expected primals and tangents to "
                                f"have the same shape, got {tuple(p.shape)} and "
                                f"{tuple(t.shape)}")
-    level = ForwardLevel()
+    level = ForwardLevel(private=True)  # its tangents are seen only when it returns
     with level:
-        duals = []
-        for p, t in zip(p_flat, t_flat):
-            d = level.below(REGISTRY["alias"], p)
-            level.set_tangent(d, t.to(p.dtype) if t.dtype != p.dtype else t)
-            duals.append(d)
+        alias = REGISTRY["alias"]
+        duals = level.below(lambda: [alias(p) for p in p_flat])
+        for d, p, t in zip(duals, p_flat, t_flat):
+            level.set_tangent(d, t.to(p.dtype) if t._data.dtype != p._data.dtype else t)
+        level.seal()
         out = func(*_tree.unflatten(duals, p_spec))
         aux = None
         if has_aux:
@@ -286,8 +286,8 @@ def jvp(func, primals, tangents, *, strict=False, has_aux=False):
             t = level.tangent(o)
             touts.append(t if t is not None else level.below(_zeros_like, o))
     level.tangents.clear()
-    outs = [_exit(o, _reaches_outer([o], ())) for o in outs]
-    touts = [_exit(t, _reaches_outer([t], ())) for t in touts]
+    outs = [_exit(o, o._requires_grad and _reaches_outer([o], ())) for o in outs]
+    touts = [_exit(t, t._requires_grad and _reaches_outer([t], ())) for t in touts]
     res = (_tree.unflatten(outs, spec), _tree.unflatten(touts, spec))
     return res + (aux,) if has_aux else res
 
