@@ -1,0 +1,196 @@
+"""compiler/kernels_gpt.py (LayerNorm, softmax, attention numba kernels) and the float32
+``erf32`` of kernels.py: each kernel against its op's numpy forward, and the compiled char-GPT
+training step (numba backend) against eager over 100 steps."""
+import math
+
+import numpy as np
+import pytest
+
+pytest.importorskip("numba")
+
+import tapegrad  # noqa: E402
+from tapegrad.compiler import kernels, kernels_gpt, op_kernels  # noqa: E402
+from tapegrad.compiler.ir import Node, Value  # noqa: E402
+from tapegrad.ops import nn as N  # noqa: E402
+
+DTYPES = [np.float64, np.float32]
+
+
+def _node(name, inputs, params, dtype, out_shape=None):
+    vals = [Value(f"in{i}", a.shape, np.dtype(a.dtype)) if isinstance(a, np.ndarray) else a
+            for i, a in enumerate(inputs)]
+    shape = out_shape if out_shape is not None else inputs[0].shape
+    return Node(None, name, vals, params, [Value("out", tuple(shape), np.dtype(dtype))])
+
+
+def _ln_params(C):
+    return {"axes": None, "eps": 1e-5, "param_shape": (C,)}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(16, 32, 64), (3, 1), (5, 7), (2, 3, 8), (4, 130),
+                                   (2, 1000), (1, 1, 1)])
+@pytest.mark.parametrize("affine", ["both", "weight", "none"])
+def test_layer_norm_kernel_is_eager_bitwise(dtype, shape, affine):
+    rng = np.random.default_rng(sum(shape))
+    C = shape[-1]
+    x = (rng.standard_normal(shape) * 3 + 1.5).astype(dtype)
+    w = rng.standard_normal(C).astype(dtype) if affine != "none" else None
+    b = rng.standard_normal(C).astype(dtype) if affine == "both" else None
+    params = dict(_ln_params(C), axes=(len(shape) - 1,))
+    ins = [a for a in (x, w, b) if a is not None]
+    fn = kernels_gpt.layer_norm_factory(_node("layer_norm", ins, params, dtype))
+    assert fn is not None
+    got = fn(*ins, **params)
+    want = N.layer_norm.forward(*ins, **params)
+    assert got.dtype == want.dtype == dtype and got.shape == want.shape
+    assert np.array_equal(got, want)
+
+
+def test_layer_norm_kernel_declines_what_it_does_not_compute():
+    x = np.ones((4, 6))
+    w = np.ones(6)
+    f = kernels_gpt.layer_norm_factory
+    assert f(_node("layer_norm", [x, w], {"axes": (0, 1), "eps": 1e-5,
+                                           "param_shape": (4, 6)}, np.float64)) is None
+    assert f(_node("layer_norm", [x.astype(np.float32), w], dict(_ln_params(6), axes=(1,)),
+                   np.float64)) is None  # mixed dtypes
+    assert f(_node("layer_norm", [x.astype(np.int64)], dict(_ln_params(6), axes=(1,)),
+                   np.int64)) is None
+    assert f(_node("layer_norm", [np.ones((0, 6))], dict(_ln_params(6), axes=(1,)),
+                   np.float64)) is None  # empty: the op's forward (a copy)
+    assert f(_node("layer_norm", [x, 2.0], dict(_ln_params(6), axes=(1,)),
+                   np.float64)) is None  # a literal weight
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(16, 4, 32, 32), (3, 1), (2, 5, 9), (2, 300)])
+def test_softmax_kernel_is_eager_bitwise(dtype, shape):
+    rng = np.random.default_rng(len(shape))
+    x = (rng.standard_normal(shape) * 4).astype(dtype)
+    if shape[-1] > 1:
+        x[(0,) * (len(shape) - 1)][1] = -np.inf  # a masked entry
+    for dim in (-1, len(shape) - 1):
+        fn = kernels_gpt.softmax_factory(_node("softmax", [x], {"dim": dim}, dtype))
+        got, want = fn(x, dim=dim), N.softmax.forward(x, dim)
+        assert got.dtype == dtype and np.array_equal(got, want)
+
+
+def test_softmax_kernel_nan_and_fully_masked_rows_as_eager():
+    x = np.array([[1.0, np.nan, 2.0], [-np.inf, -np.inf, -np.inf], [np.inf, 0.0, 1.0]])
+    fn = kernels_gpt.softmax_factory(_node("softmax", [x], {"dim": 1}, np.float64))
+    np.testing.assert_array_equal(fn(x, dim=1), N.softmax.forward(x, 1))
+    assert kernels_gpt.softmax_factory(_node("softmax", [x], {"dim": 0}, np.float64)) is None
+
+
+def _qkv(rng, dtype, B=16, H=4, T=32, D=16):
+    """q, k, v as the GPT makes them: permuted views of one (B, T, 3 H D) projection."""
+    qkv = rng.standard_normal((B, T, 3 * H * D)).astype(dtype)
+    return [qkv[..., i * H * D:(i + 1) * H * D].reshape(B, T, H, D).transpose(0, 2, 1, 3)
+            for i in range(3)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bias", ["causal", "none", "per_batch", "full"])
+@pytest.mark.parametrize("dims", [(16, 4, 32, 16), (2, 3, 5, 7), (1, 1, 1, 1)])
+def test_attention_kernel_is_eager_bitwise(dtype, bias, dims):
+    rng = np.random.default_rng(dims[2])
+    B, H, T, D = dims
+    q, k, v = _qkv(rng, dtype, B, H, T, D)
+    if bias == "causal":
+        bb = np.triu(np.full((T, T), -np.inf), 1).astype(dtype)
+    elif bias == "per_batch":
+        bb = rng.standard_normal((B, 1, 1, T)).astype(dtype)
+    elif bias == "full":
+        bb = rng.standard_normal((B, H, T, T)).astype(dtype)
+    else:
+        bb = None
+    ins = [q, k, v] + ([bb] if bb is not None else [])
+    params = {"scale": 0.25, "keep": None}
+    fn = kernels_gpt.attention_factory(_node("scaled_dot_product_attention", ins, params,
+                                             dtype))
+    assert fn is not None
+    got = fn(*ins, **params)
+    want = N.scaled_dot_product_attention.forward(*ins, **params)
+    assert got.dtype == dtype and got.shape == want.shape
+    assert np.array_equal(got, want)
+
+
+def test_attention_kernel_declines_dropout_and_other_shapes():
+    rng = np.random.default_rng(0)
+    q, k, v = _qkv(rng, np.float64, 2, 2, 4, 3)
+    f = kernels_gpt.attention_factory
+    keep = np.ones((2, 2, 4, 4))
+    assert f(_node("scaled_dot_product_attention", [q, k, v, None],
+                   {"scale": 1.0, "keep": keep}, np.float64)) is None
+    assert f(_node("scaled_dot_product_attention", [q[0], k[0], v[0]],
+                   {"scale": 1.0, "keep": None}, np.float64)) is None  # 3-D
+    assert f(_node("scaled_dot_product_attention", [q, k.astype(np.float32), v],
+                   {"scale": 1.0, "keep": None}, np.float64)) is None
+    assert f(_node("scaled_dot_product_attention", [q, k, v, np.ones((3, 4))],
+                   {"scale": 1.0, "keep": None}, np.float64)) is None  # no broadcast
+
+
+def test_kernels_are_registered_for_the_node_names():
+    x = np.ones((2, 8))
+    node = _node("layer_norm", [x], dict(_ln_params(8), axes=(1,)), np.float64)
+    assert op_kernels.lookup(node) is not None
+    assert op_kernels.lookup(_node("softmax", [x], {"dim": 1}, np.float64)) is not None
+
+
+def test_erf32_within_one_ulp_of_erf_rounded_once():
+    """kernels.erf32 (float64 polynomial, rounded once to float32) against math.erf rounded
+    to float32, on a million float32 values across the range, the edges and NaN."""
+    src = ("import math\nimport numpy as np\nfrom numba import njit\n\n\n"
+           + kernels.erf32_source() + '''
+
+@njit(error_model="numpy", cache=True)
+def erf32_test_loop(x, out):
+    for i in range(x.shape[0]):
+        out[i] = np.float32(erf32(np.float64(x[i])))
+''')
+    fn = kernels.load("erf32_test_loop", src)
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.standard_normal(500_000) * 2, rng.uniform(-6, 6, 500_000),
+                        10.0 ** rng.uniform(-45, 1, 20_000),
+                        [0.0, -0.0, 1e-45, 3.9, 4.0, 4.1, -4.0, 1e30, -1e30, np.inf, -np.inf,
+                         np.nan]]).astype(np.float32)
+    got = np.empty_like(x)
+    fn(x, got)
+    want = np.array([math.erf(float(v)) for v in x.astype(np.float64)]).astype(np.float32)
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan)
+    ulps = np.abs(got[~nan].view(np.int32).astype(np.int64)
+                  - want[~nan].view(np.int32).astype(np.int64))
+    assert ulps.max() <= 1
+    assert (ulps != 0).mean() < 1e-5  # 1 ulp only within 5.4e-14 of a rounding midpoint
+
+
+def _gpt_losses(dtype, n_steps, compiled):
+    from tapegrad.bench import models as M
+    from tapegrad.bench.compile import _model_step
+
+    state, batches = M.initial_state("gpt"), M.make_data("gpt", 8)
+    S = M.Step(tapegrad, "gpt", state, batches, dtype)
+    if not compiled:
+        return [S() for _ in range(n_steps)], None
+    fn = tapegrad.compile(_model_step(S))
+    return [fn(*S._batch()) for _ in range(n_steps)], fn
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_compiled_gpt_step_with_gpt_kernels_matches_eager_over_100_steps(monkeypatch, dtype):
+    monkeypatch.setenv("TAPEGRAD_COMPILE_KERNELS", "numba")
+    want, _ = _gpt_losses(dtype, 100, compiled=False)
+    got, fn = _gpt_losses(dtype, 100, compiled=True)
+    src = fn.entries[-1].source
+    for name in ("layer_norm_kernel", "softmax_kernel", "scaled_dot_product_attention_kernel"):
+        assert name in src, name
+    assert fn.n_hits >= 98 and not fn.breaks
+    assert all(math.isfinite(v) for v in got)
+    rel = max(abs(a - b) / abs(b) for a, b in zip(got, want))
+    if dtype == np.float64:
+        assert rel <= 1e-12, rel
+    else:  # erf32 (<= 1 ulp), libm exp in gelu_backward: float32 rounding, grown over 100 steps
+        assert rel <= 1e-4, rel
+    assert want[-1] < want[0] - 0.5  # it trains
