@@ -456,3 +456,20 @@ def _(args, bdims, size):
     idx = move_to_front(idx, bi) if bi is not None else expand_batch(idx, b)
     folded = (b * size[0],) + tuple(size[1:])
     return _unfold(R["max_pool2d_backward"](_fold(g, b), _fold(idx, b), size=folded), b), 0
+
+
+# --- attention: every batched input padded to one logical rank, batch in front ---------------
+@R["scaled_dot_product_attention"].batch
+@_to_front_params
+def _(args, bdims, pbdims=None, scale=1.0, keep=None):
+    kb = (pbdims or {}).get("keep")
+    ranks = [logical_ndim(a, b) for a, b in zip(args, bdims)]
+    ranks.append(0 if keep is None else keep.dim() - 1 if kb is not None else keep.ndim)
+    r = max(ranks)
+    new = [a if b is None else pad_after_batch(move_to_front(a, b), r - n)
+           for a, b, n in zip(args, bdims, ranks)]
+    if kb is not None:
+        keep = pad_after_batch(move_to_front(keep, kb), r - ranks[-1])
+        if not is_batched(keep):
+            keep = keep._data
+    return R["scaled_dot_product_attention"](*new, scale=scale, keep=keep), 0

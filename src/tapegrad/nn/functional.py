@@ -1561,18 +1561,25 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if is_causal:
         attn_mask = _static(on_device_of(query._data, xp.tril(xp.ones((L, S), dtype=bool))))
     blocked = None
+    made = _const
     if attn_mask is not None:
         m = attn_mask._data
+        if _batched(attn_mask):  # under vmap: the mask's values on the physical batch
+            from tapegrad.func._vmap import physical_array, rebatch
+
+            made, m = (lambda a, like=attn_mask: rebatch(a, like)), physical_array(attn_mask)
         if m.dtype == bool:
-            bias = (_static if is_causal else _const)(xp.where(m, 0, -xp.inf).astype(dt))
+            bv = xp.where(m, 0, -xp.inf).astype(dt)
+            bias = (_static if is_causal else made)(bv)
             blocked = ~m
         else:
-            bias = attn_mask
+            bias, bv = attn_mask, m
             blocked = m == -xp.inf
         try:
-            xp.broadcast_shapes(m.shape, query.shape[:-1] + (S,))
+            xp.broadcast_shapes(tuple(attn_mask.shape), query.shape[:-1] + (S,))
         except ValueError:
-            raise RuntimeError(f"{name}: attn_mask of shape {list(m.shape)} cannot be broadcast "
+            raise RuntimeError(f"{name}: attn_mask of shape {list(attn_mask.shape)} cannot be "
+                               f"broadcast "
                                f"to the attention weights' shape "
                                f"{list(query.shape[:-1]) + [S]}") from None
     keep = None
@@ -1580,9 +1587,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         dead = xp.all(blocked, axis=-1, keepdims=True)
         if dead.any():  # a fully masked row: attend nowhere (zeros), as _safe_softmax
             keep = (~dead).astype(dt)
-            fix = xp.where(dead, 0, bias._data)
-            bias = bias + _const((fix - bias._data).astype(dt)) if bias.requires_grad \
-                else _const(fix.astype(dt))
+            if made is not _const:  # under vmap: a batched keep (an op's param, batched)
+                keep = made(keep)
+            # (a bias that requires grad: where, not bias + (fix - bias): -inf - -inf is nan)
+            bias = where(made(dead), made(xp.zeros((), dt)), bias) if bias.requires_grad \
+                else made(xp.where(dead, 0, bv).astype(dt))
     if dropout_p > 0.0:
         shape = xp.broadcast_shapes(query.shape[:-1] + (S,), key.shape[:-2] + (L, S))
         drop = _array_fn("dropout_mask", _keep_mask, (), True, shape=shape, keep=1.0 - dropout_p,
