@@ -29,7 +29,7 @@ def _load():
             importlib.import_module(mod)
 
 
-_MODULES = []  # kernel modules, imported on the first lookup
+_MODULES = ["tapegrad.compiler.kernels_conv"]  # kernel modules, imported on the first lookup
 _MODULES.append("tapegrad.compiler.kernels_gpt")  # GPT: LayerNorm, softmax, attention
 
 

@@ -1,0 +1,376 @@
+"""numba kernels for convolution and max-pooling nodes (registered in ``op_kernels``).
+
+At the digits CNN's sizes (8x8 and 4x4 images, 1-32 channels, batch 64) the arithmetic of a
+convolution is small (conv2: 4.7M multiply-adds, a 0.2 ms GEMM) and eager's layout work
+around its GEMMs (im2col through sliding-window views, col2im, the max-pool's offset rows)
+costs as much again. Each kernel here is numba source generated for one node's geometry
+(channels, image and kernel sizes, stride, padding, dilation as constants, so LLVM unrolls
+the short loops over taps and window positions; the batch size stays a run-time value) and
+loaded through ``kernels.load`` (numba's disk cache keeps the machine code):
+
+- ``conv2d``, ``conv2d_input`` (the input gradient), ``conv2d_weight`` (the weight
+  gradient), groups 1, any stride, padding and dilation: one BLAS GEMM each (the same one
+  eager runs, at one thread under the bench) over transposed patches, a (C*KH*KW, N*OH*OW)
+  matrix whose row k holds tap k of every output position, so every copy runs along image
+  rows; numba builds the patches from a zero-padded copy of the input, moves between NCHW
+  and (channels, positions) rows, and col2im adds the taps back in eager's order.
+- ``max_pool2d_indices``: each window's maximum and its index in one pass (the first
+  maximum; a NaN wins and the first NaN is kept; a padded position reads as -inf and is
+  clipped to the nearest in-bounds row and column: eager's indices exactly, ceil mode
+  included); ``max_pool2d`` the gather at those indices; ``max_pool2d_backward`` the
+  scatter-add, in eager's order.
+
+Precision: the pooling kernels are bitwise eager. ``conv2d`` and ``conv2d_weight`` multiply
+the same operands as eager's GEMM, but transposed (BLAS may sum in another order), and
+``conv2d_input`` multiplies eager's product transposed before col2im, so float64 results
+agree with eager to about 1e-15 relative (far within 1e-12), float32 within float32
+rounding; they are not promised bitwise. Every factory returns None (the op's forward runs)
+for dtypes other than float32/float64, mixed dtypes, groups > 1 or shapes it does not know.
+Nothing runs in parallel (the kernels are meant for small batches on shared cores).
+"""
+import numpy as np
+
+from tapegrad.backend.blas import matmul as blas_matmul
+from tapegrad.compiler import kernels, op_kernels
+from tapegrad.compiler.ir import Value
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _floats(node, n_float):
+    """The node's first ``n_float`` inputs and its first output share one float dtype."""
+    vals = node.inputs[:n_float]
+    if len(vals) < n_float or not all(isinstance(v, Value) for v in vals) or not node.outputs:
+        return False
+    dt = node.outputs[0].dtype
+    return dt in _FLOATS and all(v.dtype == dt for v in vals)
+
+
+# --- generated sources ---------------------------------------------------------------------
+_HEAD = 'import numpy as np\nfrom numba import njit\n\n\n@njit(cache=True, error_model="numpy")\n'
+
+
+def _load(fname, body, **consts):
+    """The numba function ``fname`` of ``body`` (its constants substituted), compiled once."""
+    return kernels.load(fname, _HEAD + body.format(**consts))
+
+
+class _Geom:
+    """A convolution's or pool's geometry: every size but the batch, as source constants."""
+
+    def __init__(self, c, h, w, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow):
+        self.c, self.h, self.w, self.kh, self.kw = c, h, w, kh, kw
+        self.sh, self.sw, self.pt, self.pl, self.dh, self.dw, self.oh, self.ow = \
+            sh, sw, pt, pl, dh, dw, oh, ow
+        # the zero-padded image every window fits in
+        self.hp = max(h + pt, (oh - 1) * sh + (kh - 1) * dh + 1)
+        self.wp = max(w + pl, (ow - 1) * sw + (kw - 1) * dw + 1)
+
+    def consts(self):
+        d = dict(vars(self))
+        d.update(P=self.oh * self.ow, K=self.c * self.kh * self.kw, HW=self.h * self.w,
+                 CPP=self.c * self.hp * self.wp)
+        return {k.upper(): v for k, v in d.items()}
+
+
+_PATCHES = '''def patches(x):
+    # (K, N*P): row (c*KH + i)*KW + j, column (n*OH + y)*OW + q holds
+    # x[n, c, y*SH - PT + i*DH, q*SW - PL + j*DW], zero outside the image
+    n_ = x.shape[0]
+    np_ = n_ * {P}
+    xp = np.zeros(n_ * {CPP}, x.dtype)
+    xf = np.ascontiguousarray(x).ravel()
+    for n in range(n_):
+        for c in range({C}):
+            for y in range({H}):
+                src = ((n * {C} + c) * {H} + y) * {W}
+                dst = ((n * {C} + c) * {HP} + y + {PT}) * {WP} + {PL}
+                for q in range({W}):
+                    xp[dst + q] = xf[src + q]
+    cf = np.empty({K} * np_, x.dtype)
+    for c in range({C}):
+        for i in range({KH}):
+            for j in range({KW}):
+                rb = ((c * {KH} + i) * {KW} + j) * np_
+                for n in range(n_):
+                    off = ((n * {C} + c) * {HP} + i * {DH}) * {WP} + j * {DW}
+                    for y in range({OH}):
+                        src = off + y * ({SH} * {WP})
+                        dst = rb + n * {P} + y * {OW}
+                        for q in range({OW}):
+                            cf[dst + q] = xp[src + q * {SW}]
+    return cf.reshape({K}, np_)
+'''
+
+_COL2IM = '''def col2im(cols):
+    # the adjoint of patches: (K, N*P) tap values summed onto a (N, C, H, W) image; each pixel
+    # takes its taps in (i, j) order, as eager's col2im adds them
+    np_ = cols.shape[1]
+    n_ = np_ // {P}
+    xp = np.zeros(n_ * {CPP}, cols.dtype)
+    for c in range({C}):
+        for i in range({KH}):
+            for j in range({KW}):
+                row = cols[(c * {KH} + i) * {KW} + j]
+                for n in range(n_):
+                    off = ((n * {C} + c) * {HP} + i * {DH}) * {WP} + j * {DW}
+                    for y in range({OH}):
+                        dst = off + y * ({SH} * {WP})
+                        src = n * {P} + y * {OW}
+                        for q in range({OW}):
+                            xp[dst + q * {SW}] += row[src + q]
+    img = np.empty((n_, {C}, {H}, {W}), cols.dtype)
+    f = img.reshape(n_ * {C} * {HW})
+    for n in range(n_):
+        for c in range({C}):
+            for y in range({H}):
+                src = ((n * {C} + c) * {HP} + y + {PT}) * {WP} + {PL}
+                dst = ((n * {C} + c) * {H} + y) * {W}
+                for q in range({W}):
+                    f[dst + q] = xp[src + q]
+    return img
+'''
+
+_TO_NCHW = '''def to_nchw(r):
+    # (O, N*P) -> contiguous (N, O, OH, OW)
+    np_ = r.shape[1]
+    n_ = np_ // {P}
+    out = np.empty((n_, {O}, {OH}, {OW}), r.dtype)
+    f = out.reshape(n_ * {O} * {P})
+    rf = r.ravel()
+    for n in range(n_):
+        for o in range({O}):
+            src = o * np_ + n * {P}
+            dst = (n * {O} + o) * {P}
+            for k in range({P}):
+                f[dst + k] = rf[src + k]
+    return out
+'''
+
+_TO_CHANNELS = '''def to_channels(g):
+    # (N, O, OH, OW) -> contiguous (O, N*P)
+    n_ = g.shape[0]
+    np_ = n_ * {P}
+    gf = np.ascontiguousarray(g).ravel()
+    out = np.empty({O} * np_, g.dtype)
+    for o in range({O}):
+        for n in range(n_):
+            src = (n * {O} + o) * {P}
+            dst = o * np_ + n * {P}
+            for k in range({P}):
+                out[dst + k] = gf[src + k]
+    return out.reshape({O}, np_)
+'''
+
+
+def _conv_geom(node, x_shape, w_shape, out_hw):
+    """The ``_Geom`` of a groups-1 convolution node (x: (N, C, H, W), w: (O, C, KH, KW),
+    output positions ``out_hw``), or None."""
+    p = node.params
+    if p.get("groups", 1) != 1 or len(x_shape) != 4 or len(w_shape) != 4:
+        return None
+    (sh, sw), ((pt, _), (pl, _)), (dh, dw) = p["stride"], p["padding"], p["dilation"]
+    ints = (x_shape[1], x_shape[2], x_shape[3], w_shape[2], w_shape[3], sh, sw, pt, pl, dh, dw,
+            out_hw[0], out_hw[1])
+    return _Geom(*(int(v) for v in ints))
+
+
+def _conv_kernels(geom, o, *names):
+    k = dict(geom.consts(), O=o)
+    src = {"patches": _PATCHES, "col2im": _COL2IM, "to_nchw": _TO_NCHW,
+           "to_channels": _TO_CHANNELS}
+    return [_load(nm, src[nm], **k) for nm in names]
+
+
+@op_kernels.register("conv2d")
+def _conv2d(node):
+    if not _floats(node, 2):
+        return None
+    x, w = node.inputs[:2]
+    out = node.outputs[0].shape  # out_size (when given) is already in it
+    geom = _conv_geom(node, x.shape, w.shape, out[2:])
+    if geom is None:
+        return None
+    o, k = int(w.shape[0]), geom.c * geom.kh * geom.kw
+    patches, to_nchw = _conv_kernels(geom, o, "patches", "to_nchw")
+
+    def conv2d(x, w, **_):
+        return to_nchw(blas_matmul(w.reshape(o, k), patches(x)))
+
+    return conv2d
+
+
+@op_kernels.register("conv2d_input")
+def _conv2d_input(node):
+    if not _floats(node, 2):
+        return None
+    g, w = node.inputs[:2]
+    size = tuple(node.params["size"])
+    geom = _conv_geom(node, (0, w.shape[1]) + size, w.shape, g.shape[2:])
+    if geom is None:
+        return None
+    o, k = int(w.shape[0]), geom.c * geom.kh * geom.kw
+    to_channels, col2im = _conv_kernels(geom, o, "to_channels", "col2im")
+
+    def conv2d_input(g, w, **_):
+        return col2im(blas_matmul(w.reshape(o, k).T, to_channels(g)))
+
+    return conv2d_input
+
+
+@op_kernels.register("conv2d_weight")
+def _conv2d_weight(node):
+    if not _floats(node, 2):
+        return None
+    x, g = node.inputs[:2]
+    kh, kw = node.params["kernel"]
+    o = int(g.shape[1])
+    geom = _conv_geom(node, x.shape, (o, x.shape[1], kh, kw), g.shape[2:])
+    if geom is None:
+        return None
+    patches, to_channels = _conv_kernels(geom, o, "patches", "to_channels")
+    shape = (o, geom.c, geom.kh, geom.kw)
+
+    def conv2d_weight(x, g, **_):
+        return blas_matmul(to_channels(g), patches(x).T).reshape(shape)
+
+    return conv2d_weight
+
+
+# --- max-pooling ---------------------------------------------------------------------------
+_POOL_INDICES = '''def pool_indices(x):
+    # flat (row*W + column) index of each window's maximum: the first maximum, the first NaN
+    # if the window holds one
+    planes = x.shape[0] * x.shape[1]
+    xf = np.ascontiguousarray(x).ravel()
+    idx = np.empty((x.shape[0], x.shape[1], {OH}, {OW}), np.int64)
+    f = idx.reshape(planes * {P})
+    ninf = -np.inf
+    for m in range(planes):
+        base = m * {HW}
+        for y in range({OH}):
+            for q in range({OW}):
+{BODY}
+    return idx
+'''
+
+
+def _pool_body(g, inside):
+    """The unrolled, branch-free window scan of ``_POOL_INDICES`` (the maximum's compare is
+    unpredictable). Windows inside the image track the best tap's offset from the window's
+    corner; others read a padded position as -inf and clip the best row and column, as
+    eager does."""
+    pad = " " * 16
+    take = f"{pad}t = (v > b) | ((v != v) & (b == b))"
+    out = f"{pad}f[m * {g.oh * g.ow} + y * {g.ow} + q] = "
+    lines = []
+    if inside:
+        lines.append(f"{pad}r0 = y * {g.sh * g.w} + q * {g.sw}")
+        for t in range(g.kh * g.kw):
+            i, j = divmod(t, g.kw)
+            off = i * g.dh * g.w + j * g.dw
+            lines.append(f"{pad}v = xf[base + r0 + {off}]")
+            if t == 0:
+                lines.append(f"{pad}b = v\n{pad}k = 0")
+            else:
+                lines += [take, f"{pad}b = v if t else b", f"{pad}k = {off} if t else k"]
+        lines.append(out + "r0 + k")
+        return "\n".join(lines)
+    for t in range(g.kh * g.kw):
+        i, j = divmod(t, g.kw)
+        r, c = f"(y * {g.sh} + {i * g.dh - g.pt})", f"(q * {g.sw} + {j * g.dw - g.pl})"
+        lines.append(f"{pad}v = np.float64(xf[base + {r} * {g.w} + {c}]) "
+                     f"if (0 <= {r} < {g.h} and 0 <= {c} < {g.w}) else ninf")
+        if t == 0:
+            lines.append(f"{pad}b = v\n{pad}br = {r}\n{pad}bc = {c}")
+        else:
+            lines += [take, f"{pad}b = v if t else b", f"{pad}br = {r} if t else br",
+                      f"{pad}bc = {c} if t else bc"]
+    lines.append(out + f"min(max(br, 0), {g.h - 1}) * {g.w} + min(max(bc, 0), {g.w - 1})")
+    return "\n".join(lines)
+
+
+_POOL_GATHER = '''def pool_gather(x, idx):
+    planes = x.shape[0] * x.shape[1]
+    xf = np.ascontiguousarray(x).ravel()
+    jf = np.ascontiguousarray(idx).ravel()
+    out = np.empty((x.shape[0], x.shape[1], {OH}, {OW}), x.dtype)
+    f = out.reshape(planes * {P})
+    for m in range(planes):
+        for k in range({P}):
+            f[m * {P} + k] = xf[m * {HW} + jf[m * {P} + k]]
+    return out
+'''
+
+_POOL_SCATTER = '''def pool_scatter(g, idx):
+    # adds in eager's order (plane by plane, positions in order), so repeated indices of
+    # overlapping windows sum as eager's add.at does
+    planes = g.shape[0] * g.shape[1]
+    gf = np.ascontiguousarray(g).ravel()
+    jf = np.ascontiguousarray(idx).ravel()
+    out = np.zeros((g.shape[0], g.shape[1], {H}, {W}), g.dtype)
+    f = out.reshape(planes * {HW})
+    for m in range(planes):
+        for k in range({P}):
+            f[m * {HW} + jf[m * {P} + k]] += gf[m * {P} + k]
+    return out
+'''
+
+
+@op_kernels.register("max_pool2d_indices")
+def _max_pool2d_indices(node):
+    x = node.inputs[0] if node.inputs else None
+    if not isinstance(x, Value) or x.dtype not in _FLOATS or len(x.shape) != 4:
+        return None
+    p = node.params
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw), (oh, ow) = (
+        p["kernel"], p["stride"], p["padding"], p["dilation"], p["out_size"])
+    g = _Geom(*(int(v) for v in (1, x.shape[2], x.shape[3], kh, kw, sh, sw, ph, pw, dh, dw,
+                                 oh, ow)))
+    inside = g.pt == g.pl == 0 and (g.oh - 1) * g.sh + (g.kh - 1) * g.dh < g.h and \
+        (g.ow - 1) * g.sw + (g.kw - 1) * g.dw < g.w
+    fn = _load("pool_indices", _POOL_INDICES.replace("{BODY}", _pool_body(g, inside)),
+               **g.consts())
+
+    def max_pool2d_indices(x, **_):
+        return fn(x)
+
+    return max_pool2d_indices
+
+
+def _pool_geom(x_shape, out_shape):
+    if len(x_shape) != 4 or len(out_shape) != 4:
+        return None
+    return _Geom(1, int(x_shape[2]), int(x_shape[3]), 1, 1, 1, 1, 0, 0, 1, 1,
+                 int(out_shape[2]), int(out_shape[3]))
+
+
+@op_kernels.register("max_pool2d")
+def _max_pool2d(node):
+    if not _floats(node, 1) or len(node.inputs) != 2:
+        return None
+    g = _pool_geom(node.inputs[0].shape, node.outputs[0].shape)
+    if g is None:
+        return None
+    fn = _load("pool_gather", _POOL_GATHER, **g.consts())
+
+    def max_pool2d(x, idx, **_):
+        return fn(x, idx)
+
+    return max_pool2d
+
+
+@op_kernels.register("max_pool2d_backward")
+def _max_pool2d_backward(node):
+    size = node.params.get("size")
+    if not _floats(node, 1) or size is None:
+        return None
+    g = _pool_geom(size, node.inputs[0].shape)
+    if g is None:
+        return None
+    fn = _load("pool_scatter", _POOL_SCATTER, **g.consts())
+
+    def max_pool2d_backward(g, idx, **_):
+        return fn(g, idx)
+
+    return max_pool2d_backward
