@@ -13,16 +13,18 @@ from tapegrad.ops import registry as _registry
 from tapegrad.ops import special_functions as _SF, elementwise as _E, reduce as _R
 from tapegrad.ops.special_functions import (erfc, ndtr, ndtri, log_ndtr, xlog1py, sinc, entr,
                                             i0, i0e, i1, i1e, bessel_j0, bessel_j1, digamma,
-                                            erfinv, lgamma as gammaln, polygamma)
+                                            erfinv, lgamma as gammaln, polygamma, igamma,
+                                            igammac)
 from tapegrad.ops.elementwise import erf, expm1, log1p, round  # noqa: F401
 from tapegrad.ops.extra_elementwise import xlogy, exp2  # noqa: F401
 
 __all__ = ["erf", "erfc", "erfinv", "expit", "logit", "xlogy", "xlog1py", "gammaln",
            "digamma", "psi", "polygamma", "multigammaln", "i0", "i0e", "i1", "i1e", "ndtr",
            "ndtri", "log_ndtr", "sinc", "entr", "logsumexp", "softmax", "log_softmax", "round",
-           "zeta", "bessel_j0", "bessel_j1", "expm1", "exp2", "log1p"]
+           "zeta", "bessel_j0", "bessel_j1", "expm1", "exp2", "log1p", "gammainc", "gammaincc"]
 
 psi = digamma
+gammainc, gammaincc = igamma, igammac  # as torch.special: the regularized incomplete gammas
 
 
 def expit(input):
@@ -89,9 +91,12 @@ def mvlgamma(input, p):
 # the top-level names and Tensor methods PyTorch has for these (torch.lgamma, x.erfinv()...)
 TOPLEVEL = {"erfc": erfc, "erfinv": erfinv, "lgamma": gammaln, "digamma": digamma,
             "polygamma": polygamma, "mvlgamma": mvlgamma, "i0": i0, "sinc": sinc,
-            "logit": logit}
+            "logit": logit, "igamma": igamma, "igammac": igammac}
 for _name, _fn in TOPLEVEL.items():
     if _name == "polygamma":  # x.polygamma(n) takes n second
         setattr(_registry.Tensor, _name, lambda self, n: polygamma(n, self))
     else:
         setattr(_registry.Tensor, _name, _fn)
+for _name in ("igamma", "igammac"):  # x.igamma_(other): written in place, version bumped
+    from tapegrad.tensor import _generic_inplace
+    setattr(_registry.Tensor, _name + "_", _generic_inplace(_name))

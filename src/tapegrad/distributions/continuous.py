@@ -296,6 +296,13 @@ class Gamma(Distribution):
         return (xlogy(self.concentration, self.rate) + xlogy(self.concentration - 1, value)
                 - self.rate * value - lgamma(self.concentration))
 
+    def cdf(self, value):
+        """``P(concentration, rate * value)`` (``special.gammainc``): differentiable in ``rate``
+        and ``value``; not in ``concentration``, as in PyTorch."""
+        if self._validate_args:
+            self._validate_sample(value)
+        return tapegrad.special.gammainc(self.concentration, self.rate * value)
+
     def entropy(self):
         c = self.concentration
         return c - tapegrad.log(self.rate) + lgamma(c) + (1.0 - c) * digamma(c)

@@ -726,10 +726,10 @@ def _c_pow(a, b):
 
 
 def _fma(a, b, c, fused=True):
-    """``a * b + c`` rounded once (``fused``), as the compiler contracts PyTorch's kernel where
-    it inlines it (the vectorised loop; igamma's call to igammac and the last < 16 elements of
-    a chunk run the unfused copy): float32 through float64 (the product is exact there);
-    float64 by Dekker's exact product and a two-sum."""
+    """``a * b + c`` rounded once (``fused``), as the compiler contracts PyTorch's AVX-512
+    kernel where it inlines it (the vectorised loop; igamma's call to igammac, the last < 16
+    elements of a run, and the AVX2/default builds run unfused code): float32 through float64
+    (the product is exact there); float64 by Dekker's exact product and a two-sum."""
     if not fused:
         return a * b + c
     if a.dtype != xp.float64:
