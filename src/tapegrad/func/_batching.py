@@ -6,7 +6,7 @@ move the batch to the front and shift the op's dim params by one: numpy forwards
 handle a leading dim.
 """
 from tapegrad.func._vmap import (move_to_front, pad_after_batch, expand_batch, logical_ndim,
-                                 _front, is_batched)
+                                 _front, is_batched, DEFERRED)
 from tapegrad.ops.movement import _dim
 from tapegrad.backend import xp
 from tapegrad.ops.registry import REGISTRY
@@ -274,6 +274,10 @@ def _(args, bdims):
     if bw is None and bb is None and bx is not None:
         return R["linear"](move_to_front(x, bx), w, b) if b is not None else \
             R["linear"](move_to_front(x, bx), w), 0
+    if bx is None and bw is None:  # only the bias is batched
+        out, bo = R["linear"](x, w), None
+        bphys = move_to_front(b, bb)
+        return R["add"](out, pad_after_batch(bphys, out.dim() - (bphys.dim() - 1))), 0
     # a batched weight: x @ w^T (+ b) through the matmul rule
     wt = R["permute"](w, dims=tuple(range(w.dim() - 2)) + (w.dim() - 1, w.dim() - 2)) \
         if bw is None else _batched_t(w, bw)
@@ -353,6 +357,8 @@ def _(args, bdims, pbdims=None, idx=None, shape=(), dim=0, keepdim=False):
 
 def rules():
     """Names of the ops vmap runs with a batch rule (written or derived), not a loop."""
+    for name in [n for n in DEFERRED if n in R]:
+        DEFERRED.pop(name)(R[name])
     return sorted(n for n, o in REGISTRY.items() if o.batch_rule is not None or o.pointwise)
 
 
@@ -473,3 +479,192 @@ def _(args, bdims, pbdims=None, scale=1.0, keep=None):
         if not is_batched(keep):
             keep = keep._data
     return R["scaled_dot_product_attention"](*new, scale=scale, keep=keep), 0
+
+
+# --- reductions to bool, fused pointwise losses, linear + relu -------------------------------
+for _n in ("all", "any"):
+    _dim_rule(_n, "dims", "optional")
+
+
+def _pointwise_like(name):
+    """A fused op that acts elementwise on same-shaped inputs (broadcast as pointwise ops)."""
+    from tapegrad.func._vmap import _pointwise_rule
+
+    R[name].batch(_pointwise_rule(R[name]))
+
+
+_pointwise_like("binary_cross_entropy")
+
+
+def _aligned(args, bdims):
+    """Batched inputs moved to the front and padded to the largest logical rank ``r``;
+    unbatched ones as they are (they broadcast from the right). Returns (new args, r)."""
+    ranks = [logical_ndim(a, b) for a, b in zip(args, bdims)]
+    r = max(ranks)
+    return [a if b is None else pad_after_batch(move_to_front(a, b), r - n)
+            for a, b, n in zip(args, bdims, ranks)], r
+
+
+def _reduced_pair(name):
+    """``op(x, q, dim)``: elementwise in x and q (broadcast), then reduced along ``dim``."""
+    o = R[name]
+
+    def rule(args, bdims, dim):
+        new, r = _aligned(args, bdims)
+        size = next(a.shape[b] for a, b in zip(args, bdims) if b is not None)
+        new = [a if b is not None else expand_batch(pad_to(a, r), size)
+               for a, b in zip(new, bdims)]
+        return o(*new, dim=_shift(dim, r)), 0
+
+    o.batch(rule)
+
+
+for _n in ("nll_loss", "softmax_cross_entropy"):
+    _reduced_pair(_n)
+
+
+@R["linear_relu"].batch
+def _(args, bdims):
+    out, bo = R["linear"].batch_rule(args, bdims)
+    return R["relu"](out), bo
+
+
+# --- linear algebra on the last two dims: numpy batches the leading dims ---------------------
+def _later(name):
+    """Register the decorated installer for op ``name``, which is registered after this module
+    (linalg): vmap runs it the first time it meets the op (``deferred``), ``rules()`` at once."""
+    def deco(install):
+        if name in R:
+            install(R[name])
+        else:
+            DEFERRED[name] = install
+        return install
+
+    return deco
+
+
+def _leading(name):
+    """An op on the trailing (matrix) dims of one input; its output keeps the leading dims."""
+    @_later(name)
+    def install(o):
+        def rule(args, bdims, **params):
+            return o(move_to_front(args[0], bdims[0]), **params), 0
+
+        o.batch(rule)
+
+
+for _n in ("linalg_cholesky", "linalg_det", "linalg_eigh", "linalg_inv", "linalg_pinv",
+           "linalg_qr", "linalg_qr_r", "linalg_slogdet", "linalg_slogdet_sign", "linalg_svd"):
+    _leading(_n)
+
+
+def _leading_pair(name):
+    """Two matrix inputs with equal batch dims (the public function broadcast them first):
+    both get the vmap batch in front (an unbatched one expanded)."""
+    @_later(name)
+    def install(o):
+        def rule(args, bdims, **params):
+            size = next(a.shape[b] for a, b in zip(args, bdims) if b is not None)
+            return o(*_front(args, bdims, size), **params), 0
+
+        o.batch(rule)
+
+
+for _n in ("linalg_solve", "linalg_solve_triangular", "linalg_lstsq"):
+    _leading_pair(_n)
+
+
+@_later("linalg_cross")
+def _(o):
+    o.batch(_cross_rule)
+
+
+def _cross_rule(args, bdims, dim):
+    new, r = _aligned(args, bdims)
+    size = next(a.shape[b] for a, b in zip(args, bdims) if b is not None)
+    new = [a if b is not None else expand_batch(pad_to(a, r), size)
+           for a, b in zip(new, bdims)]
+    return R["linalg_cross"](*new, dim=_shift(dim, r)), 0
+
+
+def pad_to(t, r):
+    """Leading size-1 dims up to rank ``r`` (an unbatched input, as broadcasting would)."""
+    return R["reshape"](t, shape=(1,) * (r - t.dim()) + tuple(t.shape))
+
+
+# --- copies and scatters ---------------------------------------------------------------------
+@R["copy"].batch
+def _(args, bdims):
+    a, src = args
+    ba, bs = bdims
+    size = a.shape[ba] if ba is not None else src.shape[bs]
+    a = move_to_front(a, ba) if ba is not None else expand_batch(a, size)
+    if bs is not None:
+        src = pad_after_batch(move_to_front(src, bs), a.dim() - src.dim())
+    return R["copy"](a, src), 0
+
+
+@R["diag_embed"].batch
+def _(args, bdims, shape, offset, dim1, dim2):
+    a = move_to_front(args[0], bdims[0])
+    nd = len(shape)
+    return R["diag_embed"](a, shape=(a.shape[0],) + tuple(shape), offset=offset,
+                           dim1=_shift(dim1, nd), dim2=_shift(dim2, nd)), 0
+
+
+def _batch_position(index):
+    """Where a front batch dim lands in ``x[(slice(None),) + index]`` (numpy's rules: advanced
+    indices that are not adjacent put their broadcast dims first)."""
+    import numpy as np
+
+    key = index if isinstance(index, tuple) else (index,)
+    if not any(_is_advanced(k) for k in key):
+        return 0
+    adv = [i for i, k in enumerate(key) if _is_advanced(k) or isinstance(k, int)]
+    if adv == list(range(adv[0], adv[-1] + 1)):
+        return 0
+    shapes = [(int(np.count_nonzero(key[i])),) if getattr(key[i], "dtype", None) == bool
+              else np.shape(key[i]) for i in adv]
+    return len(np.broadcast_shapes(*shapes))
+
+
+def _place(t, b, pos, rank):
+    """Batched ``t`` (batch at ``b``) as a value for an indexed region of logical rank ``rank``
+    whose batch sits at ``pos``: front, padded, then moved to ``pos``."""
+    t = pad_after_batch(move_to_front(t, b), rank - (t.dim() - 1))
+    if pos == 0:
+        return t
+    n = t.dim()
+    dims = tuple(range(1, pos + 1)) + (0,) + tuple(range(pos + 1, n))
+    return R["permute"](t, dims=dims)
+
+
+@R["index_backward"].batch
+def _(args, bdims, shape, index, accumulate=True):
+    key = index if isinstance(index, tuple) else (index,)
+    if any(hasattr(k, "_data") for k in key):
+        return NotImplemented  # a tensor index: the loop
+    g = args[0]
+    pos = _batch_position(key)
+    g = _place(g, bdims[0], pos, g.dim() - 1)
+    return R["index_backward"](g, shape=(g.shape[pos],) + tuple(shape),
+                               index=(slice(None),) + key, accumulate=accumulate), 0
+
+
+@R["index_put"].batch
+def _(args, bdims, index, accumulate=False, basic=False):
+    key = index if isinstance(index, tuple) else (index,)
+    if any(hasattr(k, "_data") for k in key):
+        return NotImplemented
+    a, v = args
+    ba, bv = bdims
+    size = a.shape[ba] if ba is not None else v.shape[bv]
+    a = move_to_front(a, ba) if ba is not None else expand_batch(a, size)
+    if bv is not None:
+        import numpy as np
+
+        pos = _batch_position(key)
+        region = np.empty(tuple(a.shape[1:]), dtype=bool)[key].ndim  # the indexed rank
+        v = _place(v, bv, pos, region)
+    return R["index_put"](a, v, index=(slice(None),) + key, accumulate=accumulate,
+                          basic=basic), 0

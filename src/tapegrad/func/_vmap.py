@@ -186,6 +186,7 @@ def logical_ndim(a, b):
 
 # --- the level -----------------------------------------------------------------------------
 _WARNED = set()
+DEFERRED = {}  # op name -> installer of its batch rule, for ops registered after _batching
 
 
 class VmapLevel(DispatchMode):
@@ -223,6 +224,9 @@ class VmapLevel(DispatchMode):
                 pparams = dict(pparams)
                 pparams[k] = p
         rule = op.batch_rule
+        if rule is None and op.name in DEFERRED:  # an op registered after _batching (linalg)
+            DEFERRED.pop(op.name)(op)
+            rule = op.batch_rule
         if rule is None and op.pointwise and not pbdims:
             rule = _pointwise_rule(op)
         out = None
