@@ -194,3 +194,97 @@ def test_compiled_gpt_step_with_gpt_kernels_matches_eager_over_100_steps(monkeyp
     else:  # erf32 (<= 1 ulp), libm exp in gelu_backward: float32 rounding, grown over 100 steps
         assert rel <= 1e-4, rel
     assert want[-1] < want[0] - 0.5  # it trains
+
+
+def _mlp_step(dtype, make_opt, clip):
+    """A small relu MLP's training step (MSE, optional clipping, the given optimizer) and
+    its parameters: fused relu kernels are exact, so compiled and eager agree bitwise."""
+    tapegrad.manual_seed(0)
+    nn = tapegrad.nn
+    model = nn.Sequential(nn.Linear(5, 16), nn.ReLU(), nn.Linear(16, 3)).to(
+        getattr(tapegrad, np.dtype(dtype).name))
+    opt = make_opt(model)
+
+    def step(x, y):
+        loss = ((model(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        if clip:
+            nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+        opt.step()
+        return loss.item()
+
+    return step, model, opt
+
+
+OPTIMIZERS = {
+    "adamw_groups": lambda m: tapegrad.optim.AdamW(
+        [{"params": [m[0].weight, m[2].weight], "weight_decay": 0.1},
+         {"params": [m[0].bias, m[2].bias], "weight_decay": 0.0}], lr=3e-2, betas=(0.9, 0.95)),
+    "adam_coupled_maximize": lambda m: tapegrad.optim.Adam(
+        m.parameters(), lr=1e-2, weight_decay=0.05, maximize=True),
+    "adamw_lerp_high": lambda m: tapegrad.optim.AdamW(m.parameters(), lr=1e-2,
+                                                        betas=(0.3, 0.9), foreach=False),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
+def test_adam_and_clip_kernels_are_eager_bitwise(monkeypatch, dtype, kind):
+    """The same compiled step with and without the two kernels (the eager optimizer step
+    and clip_grad_norm_ in the graph): bitwise the same losses, parameters, gradients and
+    state (the numba backend's fused matmul kernels add in another order than BLAS, so
+    the whole compiled step is not bitwise eager's; the step and the clip are)."""
+    monkeypatch.setenv("TAPEGRAD_COMPILE_KERNELS", "numba")
+    rng = np.random.default_rng(1)
+    data = [(tapegrad.tensor(rng.standard_normal((8, 5)).astype(dtype)),
+             tapegrad.tensor(rng.standard_normal((8, 3)).astype(dtype))) for _ in range(6)]
+    eager, em, eo = _mlp_step(dtype, OPTIMIZERS[kind], clip=True)
+    with monkeypatch.context() as m:
+        for name in ("optimizer_step", "clip_grad_norm"):
+            m.setitem(op_kernels._FACTORIES, name, [])
+        plain = tapegrad.compile(eager)
+        a = [plain(x, y) for x, y in data]
+    assert "optimizer_step_kernel(" not in plain.entries[-1].source
+    raw, cm, co = _mlp_step(dtype, OPTIMIZERS[kind], clip=True)
+    comp = tapegrad.compile(raw)
+    b = [comp(x, y) for x, y in data]
+    src = comp.entries[-1].source
+    assert "optimizer_step_kernel(" in src and "clip_grad_norm_kernel(" in src
+    assert a == b
+    for p, q in zip(em.parameters(), cm.parameters()):
+        assert np.array_equal(p.detach().numpy(), q.detach().numpy()) and np.array_equal(p.grad.numpy(),
+                                                                        q.grad.numpy())
+        for k in ("exp_avg", "exp_avg_sq", "step"):
+            assert np.array_equal(eo.state[p][k].numpy(), co.state[q][k].numpy()), k
+        assert p._version[0] == q._version[0]
+
+
+def test_adam_kernel_runs_the_real_step_where_it_does_not_serve(monkeypatch):
+    """AMSGrad (switched on after compiling): the node's own step runs, exact."""
+    monkeypatch.setenv("TAPEGRAD_COMPILE_KERNELS", "numba")
+    rng = np.random.default_rng(2)
+    data = [(tapegrad.tensor(rng.standard_normal((8, 5))),
+             tapegrad.tensor(rng.standard_normal((8, 3)))) for _ in range(5)]
+    make = OPTIMIZERS["adam_coupled_maximize"]
+    raw_e, em, eo = _mlp_step(np.float64, make, clip=False)
+    with monkeypatch.context() as m:
+        m.setitem(op_kernels._FACTORIES, "optimizer_step", [])
+        eager = tapegrad.compile(raw_e)
+        eager(*data[0])
+    raw, cm, co = _mlp_step(np.float64, make, clip=False)
+    comp = tapegrad.compile(raw)
+    comp(*data[0])
+    assert "optimizer_step_kernel(" in comp.entries[-1].source
+    for i, (x, y) in enumerate(data[1:], 1):
+        if i == 3:
+            for o in (eo, co):
+                for g in o.param_groups:
+                    g["amsgrad"] = True
+                for st in o.state.values():
+                    st["max_exp_avg_sq"] = tapegrad.zeros_like(st["exp_avg_sq"])
+        assert eager(x, y) == comp(x, y)
+    for p, q in zip(em.parameters(), cm.parameters()):
+        assert np.array_equal(p.detach().numpy(), q.detach().numpy())
+        assert np.array_equal(eo.state[p]["max_exp_avg_sq"].numpy(),
+                              co.state[q]["max_exp_avg_sq"].numpy())

@@ -37,7 +37,8 @@ def _kernels():
         import sys
 
         mod = sys.modules[kernels.load("attention_shift", SOURCE).py_func.__module__]
-        for name in ("layer_norm_rows", "softmax_shift", "softmax_norm", "attention_shift"):
+        for name in ("layer_norm_rows", "softmax_shift", "softmax_norm", "attention_shift",
+                     "adam_update"):
             _K[name] = getattr(mod, name)
     return _K
 
@@ -196,6 +197,36 @@ def attention_shift(s, bias, scale, has_bias):
                         m = r[j]
                 for j in range(S):
                     r[j] = r[j] - m
+
+
+@njit(error_model="numpy", cache=True)
+def adam_update(p, g, m, v, c, flags):
+    """One Adam/AdamW step over flat (C-contiguous) param, grad and moments, in eager's
+    order of operations (optim/adam.py): each element read and written once. ``c``: the
+    hyperparameters in the param's dtype (one array: numba's dispatch is per argument)."""
+    decay, wd, w1, one_m_w1, beta2, w2, bc2s, eps, neg_step = \
+        c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8]
+    w1_low, maximize, decay_mode = flags[0] != 0, flags[1] != 0, flags[2]
+    for i in range(p.shape[0]):
+        gi = g[i]
+        if maximize:
+            gi = -gi
+        pi = p[i]
+        if decay_mode == 1:  # AdamW's decoupled decay
+            pi = pi * decay
+        elif decay_mode == 2:  # Adam's, into the gradient
+            gi = gi + wd * pi
+        mi = m[i]
+        if w1_low:  # lerp_, PyTorch's two-sided formula
+            mi = mi + w1 * (gi - mi)
+        else:
+            mi = gi - (gi - mi) * one_m_w1
+        vi = v[i] * beta2
+        vi = vi + (gi * w2) * gi
+        d = np.sqrt(vi) / bc2s + eps
+        p[i] = pi + (mi * neg_step) / d
+        m[i] = mi
+        v[i] = vi
 '''
 
 
@@ -317,3 +348,109 @@ def attention_factory(node):
         return matmul(s, v)
 
     return attention_kernel
+
+
+@op_kernels.register("optimizer_step")
+def adam_factory(node):
+    """Adam/AdamW (not AMSGrad, capturable or differentiable) as one numba loop per
+    parameter instead of eager's dozen numpy passes: bitwise eager's (the same IEEE
+    operations, Python-float hyperparameters rounded to the parameter's dtype as numpy
+    does). A call whose parameters, state or options the kernel does not serve (a parameter
+    without state yet, a non-contiguous array, another dtype) runs the node's own step."""
+    from tapegrad.optim.adam import Adam
+    from tapegrad.optim.adamw import AdamW
+
+    opt = (node.meta or {}).get("optimizer")
+    if type(opt) not in (Adam, AdamW) or node.impl is None or len(node.inputs) % 2:
+        return None
+    n = len(node.inputs) // 2
+    for a, gv in zip(node.inputs[:n], node.inputs[n:]):
+        if not isinstance(a, Value) or not isinstance(gv, Value) or \
+                np.dtype(a.dtype) not in _FLOATS or gv.dtype != a.dtype or gv.shape != a.shape:
+            return None
+    update = _kernels()["adam_update"]
+    impl = node.impl
+    owner = {}  # id(param array) -> (param, group), rebuilt when a parameter array is new
+
+    def _lookup(arrays):
+        found = []
+        for a in arrays:
+            hit = owner.get(id(a))
+            if hit is None or hit[0]._data is not a:
+                owner.clear()
+                owner.update({id(p._data): (p, g) for g in opt.param_groups
+                              for p in g["params"]})
+                hit = owner.get(id(a))
+                if hit is None or hit[0]._data is not a:
+                    return None
+            found.append(hit)
+        return found
+
+    def optimizer_step_kernel(*arrays, optimizer=None):
+        found = _lookup(arrays[:n])
+        if found is None:
+            return impl(*arrays, optimizer=optimizer)
+        work = []
+        for (p, group), grad in zip(found, arrays[n:]):
+            st = opt.state.get(p)
+            d = p._data
+            if not st or set(st) != {"step", "exp_avg", "exp_avg_sq"} or group["amsgrad"] \
+                    or group.get("capturable") or group.get("differentiable") \
+                    or not d.flags.c_contiguous or d.dtype not in _FLOATS \
+                    or grad.dtype != d.dtype:
+                return impl(*arrays, optimizer=optimizer)
+            m, v = st["exp_avg"]._data, st["exp_avg_sq"]._data
+            if m.dtype != d.dtype or v.dtype != d.dtype or not m.flags.c_contiguous or \
+                    not v.flags.c_contiguous or m.shape != d.shape or v.shape != d.shape:
+                return impl(*arrays, optimizer=optimizer)
+            work.append((p, group, grad, st, m, v))
+        for p, group, grad, st, m, v in work:
+            dt = p._data.dtype
+            beta1, beta2 = group["betas"]
+            lr, wd = group["lr"], group["weight_decay"]
+            step_t = st["step"]._data
+            step_t += 1
+            step = float(step_t)
+            step_size = lr / (1 - beta1 ** step)
+            bc2s = (1 - beta2 ** step) ** 0.5
+            w1 = 1 - beta1
+            mode = 0 if wd == 0 else 1 if group.get("decoupled_weight_decay") else 2
+            # Python floats rounded once to the dtype, as numpy's weak scalars are
+            c = np.array([1 - lr * wd, wd, w1, 1 - w1, beta2, 1 - beta2, bc2s, group["eps"],
+                          -step_size], dt)
+            flags = np.array([abs(w1) < 0.5, group["maximize"], mode], np.int8)
+            update(p._data.reshape(-1), np.ascontiguousarray(grad).reshape(-1),
+                   m.reshape(-1), v.reshape(-1), c, flags)
+            p._version[0] += 1
+        return tuple(p._data for p, *_ in work)
+
+    return optimizer_step_kernel
+
+
+@op_kernels.register("clip_grad_norm")
+def clip_grad_norm_factory(node):
+    """clip_grad_norm_ (2-norm, no error on a non-finite norm) over gradients of one float
+    dtype, without eager's Tensor wrappers, copies and abs: each gradient's sum of squares
+    (numpy's pairwise sum of the raveled squares, as eager's), the total, the coefficient
+    and one multiply per gradient: bitwise eager's."""
+    p = node.params
+    grads = node.inputs
+    if p.get("norm_type") != 2.0 or p.get("error_if_nonfinite") or not grads or \
+            not all(isinstance(g, Value) for g in grads):
+        return None
+    dt = _floats(*grads)
+    if dt is None:
+        return None
+    tiny, one = dt.type(1e-6), dt.type(1.0)
+
+    def clip_grad_norm_kernel(*grads, max_norm, norm_type, error_if_nonfinite):
+        norms = np.empty(len(grads), dt)
+        for i, g in enumerate(grads):
+            a = g.ravel()
+            norms[i] = np.sqrt(np.add.reduce(a * a))
+        total = np.sqrt(np.add.reduce(norms * norms))
+        with np.errstate(invalid="ignore", over="ignore"):
+            coef = np.minimum(dt.type(max_norm) / (total + tiny), one)
+            return (np.asarray(total, dt),) + tuple(g * coef for g in grads)
+
+    return clip_grad_norm_kernel
