@@ -668,3 +668,174 @@ def _(args, bdims, index, accumulate=False, basic=False):
         v = _place(v, bv, pos, region)
     return R["index_put"](a, v, index=(slice(None),) + key, accumulate=accumulate,
                           basic=basic), 0
+
+
+# --- normalisation: the batch in front, the params reshaped with it ---------------------------
+def _norm_rule(name):
+    o = R[name]
+
+    def rule(args, bdims, axes, eps, param_shape):
+        size = next(a.shape[b] for a, b in zip(args, bdims) if b is not None)
+        x = move_to_front(args[0], bdims[0]) if bdims[0] is not None else \
+            expand_batch(args[0], size)
+        nd = x.dim() - 1
+        params = list(args[1:])
+        if any(b is not None for b in bdims[1:]):  # per-example weights: (B,) + param_shape
+            params = _front(params, bdims[1:], size)
+            shape = (size,) + (1,) * (nd - len(param_shape)) + tuple(param_shape)
+        else:
+            shape = (1,) + tuple(param_shape)
+        return o(x, *params, axes=_shift_all(axes, nd), eps=eps, param_shape=shape), 0
+
+    o.batch(rule)
+
+
+for _n in ("layer_norm", "batch_norm"):
+    _norm_rule(_n)
+
+
+# --- pooling and convolution: the batch folded into N, or into the channel groups -------------
+@R["avg_pool2d"].batch
+def _(args, bdims, **params):
+    x = move_to_front(args[0], bdims[0])
+    size = x.shape[0]
+    return _unfold(R["avg_pool2d"](_fold(x, size), **params), size), 0
+
+
+@R["avg_pool2d_backward"].batch
+def _(args, bdims, **params):
+    g = move_to_front(args[0], bdims[0])
+    size = g.shape[0]
+    return _unfold(R["avg_pool2d_backward"](_fold(g, size), **params), size), 0
+
+
+def _into_channels(t, size):
+    """(B, N, C, ...) -> (N, B * C, ...): each example's channels as their own groups."""
+    shape = tuple(t.shape)
+    t = R["permute"](t, dims=(1, 0) + tuple(range(2, len(shape))))
+    return R["reshape"](t, shape=(shape[1], size * shape[2]) + shape[3:])
+
+
+def _from_channels(t, size):
+    """(N, B * C, ...) -> (N, B, C, ...) (the batch at dim 1)."""
+    shape = tuple(t.shape)
+    return R["reshape"](t, shape=(shape[0], size, shape[1] // size) + shape[2:])
+
+
+def _merge_front(t):
+    """(B, O, ...) -> (B * O, ...)."""
+    shape = tuple(t.shape)
+    return R["reshape"](t, shape=(shape[0] * shape[1],) + shape[2:])
+
+
+@R["conv2d"].batch
+def _(args, bdims, stride, padding, dilation, groups, out_size=None):
+    x, w = args
+    bx, bw = bdims
+    kw = dict(stride=stride, padding=padding, dilation=dilation, out_size=out_size)
+    if bw is None:
+        x = move_to_front(x, bx)
+        size = x.shape[0]
+        return _unfold(R["conv2d"](_fold(x, size), w, groups=groups, **kw), size), 0
+    size = w.shape[bw]
+    x = move_to_front(x, bx) if bx is not None else expand_batch(x, size)
+    out = R["conv2d"](_into_channels(x, size), _merge_front(move_to_front(w, bw)),
+                      groups=groups * size, **kw)
+    return _from_channels(out, size), 1
+
+
+@R["conv2d_input"].batch
+def _(args, bdims, size, stride, padding, dilation, groups):
+    g, w = args
+    bg, bw = bdims
+    kw = dict(size=size, stride=stride, padding=padding, dilation=dilation)
+    if bw is None:
+        g = move_to_front(g, bg)
+        b = g.shape[0]
+        return _unfold(R["conv2d_input"](_fold(g, b), w, groups=groups, **kw), b), 0
+    b = w.shape[bw]
+    g = move_to_front(g, bg) if bg is not None else expand_batch(g, b)
+    out = R["conv2d_input"](_into_channels(g, b), _merge_front(move_to_front(w, bw)),
+                            groups=groups * b, **kw)
+    return _from_channels(out, b), 1
+
+
+@R["conv2d_weight"].batch
+def _(args, bdims, kernel, stride, padding, dilation, groups):
+    x, g = args
+    b = next(a.shape[d] for a, d in zip(args, bdims) if d is not None)
+    x, g = _front(args, bdims, b)
+    out = R["conv2d_weight"](_into_channels(x, b), _into_channels(g, b), kernel=kernel,
+                             stride=stride, padding=padding, dilation=dilation,
+                             groups=groups * b)
+    shape = tuple(out.shape)
+    return R["reshape"](out, shape=(b, shape[0] // b) + shape[1:]), 0
+
+
+# --- einsum: a fresh subscript for the batch --------------------------------------------------
+@R["einsum"].batch
+def _(args, bdims, equation):
+    lhs, out = equation.split("->")
+    free = next(c for c in "ZYXWVUTSRQPONMLKJIHGFEDCBAzyxwvutsrqponmlkjihgfedcba"
+                if c not in equation)
+    terms = lhs.split(",")
+    new = []
+    for i, (a, b) in enumerate(zip(args, bdims)):
+        if b is not None:
+            new.append(move_to_front(a, b))
+            terms[i] = free + terms[i]
+        else:
+            new.append(a)
+    return R["einsum"](new, equation=",".join(terms) + "->" + free + out), 0
+
+
+# --- embedding: the batch folded into the table's rows ------------------------------------------
+def _offsets(idx, size, rows):
+    """Batched indices (B, ...) into B stacked tables of ``rows`` rows: idx + b * rows."""
+    off = xp.arange(size, dtype=xp.int64).reshape((size,) + (1,) * (idx.dim() - 1)) * rows
+    return R["add"](idx, registry_tensor(off))
+
+
+def registry_tensor(array):
+    from tapegrad.ops import registry
+
+    return registry.Tensor._make(array)
+
+
+@R["embedding"].batch
+def _(args, bdims, padding_idx=None, scale=None):
+    w, idx = args
+    bw, bi = bdims
+    if bw is None:
+        return R["embedding"](w, idx, padding_idx=padding_idx, scale=scale), bi
+    if scale is not None and type(scale).__name__ == "BatchedArray":
+        return NotImplemented
+    w = move_to_front(w, bw)
+    size, rows = w.shape[0], w.shape[1]
+    idx = move_to_front(idx, bi) if bi is not None else expand_batch(idx, size)
+    table = R["reshape"](w, shape=(size * rows,) + tuple(w.shape[2:]))
+    if padding_idx is not None:  # every example's padding row: no gradient (values as they are)
+        pad = xp.zeros((size, rows, 1), bool)
+        pad[:, padding_idx] = True
+        table = R["where"](registry_tensor(pad.reshape(size * rows, 1)), table.detach(), table)
+    if scale is not None:
+        scale = xp.broadcast_to(scale, (size,) + tuple(scale.shape))
+    return R["embedding"](table, _offsets(idx, size, rows), scale=scale), 0
+
+
+@R["embedding_backward"].batch
+def _(args, bdims, num_weights, padding_idx=None, scale=None):
+    if scale is not None and type(scale).__name__ == "BatchedArray":
+        return NotImplemented
+    size = next(a.shape[b] for a, b in zip(args, bdims) if b is not None)
+    g, idx = _front(args, bdims, size)
+    if scale is not None:
+        scale = xp.broadcast_to(scale, (size,) + tuple(scale.shape))
+    out = R["embedding_backward"](g, _offsets(idx, size, num_weights),
+                                  num_weights=size * num_weights, scale=scale)
+    out = R["reshape"](out, shape=(size, num_weights) + tuple(out.shape[1:]))
+    if padding_idx is not None:
+        keep = xp.ones((1, num_weights, 1), out._data.dtype)
+        keep[0, padding_idx] = 0
+        out = R["mul"](out, registry_tensor(keep))
+    return out, 0
