@@ -21,6 +21,7 @@ with its source line, is reported.
 import gc
 import os
 import sys
+import threading
 import traceback
 import weakref
 
@@ -346,7 +347,7 @@ class Tracer(DispatchMode):
         # the census: tensors alive before the call (state the graph reads by reference)
         from tapegrad import random as _random
         gen_cls = _random.Generator
-        found = _live(_subclasses(Tensor) | {gen_cls})
+        found = _live()
         objs = [o for o in found if type(o) is not gen_cls]
         gens = [o for o in found if type(o) is gen_cls]
         self.census = {id(t): (t, t._version[0], t.grad, None if t.grad is None else
@@ -1001,46 +1002,105 @@ def _subclasses(cls):
     return out
 
 
-# the last census: the gc counts it is valid for, and weak references to what it found
-_LAST_CENSUS = {"key": None, "refs": {}}
-
-
 def _gc_key():
     stats = gc.get_stats()
     return stats[1]["collections"], stats[2]["collections"], gc.get_freeze_count()
 
 
-def _live(classes):
-    """Every live instance of ``classes`` (exact types), found without a Python loop over the
-    heap.
+class _Census:
+    """Every live instance of the Tensor classes and ``random.Generator``, found without a
+    walk of the whole heap each time.
 
     An instance of a Python class refers to its class, so one ``gc.get_referrers`` (in C) finds
-    them all; that still visits every object: 25-80 ms once PyTorch, numba or JAX are imported.
-    Objects are born in generation 0 and reach generation 2 only through a collection of
-    generation 1 or 2; while none has run since the last census (CPython 3.11-3.13's
-    generational gc), its instances still alive and those in generations 0 and 1 are all of
-    them (a few thousand objects to look at, not 10^5).
+    them all, but it visits every object: 25-80 ms once PyTorch, numba or JAX are imported.
+    Objects are born in generation 0 and reach generation 2 only in a collection of generation
+    1 or 2 (CPython 3.11-3.13's gc). So the census keeps weak references to what it found, a gc
+    callback adds the young generations' instances at the start of each such collection, and
+    the next census is those still alive plus the young generations' (a few thousand objects).
+    A collection the callback did not see voids the reuse: the next census walks the heap.
     """
-    last, key = _LAST_CENSUS, _gc_key()
-    found = None
-    if last["key"] == key and (3, 11) <= sys.version_info[:2] < (3, 14):
-        old = [o for o in (r() for r in last["refs"].values()) if o is not None]
-        seen = set(map(id, old))
-        young = [o for g in (0, 1) for o in gc.get_objects(g)
-                 if type(o) in classes and id(o) not in seen]
-        if _gc_key() == key:  # (no collection moved young objects on meanwhile)
-            found = old + young
-    if found is None:
-        found = [o for o in gc.get_referrers(*classes) if type(o) in classes]
-    refs, ids = last["refs"], {id(o) for o in found}
-    for k in [k for k in refs if k not in ids]:
-        del refs[k]
-    for o in found:
-        r = refs.get(id(o))
-        if r is None or r() is not o:
-            refs[id(o)] = weakref.ref(o)
-    last["key"] = key  # (as of before the walk: a collection during it voids the next reuse)
-    return found
+
+    def __init__(self, generator_class):
+        self.generator_class = generator_class
+        self.key = None  # the gc counts for which ``refs`` holds every instance born before
+        self.refs = {}  # id -> weakref.ref
+        self.carried = False  # the callback carried the census into the running collection
+        self.lock = threading.Lock()
+        self.hooked = False
+
+    def classes(self):
+        return _subclasses(Tensor) | {self.generator_class}
+
+    def _young(self, classes, seen=()):
+        return [o for g in (0, 1) for o in gc.get_objects(g)
+                if type(o) in classes and id(o) not in seen]
+
+    def _keep(self, objs):
+        refs = self.refs
+        for k in [k for k, r in refs.items() if r() is None]:
+            del refs[k]
+        for o in objs:
+            r = refs.get(id(o))
+            if r is None or r() is not o:
+                refs[id(o)] = weakref.ref(o)
+
+    def on_gc(self, phase, info):
+        if info["generation"] == 0 or self.key is None:
+            return
+        if phase == "stop":
+            if self.carried:
+                self.carried, self.key = False, _gc_key()
+            return
+        if not self.lock.acquire(blocking=False):  # a census is running in another thread
+            self.key = None
+            return
+        try:
+            if _gc_key() == self.key:
+                self._keep(self._young(self.classes()))
+                self.carried = True
+            else:
+                self.key = None
+        except Exception:  # (interpreter shutdown): the next census walks the heap
+            self.key, self.carried = None, False
+        finally:
+            self.lock.release()
+
+    def live(self):
+        """The live instances: the kept ones still alive, then the young generations' new ones
+        (or, without a valid census, all of them in the order of a heap walk)."""
+        enabled = gc.isenabled()
+        gc.disable()  # no collection (nor callback) while the census is taken
+        try:
+            with self.lock:
+                classes, key, found = self.classes(), _gc_key(), None
+                if self.key == key:
+                    old = [o for o in (r() for r in list(self.refs.values())) if o is not None]
+                    found = old + self._young(classes, set(map(id, old)))
+                    if _gc_key() != key:  # another thread's gc.collect() moved objects on
+                        found = None
+                if found is None:
+                    found = [o for o in gc.get_referrers(*classes) if type(o) in classes]
+                self._keep(found)
+                if (3, 11) <= sys.version_info[:2] < (3, 14):
+                    self.key = key
+                    if not self.hooked:
+                        gc.callbacks.append(self.on_gc)
+                        self.hooked = True
+                return found
+        finally:
+            if enabled:
+                gc.enable()
+
+
+_CENSUS = []  # the one _Census, made at the first trace
+
+
+def _live():
+    if not _CENSUS:
+        from tapegrad import random as _random
+
+        _CENSUS.append(_Census(_random.Generator))
+    return _CENSUS[0].live()
 
 
 def _parameter():
