@@ -3,8 +3,8 @@
     import tapegrad as torch
     torch.special.gammaln(torch.tensor([0.5, 3.0]))     # tensor([0.5724, 0.6931])
 
-Every function is differentiable where PyTorch's is (``zeta`` in ``q`` only; ``bessel_j0``
-and ``bessel_j1`` not at all). Which functions need scipy: see
+Every function is differentiable where PyTorch's is (``zeta`` in ``q`` only, ``gammainc`` and
+``gammaincc`` in ``x`` only; ``bessel_j0`` and ``bessel_j1`` not at all). Which functions need scipy: see
 ``tapegrad.ops.special_functions``.
 """
 import math

@@ -10,6 +10,8 @@ RuntimeError saying so when scipy is not installed. The gamma family (``lgamma``
 (``lgamma`` is the C library's, as ``math.lgamma``; ``digamma``/``trigamma`` shift to x >= 10
 (6) and sum the asymptotic series; higher polygammas go through the Hurwitz zeta function), so
 float64 values agree with PyTorch to the last few bits; tapegrad.distributions uses them too.
+``igamma``/``igammac`` (the regularized incomplete gamma functions) port PyTorch's
+``calc_igamma``/``calc_igammac`` element for element, bit for bit (see below).
 """
 import math
 
