@@ -839,3 +839,171 @@ def _(args, bdims, num_weights, padding_idx=None, scale=None):
         keep[0, padding_idx] = 0
         out = R["mul"](out, registry_tensor(keep))
     return out, 0
+
+
+def _arr(t):
+    """A physical index as the array an op's param takes (a Tensor batched further out stays
+    a Tensor: the outer level unwraps it)."""
+    return t._data if hasattr(t, "_data") and not is_batched(t) else t
+
+
+# --- a base with a view's region replaced (in-place on a view): by positions ------------------
+@R["copy_slices"].batch
+def _(args, bdims, chain, inplace=False):
+    from tapegrad.ops.movement import replay_view
+
+    a, v = args[0], args[1]
+    ba, bv = bdims[0], bdims[1]
+    size = a.shape[ba] if ba is not None else v.shape[bv]
+    a = move_to_front(a, ba) if ba is not None else expand_batch(a, size)
+    shape = tuple(a.shape[1:])
+    n = 1
+    for s in shape:
+        n *= s
+    index = replay_view(xp.arange(n).reshape(shape), chain)  # each view element's position
+    if bv is not None:
+        v = pad_after_batch(move_to_front(v, bv), index.ndim - (v.dim() - 1))
+    elif not hasattr(v, "_data"):
+        v = registry_tensor(xp.asarray(v, a._data.dtype))
+    flat = R["reshape"](a, shape=(size, n))
+    out = R["index_put"](flat, v, index=(slice(None), index))
+    return R["reshape"](out, shape=(size,) + shape), 0
+
+
+# --- order statistics and scatters --------------------------------------------------------------
+@R["median"].batch
+def _(args, bdims, ignore_nan=False):
+    a = move_to_front(args[0], bdims[0])
+    size = a.shape[0]
+    flat = R["reshape"](a, shape=(size, -1))
+    n = flat.shape[1]
+    dt = flat._data.dtype
+    if n == 0:
+        return registry_tensor(xp.full((size,), 0 if dt.kind in "iub" else xp.nan, dt)), 0
+    order = R["sort_order"](flat, dim=1)  # NaN sorts last
+    if dt.kind in "iub" or not ignore_nan:
+        k = R["getitem"](order, index=(slice(None), slice((n - 1) // 2, (n - 1) // 2 + 1)))
+    else:  # the lower median of each row's non-NaN values (-1: all NaN, the last: NaN)
+        count = R["sum"](R["logical_not"](R["isnan"](flat)), dims=(1,), keepdim=True)
+        half = R["floor_divide"](R["sub"](count, registry_tensor(xp.asarray(1))),
+                                 registry_tensor(xp.asarray(2)))
+        k = R["take_along_reduce"](order, idx=_arr(half), dim=1, keepdim=True)
+    out = R["reshape"](R["take_along_reduce"](flat, idx=_arr(k), dim=1, keepdim=True),
+                       shape=(size,))
+    if dt.kind not in "iub" and not ignore_nan:  # a NaN anywhere: NaN
+        out = R["where"](R["any"](R["isnan"](flat), dims=(1,)),
+                         registry_tensor(xp.asarray(xp.nan, dt)), out)
+    return out, 0
+
+
+@R["scatter_reduce"].batch
+@_to_front_params
+def _(args, bdims, pbdims=None, index=None, dim=0, reduce="sum", include_self=True):
+    ib = (pbdims or {}).get("index")
+    size = next((a.shape[b] for a, b in zip(args, bdims) if b is not None), None)
+    if size is None:
+        size = index.shape[ib]
+    a, src = _front(args, bdims, size)
+    if ib is not None:
+        index = _arr(move_to_front(index, ib))
+    else:
+        index = xp.broadcast_to(_arr(index), (size,) + tuple(index.shape))
+    return R["scatter_reduce"](a, src, index=index, dim=_shift(dim, a.dim() - 1), reduce=reduce,
+                               include_self=include_self), 0
+
+
+# --- data-dependent shapes: refused, as torch.func.vmap refuses them ---------------------------
+def _refuse(name, why):
+    @_later(name)
+    def install(o):
+        def rule(args, bdims, **params):
+            raise RuntimeError(f"vmap: {name}: {why}: not supported on a batched tensor inside "
+                               "vmap (as torch.func.vmap)")
+
+        o.batch(rule)
+
+
+_refuse("unique", "the output's shape depends on the values")
+
+
+@_later("bincount")
+def _(o):
+    @_to_front_params
+    def rule(args, bdims, pbdims=None, idx=None, minlength=0):
+        if pbdims and "idx" in pbdims:
+            raise RuntimeError("vmap: bincount: the output's length depends on the batched "
+                               "indices: not supported inside vmap (as torch.func.vmap)")
+        w = move_to_front(args[0], bdims[0])
+        size, idx = w.shape[0], _arr(idx)
+        length = max(int(minlength), int(idx.max()) + 1 if idx.size else 0)
+        offset = (xp.arange(size, dtype=idx.dtype)[:, None] * length + idx[None, :]).reshape(-1)
+        out = o(R["reshape"](w, shape=(-1,)), idx=offset, minlength=size * length)
+        return R["reshape"](out, shape=(size, length)), 0
+
+    o.batch(rule)
+
+
+# --- sparse COO values: the batch after the entries dim ----------------------------------------
+for _n in ("values", "sparse_transpose", "sparse_coo_tensor_with_dims_and_tensors"):
+    @_later(_n)
+    def _(o):
+        o.batch(lambda args, bdims: (o(*args), bdims[0]))
+
+
+def _entries_first(v, b):
+    """Values (nnz, ...) batched at ``b`` -> physical (nnz, B, ...)."""
+    v = move_to_front(v, b)
+    n = v.dim()
+    return R["permute"](v, dims=(1, 0) + tuple(range(2, n)))
+
+
+@_later("coalesce")
+def _(o):
+    o.batch(lambda args, bdims, inverse, n: (o(_entries_first(args[0], bdims[0]),
+                                               inverse=inverse, n=n), 1))
+
+
+@_later("to_dense")
+def _(o):
+    def rule(args, bdims, flat, shape):
+        v = _entries_first(args[0], bdims[0])  # (nnz, B, *dense)
+        size = v.shape[1]
+        dense = tuple(v.shape[2:])
+        lead = 1
+        for s in shape[:len(shape) - len(dense)]:
+            lead *= s
+        out = R["index_backward"](v, shape=(lead, size) + dense, index=(flat, Ellipsis))
+        out = R["permute"](out, dims=(1, 0) + tuple(range(2, out.dim())))
+        return R["reshape"](out, shape=(size,) + tuple(shape)), 0
+
+    o.batch(rule)
+
+
+@_later("sparse_addmm")
+def _(o):
+    def rule(args, bdims, rows, cols, n):
+        values, dense = args
+        bvals, bd = bdims
+        size = values.shape[bvals] if bvals is not None else dense.shape[bd]
+        dense = move_to_front(dense, bd) if bd is not None else expand_batch(dense, size)
+        picked = R["getitem"](dense, index=(slice(None), cols))  # (B, nnz[, m])
+        vec = picked.dim() == 2
+        if bvals is not None:
+            values = move_to_front(values, bvals)
+            values = values if vec else R["reshape"](values, shape=tuple(values.shape) + (1,))
+        elif not vec:
+            values = R["reshape"](values, shape=tuple(values.shape) + (1,))
+        contrib = R["mul"](values, picked)
+        shape = (size, n) + tuple(picked.shape[2:])
+        return R["index_backward"](contrib, shape=shape, index=(slice(None), rows)), 0
+
+    o.batch(rule)
+
+
+@_later("to_sparse")
+def _(o):
+    def rule(args, bdims, index):
+        a = move_to_front(args[0], bdims[0])
+        return o(a, index=(slice(None),) + tuple(index)), _batch_position(index)
+
+    o.batch(rule)

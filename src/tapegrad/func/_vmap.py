@@ -126,6 +126,13 @@ def _write_batched(dst, src, name):
                 "`other` in extra_args that has more elements than `self`. This happened due to "
                 "`other` being vmapped over but `self` not being vmapped over in a vmap. Please "
                 f"try to use out-of-place operators instead of {name}.")
+        from tapegrad.func._forward import carries_tangent
+
+        if grad_state.enabled and (dst._requires_grad or getattr(src, "_requires_grad", False)) \
+                or carries_tangent(dst, (src,)):
+            raise RuntimeError(f"vmap: {name}: an in-place op on a batched tensor whose values "
+                               "are differentiated by a transform outside vmap (grad, jvp) is "
+                               "not supported (use the out-of-place op)")
         try:
             xp.copyto(d, src._data, casting="unsafe")
         except ValueError as e:
