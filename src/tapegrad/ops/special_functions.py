@@ -661,35 +661,41 @@ def _scalar(dt, value):
     return dt.type(value)
 
 
-def _libm_function(name, nargs, ctype):
-    """``name`` from the C math library (ctypes), or None where it cannot be loaded."""
+def _load_libm():
+    """The C math library (ctypes), or None where it cannot be loaded."""
     import ctypes
     import ctypes.util
-    try:
-        f = getattr(ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6"), name)
-    except (OSError, AttributeError, TypeError):
-        return None
-    f.restype, f.argtypes = ctype, [ctype] * nargs
-    return f
+    for name in ("libm.so.6", "m"):
+        try:
+            return ctypes.CDLL(name if name != "m" else ctypes.util.find_library("m"))
+        except (OSError, TypeError):
+            continue
+    return None
 
 
 def _libm_functions():
     """PyTorch's scalar kernel calls the C library (std::lgamma, std::exp, in float: lgammaf,
     expf...), and exp(a log x - lgamma(a)) turns one ulp of a large lgamma into 1e-11 of the
-    result (in float32, 1e-4): so these call the same functions. math's exp/log/log1p/expm1
+    result (in float32, 1e-4): so these call the same functions. math's exp/log/log1p/expm1/erfc
     are the C library's double ones; math.lgamma and math.pow are not, so those and the float
     ones come through ctypes (numpy's own where the C library cannot be loaded)."""
     import ctypes
+    lib = _load_libm()
     table = {}
     for name, nargs in (("exp", 1), ("log", 1), ("log1p", 1), ("expm1", 1), ("lgamma", 1),
                         ("pow", 2), ("erfc", 1)):
-        double = getattr(math, name) if name not in ("lgamma", "pow") else None
-        table[name, xp.float64] = double or _libm_function(name, nargs, ctypes.c_double)
-        table[name, xp.float32] = _libm_function(name + "f", nargs, ctypes.c_float)
+        if name not in ("lgamma", "pow"):
+            table[name, xp.float64] = getattr(math, name)
+        for suffix, ctype, dt in (("", ctypes.c_double, xp.float64),
+                                  ("f", ctypes.c_float, xp.float32)):
+            f = getattr(lib, name + suffix, None) if lib is not None else None
+            if f is not None and (name, dt) not in table:
+                f.restype, f.argtypes = ctype, [ctype] * nargs
+                table[name, dt] = f
     return table
 
 
-_LIBM = _libm_functions()
+_LIBM = []  # filled on first use (loading the library costs an import nothing)
 _NUMPY_MATH = {"exp": xp.exp, "log": xp.log, "log1p": xp.log1p, "expm1": xp.expm1,
                "pow": xp.power, "lgamma": lambda a: lgamma_array(a).astype(a.dtype),
                "erfc": lambda a: _math_erfc(a.astype(xp.float64)).astype(a.dtype)}
@@ -698,7 +704,9 @@ _NUMPY_MATH = {"exp": xp.exp, "log": xp.log, "log1p": xp.log1p, "expm1": xp.expm
 def _c_math(name, *arrays):
     """The C library's ``name`` element by element over float64/float32 arrays."""
     dt = arrays[0].dtype
-    fn = _LIBM.get((name, dt.type))
+    if not _LIBM:
+        _LIBM.append(_libm_functions())
+    fn = _LIBM[0].get((name, dt.type))
     if fn is not None:
         try:
             return xp.fromiter(map(fn, *(v.tolist() for v in arrays)), dt, count=arrays[0].size)
