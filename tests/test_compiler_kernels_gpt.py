@@ -288,3 +288,24 @@ def test_adam_kernel_runs_the_real_step_where_it_does_not_serve(monkeypatch):
         assert np.array_equal(p.detach().numpy(), q.detach().numpy())
         assert np.array_equal(eo.state[p]["max_exp_avg_sq"].numpy(),
                               co.state[q]["max_exp_avg_sq"].numpy())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("pad", [None, 2, -1])
+def test_embedding_backward_kernel_is_eager_bitwise(dtype, pad):
+    rng = np.random.default_rng(5)
+    g = rng.standard_normal((16, 32, 8)).astype(dtype)
+    idx = rng.integers(-7, 7, size=(16, 32))  # repeated and negative indices
+    params = {"num_weights": 7, "padding_idx": pad, "scale": None}
+    fn = kernels_gpt.embedding_backward_factory(_node("embedding_backward", [g, idx], params,
+                                                      dtype, (7, 8)))
+    got = fn(g, idx, **params)
+    want = N.embedding_backward.forward(g, idx, **params)
+    assert got.dtype == dtype and np.array_equal(got, want)
+    bad = idx.copy()
+    bad[3, 4] = 7
+    with pytest.raises(IndexError):
+        fn(g, bad, **params)
+    assert kernels_gpt.embedding_backward_factory(_node(
+        "embedding_backward", [g, idx], dict(params, scale=np.ones((16, 32))), dtype,
+        (7, 8))) is None

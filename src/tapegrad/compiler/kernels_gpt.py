@@ -15,10 +15,17 @@ the op's numpy forward runs):
   and one pass of row sums and divisions instead of eager's seven numpy calls and their
   temporaries: bitwise eager's. (A numba loop nest for the products themselves measured
   slower than BLAS: 2 GFLOP/s, its rows may alias, so LLVM keeps them scalar.)
+* ``optimizer_step`` of Adam/AdamW: one numba pass per parameter (eager's dozen numpy
+  passes), ``clip_grad_norm`` (2-norm) without eager's wrappers and copies, and
+  ``embedding_backward`` as one loop instead of ``np.add.at``: the same operations in the
+  same order, bitwise eager's.
 
 float32 and float64 (the result's dtype is the input's; float32 arithmetic stays float32,
-as numpy's with a Python-float constant does). numba's ``cache=True`` keeps the machine code
-between processes.
+as numpy's with a Python-float constant does). Every kernel is bitwise eager's: the same
+IEEE operations in the same order, numpy's own ``exp`` and BLAS calls where eager uses
+them (tests/test_compiler_kernels_gpt.py checks each). numba's ``cache=True`` keeps the
+machine code between processes; the loops hold no recursion (numba's cache cannot load
+recursive functions: a segfault).
 """
 import numpy as np
 
@@ -38,7 +45,7 @@ def _kernels():
 
         mod = sys.modules[kernels.load("attention_shift", SOURCE).py_func.__module__]
         for name in ("layer_norm_rows", "softmax_shift", "softmax_norm", "attention_shift",
-                     "adam_update"):
+                     "adam_update", "embedding_rows"):
             _K[name] = getattr(mod, name)
     return _K
 
@@ -227,6 +234,21 @@ def adam_update(p, g, m, v, c, flags):
         p[i] = pi + (mi * neg_step) / d
         m[i] = mi
         v[i] = vi
+
+
+@njit(error_model="numpy", cache=True)
+def embedding_rows(g, idx, out):
+    """out[idx[i]] += g[i] for i in order (np.add.at's order), into a zeroed (W, D) table;
+    indices already checked to lie in [-W, W)."""
+    W = out.shape[0]
+    for i in range(g.shape[0]):
+        r = idx[i]
+        if r < 0:
+            r += W
+        o = out[r]
+        gi = g[i]
+        for j in range(g.shape[1]):
+            o[j] += gi[j]
 '''
 
 
@@ -454,3 +476,39 @@ def clip_grad_norm_factory(node):
             return (np.asarray(total, dt),) + tuple(g * coef for g in grads)
 
     return clip_grad_norm_kernel
+
+
+@op_kernels.register("embedding_backward")
+def embedding_backward_factory(node):
+    """The embedding's weight gradient (no scale_grad_by_freq) as one numba loop over the
+    rows in order instead of ``np.add.at``: the same additions in the same order, bitwise
+    eager's. Indices outside [-W, W) go to the op's forward (eager's IndexError)."""
+    if len(node.inputs) < 2 or node.params.get("scale") is not None:
+        return None
+    g, idx = node.inputs[:2]
+    if not isinstance(g, Value) or not g.shape or _floats(g) is None:
+        return None
+    if not isinstance(idx, (Value, np.ndarray)) or np.dtype(idx.dtype).kind not in "iu":
+        return None
+    W = node.params.get("num_weights")
+    pad = node.params.get("padding_idx")
+    if not isinstance(W, int) or (pad is not None and not isinstance(pad, int)):
+        return None
+    dt = _floats(g)
+    D = g.shape[-1]
+    rows = _kernels()["embedding_rows"]
+    from tapegrad.ops import nn as nn_ops
+
+    forward = nn_ops.embedding_backward.forward
+
+    def embedding_backward_kernel(g, idx, num_weights, padding_idx=None, scale=None):
+        flat = idx.reshape(-1)
+        if flat.size and (flat.min() < -W or flat.max() >= W):
+            return forward(g, idx, num_weights, padding_idx=padding_idx, scale=scale)
+        out = np.zeros((W, D), dt)
+        rows(np.ascontiguousarray(g).reshape(-1, D), flat.astype(np.int64, copy=False), out)
+        if padding_idx is not None:
+            out[padding_idx] = 0
+        return out
+
+    return embedding_backward_kernel
