@@ -60,10 +60,10 @@ def _(g, out, x, w, b=None, needs=(True, True, True)):
 def _(t, out, x, w, b=None):
     tx, tw = t[0], t[1]
     tb = t[2] if len(t) > 2 else None
-    r = linear(tx, w, tb) if tx is not None else tb
-    if tw is not None:
-        r = linear(x, tw) if r is None else r + linear(x, tw)
-    return r
+    if tx is None:  # the bias tangent is added in place into the one product
+        return linear(x, tw, tb) if tw is not None else tb
+    r = linear(tx, w, tb)
+    return r if tw is None else r + linear(x, tw)
 
 
 @op(flops=3, saves="both", needs=True, fused=True, uses=((1,), (0,), ()))
@@ -363,7 +363,9 @@ def _(tt, out, g, x, t, ignore_index=-100, mean=True):
 @cross_entropy_index.jvp
 def _(t, out, x, target, ignore_index=-100, mean=True):
     # a scalar loss: J t = <d loss / dx, t>, the derivative being (softmax - onehot) * valid
-    one = _registry.Tensor._make(xp.ones((), np_dtype(x.dtype)))
+    one = xp.ones((), np_dtype(x.dtype))
+    if isinstance(x, _registry.Tensor):  # on arrays (forward mode's array path) it stays one
+        one = _registry.Tensor._make(one)
     d = cross_entropy_index.rule(one, out, x, target, ignore_index, mean)[0]
     return sum_op(d * t[0], dims=tuple(range(x.ndim)))
 
