@@ -22,13 +22,17 @@ and accumulating the sums in the same pass::
 Exactness: ``+ - * /``, comparisons, casts, max/min (numpy's NaN rule) round exactly as the
 numpy ufuncs do; the column sums add rows in order, as numpy's ``add.reduce`` over a leading
 axis of a C-contiguous array does, so they are bit-identical too. ``exp``/``log``/``tanh``
-call the C library where numpy may use its own SIMD code: within an ulp, not bitwise.
+call the C library where numpy may use its own SIMD code (AVX512F: float64 exp and log;
+float32; tanh): a group using one of them is compiled only where the two agree (probed once
+per dtype, ``libm_exact``), else it stays numpy's ufunc calls (eager's results);
+``TAPEGRAD_COMPILE_LIBM=1`` takes the C library's anyway (within an ulp, not bitwise).
 ``erf`` (and GELU and its gradient, which eager writes with it): in float32 a polynomial
 (``erf32``, no libm call, so the loop vectorises: 1.9 vs 11.5 ns an element measured) taken
 in float64 and rounded once, as scipy's float32 loop does (eager's float32 erf except within
 5.4e-14 relative of a rounding midpoint: 60 of 6.1e8 float32 inputs, 1 ulp); in float64 it
-is ``math.erf``, the same function as eager's fallback (bitwise)
-and within 4.5e-16 relative of scipy's (eager's path when scipy is installed).
+is eager's own function: scipy's Cephes erf written out (``erf64``, bitwise scipy's) when
+eager uses scipy, else ``math.erf`` (eager's fallback). The fused cross-entropy sums each row
+in numpy's pairwise order and leaves its max, exp and log to numpy: bitwise eager's.
 
 Sources are written to a cache directory and imported, so numba's ``cache=True`` keeps the
 machine code between processes (a warm compile loads it instead of running LLVM).
@@ -67,10 +71,74 @@ ERF_OPS = {"erf": "{e0}",
 
 def _erf(a, dt):
     """numba's ``erf`` of the expression ``a`` of dtype ``dt`` (float32: ``erf32``, in
-    float64, rounded once, as scipy's float32 loop)."""
+    float64, rounded once, as scipy's float32 loop; float64: eager's own function, scipy's
+    Cephes ``erf`` (``erf64``) when eager uses scipy, else ``math.erf``)."""
     if dt == "np.float64":
-        return f"math.erf({a})"
+        return f"erf64({a})" if _scipy_erf() else f"math.erf({a})"
     return f"{dt}(erf32(np.float64({a})))"
+
+
+def _scipy_erf():
+    """Whether eager's erf is scipy's (``ops.elementwise`` imported it), read at each kernel
+    generation so that a test hiding scipy gets math.erf kernels."""
+    from tapegrad.ops import elementwise
+
+    return elementwise._erf_array is not None
+
+
+# float64 erf as scipy computes it (xsf's port of Cephes ``erf``/``erfc``, ndtr.h): x P(x^2) /
+# Q(x^2) on |x| <= 1, else 1 - exp(-x^2) P(|x|) / Q(|x|) (two fits, below and above 8),
+# operation for operation, so that a kernel's erf is eager's bitwise (checked on 1.8e7
+# inputs against scipy.special.erf: no difference; math.erf differs from it in a third)
+_CEPHES_ERF = {
+    "T": (9.60497373987051638749E0, 9.00260197203842689217E1, 2.23200534594684319226E3,
+          7.00332514112805075473E3, 5.55923013010394962768E4),
+    "U": (3.35617141647503099647E1, 5.21357949780152679795E2, 4.59432382970980127987E3,
+          2.26290000613890934246E4, 4.92673942608635921086E4),
+    "P": (2.46196981473530512524E-10, 5.64189564831068821977E-1, 7.46321056442269912687E0,
+          4.86371970985681366614E1, 1.96520832956077098242E2, 5.26445194995477358631E2,
+          9.34528527171957607540E2, 1.02755188689515710272E3, 5.57535335369399327526E2),
+    "Q": (1.32281951154744992508E1, 8.67072140885989742329E1, 3.54937778887819891062E2,
+          9.75708501743205489753E2, 1.82390916687909736289E3, 2.24633760818710981792E3,
+          1.65666309194161350182E3, 5.57535340817727675546E2),
+    "R": (5.64189583547755073984E-1, 1.27536670759978104416E0, 5.01905042251180477414E0,
+          6.16021097993053585195E0, 7.40974269950448939160E0, 2.97886665372100240670E0),
+    "S": (2.26052863220117276590E0, 9.39603524938001434673E0, 1.20489539808096656605E1,
+          1.70814450747565897222E1, 9.60896809063285878198E0, 3.36907645100081516050E0),
+}
+_CEPHES_MAXLOG = 7.09782712893383996843E2
+
+
+def _polevl(x, coeffs, monic=False):
+    """Cephes' ``polevl`` (``p1evl`` when ``monic``: a leading 1 not stored), Horner's rule
+    in its order."""
+    s = f"({x} + {coeffs[0]!r})" if monic else repr(coeffs[0])
+    for c in coeffs[1:]:
+        s = f"({s} * {x} + {c!r})"
+    return s
+
+
+def erf64_source():
+    """The numba source of ``erf64(x)`` (see ``_CEPHES_ERF``; inlined by numba)."""
+    c = _CEPHES_ERF
+    return ('@njit(inline="always")\n'
+            "def erf64(x):\n"
+            "    a = abs(x)\n"
+            "    if a > 1.0:  # 1 - erfc(|x|), the sign put back\n"
+            "        z = (-a) * a\n"
+            f"        if z < -{_CEPHES_MAXLOG!r}:\n"
+            "            y = 1.0\n"
+            "        else:\n"
+            "            z = math.exp(z)\n"
+            "            if a < 8.0:\n"
+            f"                y = 1.0 - (z * {_polevl('a', c['P'])}) / "
+            f"{_polevl('a', c['Q'], True)}\n"
+            "            else:\n"
+            f"                y = 1.0 - (z * {_polevl('a', c['R'])}) / "
+            f"{_polevl('a', c['S'], True)}\n"
+            "        return -y if x < 0.0 else y\n"
+            "    z = x * x  # (-x) P / Q rounds as -(x P / Q): no sign branch; NaN stays NaN\n"
+            f"    return x * {_polevl('z', c['T'])} / {_polevl('z', c['U'], True)}\n")
 
 
 # float32 erf without a libm call, so that LLVM vectorises the loop around it: x * P(t),
@@ -129,6 +197,47 @@ def backend():
         raise ImportError("TAPEGRAD_COMPILE_KERNELS=numba: numba is not installed "
                           "(pip install 'tapegrad[compile]')")
     return "numba" if _numba else "numpy"
+
+
+# numba's exp/log/tanh call the C library; numpy's ufuncs use their own SIMD code on some
+# CPUs (AVX512F: float64 exp and log; AVX2/AVX512: float32; SVML tanh), within an ulp of it
+# but not bitwise. A group using one of these where numpy's differs stays numpy's ufunc chain
+# (eager's results); TAPEGRAD_COMPILE_LIBM=1 takes the C library's anyway (faster, an ulp).
+LIBM = {"exp": "np.exp", "log": "np.log", "tanh": "np.tanh"}
+_libm_same = {}  # dtype name -> {op name: numba's libm call equals numpy's ufunc here}
+
+LIBM_PROBE = """import numpy as np
+from numba import njit
+
+
+@njit(error_model="numpy", cache=True)
+def libm_probe(x, e, lg, th):
+    for i in range(x.size):
+        e[i] = np.exp(x[i])
+        lg[i] = np.log(abs(x[i]))
+        th[i] = np.tanh(x[i])
+    return e
+"""
+
+
+def libm_exact(name, dtype):
+    """Whether numba's ``np.<name>`` (exp, log, tanh: the C library's) gives numpy's ufunc
+    results on this machine, probed once per dtype on 4096 values spread over the range where
+    the functions are used (any difference: numpy has its own SIMD loop here)."""
+    if os.environ.get("TAPEGRAD_COMPILE_LIBM") == "1":
+        return True
+    dt = np.dtype(dtype)
+    same = _libm_same.get(dt.name)
+    if same is None:
+        x = (np.random.default_rng(0).standard_normal(4096) * 6).astype(dt)
+        outs = [np.empty_like(x) for _ in range(3)]
+        load("libm_probe", LIBM_PROBE)(x, *outs)
+        with np.errstate(divide="ignore"):
+            ref = (np.exp(x), np.log(np.abs(x)), np.tanh(x))
+        same = _libm_same[dt.name] = {
+            n: bool(np.array_equal(o, r, equal_nan=True))
+            for n, o, r in zip(("exp", "log", "tanh"), outs, ref)}
+    return same[name]
 
 
 def cache_dir():
@@ -192,7 +301,11 @@ def supported(body, ins, out_shape, weak=(), contract=()):
         elif m.name in ERF_OPS:
             if out.dtype not in (np.float32, np.float64):
                 return False
+            if m.name == "gelu_backward" and not libm_exact("exp", out.dtype):
+                return False  # its exp(-x*x/2)
         elif m.name not in BINARY and m.name not in UNARY:
+            return False
+        elif m.name in LIBM and not libm_exact(m.name, out.dtype):
             return False
         if out.shape not in ((), tuple(out_shape)) or out.dtype.kind not in "fb":
             return False
@@ -236,6 +349,9 @@ def numba_source(fname, body, ins, out_value, n_reduce, weak=(), contract=(), st
     lines = ["import math", "import numpy as np", "from numba import njit", ""]
     if any(m.name in ERF_OPS and m.outputs[0].dtype == np.float32 for m in body):
         lines += ["", erf32_source()]
+    if any(m.name in ERF_OPS and m.outputs[0].dtype == np.float64 for m in body) and \
+            _scipy_erf():
+        lines += ["", erf64_source()]
     lines += ["", '@njit(error_model="numpy", cache=True)',
              f"def {fname}({', '.join(params)}):",
              "    C = out0.shape[0]" if flat else "    R, C = out0.shape"]
@@ -365,56 +481,99 @@ def load(fname, source):
 
 
 # --- softmax cross-entropy with class indices: loss, gradient and its column sums ---------
+# eager's arithmetic, op for op: numpy takes the row max, exp and log (its own SIMD loops, so
+# the values are eager's on every CPU); the kernel sums each row of exp in numpy's pairwise
+# order (``pairwise_sum``: add.reduce over a contiguous axis: 8 accumulators up to 128
+# elements, halves above), and writes the gradient ``(e / sum * keep - onehot) * (g * scale)``
+# and its column sums (rows in order, as add.reduce over axis 0) in the same pass.
 CROSS_ENTROPY = '''import numpy as np
 from numba import njit
 
 
 @njit(error_model="numpy", cache=True)
-def cross_entropy_kernel(x, t, g, ignore_index, mean, grad, red, n_red):
-    N, C = x.shape
-    zero = x.dtype.type(0)
-    count = 0
+def pairwise_block(a, lo, n):
+    if n < 8:
+        res = a.dtype.type(0)
+        for i in range(lo, lo + n):
+            res += a[i]
+        return res
+    r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
+    r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
+    i = lo + 8
+    end = lo + n - n % 8
+    while i < end:
+        r0 += a[i]
+        r1 += a[i + 1]
+        r2 += a[i + 2]
+        r3 += a[i + 3]
+        r4 += a[i + 4]
+        r5 += a[i + 5]
+        r6 += a[i + 6]
+        r7 += a[i + 7]
+        i += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < lo + n:
+        res += a[i]
+        i += 1
+    return res
+
+
+@njit(error_model="numpy", cache=True)
+def pairwise_sum(a, lo, n):
+    # numpy's recursion (halves, a multiple of 8 on the left) walked with explicit stacks:
+    # numba's on-disk cache mishandles recursive functions
+    if n <= 128:
+        return pairwise_block(a, lo, n)
+    t_lo = np.empty(192, np.int64)
+    t_n = np.empty(192, np.int64)
+    t_join = np.empty(192, np.bool_)
+    vals = np.empty(64, a.dtype)
+    t_lo[0], t_n[0], t_join[0] = lo, n, False
+    nt, nv = 1, 0
+    while nt:
+        nt -= 1
+        l, m = t_lo[nt], t_n[nt]
+        if t_join[nt]:
+            vals[nv - 2] = vals[nv - 2] + vals[nv - 1]
+            nv -= 1
+        elif m <= 128:
+            vals[nv] = pairwise_block(a, l, m)
+            nv += 1
+        else:
+            m2 = m // 2
+            m2 -= m2 % 8
+            t_lo[nt], t_n[nt], t_join[nt] = l, m, True
+            t_lo[nt + 1], t_n[nt + 1], t_join[nt + 1] = l + m2, m - m2, False
+            t_lo[nt + 2], t_n[nt + 2], t_join[nt + 2] = l, m2, False
+            nt += 3
+    return vals[0]
+
+
+@njit(error_model="numpy", cache=True)
+def cross_entropy_kernel(e, t, ignore_index, gs, grad, se, red, n_red):
+    N, C = e.shape
     for i in range(N):
-        if t[i] != ignore_index:
-            if t[i] < 0 or t[i] >= C:
-                return zero, i
-            count += 1
-    scale = (1.0 / count) if mean else 1.0
-    if mean and count == 0:  # every row ignored: nan loss, zero gradient (eager, PyTorch)
-        scale = 0.0
-    gs = g * x.dtype.type(scale)
-    total = zero
+        if t[i] != ignore_index and (t[i] < 0 or t[i] >= C):
+            return i
+    zero = e.dtype.type(0)
+    one = e.dtype.type(1)
     for j in range(n_red):
         red[j] = zero
     for i in range(N):
-        m = x[i, 0]
-        for j in range(1, C):
-            v = x[i, j]
-            if v > m or v != v:
-                m = v
-        se = zero
-        for j in range(C):  # exp(x - max) once per element, kept in the gradient's buffer
-            e = np.exp(x[i, j] - m)
-            grad[i, j] = e
-            se += e
+        row = e[i]
+        s = pairwise_sum(row, 0, C)
+        se[i] = s
         valid = t[i] != ignore_index
-        if valid:
-            total += np.log(se) - (x[i, t[i]] - m)
-        keep = x.dtype.type(1) if valid else zero
+        keep = one if valid else zero
         for j in range(C):
-            p = grad[i, j] / se
-            q = p * keep
+            q = (row[j] / s) * keep
             if valid and j == t[i]:
-                q = q - x.dtype.type(1)
+                q = q - one
             d = q * gs
             grad[i, j] = d
             if n_red:
                 red[j] += d
-    if mean:
-        loss = total / x.dtype.type(count) if count else x.dtype.type(np.nan)
-    else:
-        loss = total
-    return loss, -1
+    return -1
 '''
 
 
@@ -424,19 +583,39 @@ def cross_entropy():
 
 
 def cross_entropy_call(with_sum):
-    """The generated code's side of the fused cross-entropy node: buffers, the scalar
-    gradient, eager's IndexError for a target out of range."""
+    """The generated code's side of the fused cross-entropy node: eager's forward around the
+    kernel (``ops.nn.cross_entropy_index`` and its backward, bitwise), the buffers, eager's
+    IndexError for a target out of range."""
+    from tapegrad.backend import reduce_axis
+
     kernel = cross_entropy()
 
     def cross_entropy_fused(x, t, g, ignore_index=-100, mean=True):
         n, c = x.shape
+        s = x - reduce_axis(np.maximum, x, 1, keepdims=True)
+        e = np.exp(s)
+        valid = t != ignore_index
+        count = int(valid.sum())
+        scale = ((1.0 / count) if count else 0.0) if mean else 1.0
+        dt = x.dtype.type
         grad = np.empty((n, c), x.dtype)
+        se = np.empty(n, x.dtype)
         red = np.empty(c if with_sum else 0, x.dtype)
-        loss, bad = kernel(x, t, x.dtype.type(g), ignore_index, mean, grad, red,
-                           c if with_sum else 0)
+        bad = kernel(e, t, ignore_index, dt(g) * dt(scale), grad, se, red,
+                     c if with_sum else 0)
         if bad >= 0:
             raise IndexError(f"cross_entropy: target {t[bad]} is out of bounds for {c} "
                              f"classes (row {bad})")
+        lse = np.log(se)
+        if count == n:
+            losses = lse - s[np.arange(n), t]
+        else:
+            losses = np.where(valid, lse - s[np.arange(n), np.where(valid, t, 0)], 0)
+        total = losses.sum()
+        if not mean:
+            loss = total
+        else:
+            loss = total / count if count else np.full((), np.nan, x.dtype)
         if with_sum:
             return np.asarray(loss), grad, red
         return np.asarray(loss), grad
