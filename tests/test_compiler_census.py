@@ -57,3 +57,18 @@ def test_state_made_between_compiles_is_read_by_reference():
     with tapegrad.no_grad():
         w.mul_(3)  # read by reference: the compiled call sees the new values
     np.testing.assert_array_equal(f(x).numpy(), (x * w).numpy())
+
+
+def test_census_stops_carrying_after_idle_collections_then_walks_the_heap():
+    tracer._live()
+    census = tracer._CENSUS[0]
+    assert census.key == tracer._gc_key()
+    for _ in range(census.IDLE + 2):
+        gc.collect(1)
+    assert census.key is None  # the callback stopped its work
+    w = tapegrad.randn(2)
+    gc.collect(2)  # w is in generation 2, seen by no callback
+    found = tracer._live()
+    assert any(o is w for o in found)
+    assert {id(o) for o in found} == _heap_walk()
+    assert census.key == tracer._gc_key()
