@@ -239,6 +239,15 @@ def _watched():
     return False
 
 
+def aliases(tensors):
+    """``alias(t)`` of each of ``tensors`` (views: the duals a level gives tangents), run by
+    the mode below (call it through ``level.below``)."""
+    alias = REGISTRY["alias"]
+    if grad_state.modes or _watched():
+        return [alias(t) for t in tensors]
+    return [_eager(alias, (t,), {}) for t in tensors]
+
+
 def _eager(op, args, params):
     """``op(*args, **params)`` run eagerly (recorded on the tape), with no mode below and no
     watcher: straight to dispatch, as ``registry._watched`` would after finding neither."""

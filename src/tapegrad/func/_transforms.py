@@ -13,7 +13,7 @@ import weakref
 from tapegrad.autograd.engine import leaves_below
 from tapegrad.autograd.grad_mode import enable_grad, state as grad_state
 from tapegrad.func import _tree
-from tapegrad.func._forward import ForwardLevel
+from tapegrad.func._forward import ForwardLevel, aliases
 from tapegrad.ops.registry import REGISTRY
 
 
@@ -265,8 +265,7 @@ def jvp(func, primals, tangents, *, strict=False, has_aux=False):
                                f"{tuple(t.shape)}")
     level = ForwardLevel(private=True)  # its tangents are seen only when it returns
     with level:
-        alias = REGISTRY["alias"]
-        duals = level.below(lambda: [alias(p) for p in p_flat])
+        duals = level.below(aliases, p_flat)
         for d, p, t in zip(duals, p_flat, t_flat):
             level.set_tangent(d, t.to(p.dtype) if t._data.dtype != p._data.dtype else t)
         level.seal()
