@@ -6,6 +6,13 @@ against the same step run eagerly by tapegrad and by PyTorch, interleaved in one
 ratios are PyTorch eager / contestant (higher is faster). Compile time is reported cold
 (first call: trace, passes, code generation, including running the step once) and warm
 (a second compiled function of the same step, with the modules already imported).
+
+Side by side, in the same run: the same step (same weights, data and arithmetic) under
+``torch.compile`` (forward and backward by ``torch.func.grad_and_value`` and the SGD update in
+one compiled function) and under ``jax.jit``, each checked against PyTorch eager's losses
+before it is timed, with its compile times; the hand-fused numba step is the floor. A
+contestant that is not installed (``pip install tapegrad[bench]`` adds JAX) is reported as
+such and the rest still run.
 """
 import argparse
 import os
