@@ -261,11 +261,11 @@ _check_op_three_ways = check_op
 # rest); a row passes forward="differences" where torch's own forward rule is wrong (it is
 # then checked against central differences only)
 _FORWARD_DEFAULT = __import__("os").environ.get("TAPEGRAD_CHECK_FORWARD", "1") != "0"
-# vmap is checked on a fixed, representative quarter of the rows (chosen by a hash of the
-# row's source location, so the same rows every run, across every test file) and on rows
-# passing vmap=True; TAPEGRAD_CHECK_VMAP=1 checks every row (about 25 rows still fail there:
-# vmap bugs listed in docs/differences.md), =0 none
-_VMAP_DEFAULT = __import__("os").environ.get("TAPEGRAD_CHECK_VMAP", "subset")
+# vmap is checked on every row (against a loop over the batch; a row whose function vmap
+# refuses passes only where torch.func.vmap refuses it too); TAPEGRAD_CHECK_VMAP=subset checks
+# a fixed quarter of the rows (chosen by a hash of the row's source location, the same rows
+# every run; rows passing vmap=True too), =0 none (to time the rest)
+_VMAP_DEFAULT = __import__("os").environ.get("TAPEGRAD_CHECK_VMAP", "1")
 
 
 def _vmap_row(fn):
@@ -281,7 +281,7 @@ def _vmap_row(fn):
 def check_op(fn, specs, *, forward=None, vmap=None, **kwargs):  # noqa: F811
     """The three-way check, plus forward mode (jvp vs torch.func.jvp and central differences,
     second order; on unless ``forward=False`` or TAPEGRAD_CHECK_FORWARD=0) and vmap (against a
-    loop over the batch) on a fixed quarter of the rows and where ``vmap=True``."""
+    loop over the batch; on unless ``vmap=False`` or TAPEGRAD_CHECK_VMAP=0)."""
     if forward is None:
         forward = _FORWARD_DEFAULT
     if vmap is None:

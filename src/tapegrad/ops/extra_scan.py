@@ -118,9 +118,14 @@ def _cum_extreme(name, ufunc, result):
             return result(input.clone(), registry.Tensor._make(xp.zeros((), xp.int64)))
         if input.shape[d] == 0:
             return result(input.clone(), registry.Tensor._make(xp.zeros(input.shape, xp.int64)))
-        from tapegrad.ops.selection import _refuse_batched
+        if getattr(input._data, "value", None) is not None:  # under tapegrad.func.vmap: the
+            # indices of the physical batch, batched again; values gathered by an op
+            from tapegrad.func._vmap import physical_array, rebatch
+            from tapegrad.ops.reduce import take_along_reduce
 
-        _refuse_batched(input, name)  # the indices come from the values in Python
+            a = physical_array(input)
+            idx = rebatch(_running_extreme_index(a, d + a.ndim - input.ndim, ufunc), input)
+            return result(take_along_reduce(input, idx=idx, dim=d, keepdim=True), idx)
         idx = _running_extreme_index(input._data, d, ufunc)
         # the values are a gather at the indices: the gradient is PyTorch's scatter_add
         return result(index_op(input, index=_grid(idx, d), accumulate=True),

@@ -27,12 +27,30 @@ ModeResult = collections.namedtuple("mode", ["values", "indices"])
 
 
 def _pick(input, idx, d, keepdim):
-    """``(values, indices)``: ``input`` at ``idx`` (one per slice along ``d``)."""
+    """``(values, indices)``: ``input`` at ``idx`` (one per slice along ``d``; under vmap,
+    indices of the physical batch: see ``_values_along``)."""
     if input.ndim == 0:
         return input.clone(), registry.Tensor._make(xp.zeros((), xp.int64))
     idx = idx.astype(xp.int64, copy=False)
+    if getattr(input._data, "value", None) is not None:
+        from tapegrad.func._vmap import rebatch
+
+        idx = rebatch(idx, input)  # batched indices: take_along_reduce's batch rule
+        return take_along_reduce(input, idx=idx, dim=d, keepdim=keepdim), idx
     values = take_along_reduce(input, idx=idx, dim=d, keepdim=keepdim)
     return values, registry.Tensor._make(xp.asarray(idx))
+
+
+def _values_along(input, d):
+    """``input``'s array and the axis of its dim ``d``: under ``tapegrad.func.vmap`` the
+    physical batch (every example's values, batch dims in front) and ``d`` past them, so the
+    indices picked from the values are every example's."""
+    if getattr(input._data, "value", None) is None:
+        return input._data, d
+    from tapegrad.func._vmap import physical_array
+
+    a = physical_array(input)
+    return a, d + a.ndim - input.ndim
 
 
 def _nonempty(name, input, d):
@@ -90,9 +108,10 @@ def _median(name, result, ignore_nan, input, dim, keepdim):
     _nonempty(name, input, d)
     if input.ndim == 0:
         return result(*_pick(input, None, d, keepdim))
-    idx = _median_index(input._data, d, ignore_nan)
+    a, da = _values_along(input, d)
+    idx = _median_index(a, da, ignore_nan)
     if keepdim:
-        idx = xp.expand_dims(idx, d)
+        idx = xp.expand_dims(idx, da)
     return result(*_pick(input, idx, d, keepdim))
 
 
@@ -172,7 +191,8 @@ def kthvalue(input, k, dim=-1, keepdim=False):
                            f"(k={k}, size {n}, input of shape {tuple(input.shape)})")
     if input.ndim == 0:
         return KthvalueResult(*_pick(input, None, d, keepdim))
-    a = xp.moveaxis(input._data, d, -1)
+    a, da = _values_along(input, d)
+    a = xp.moveaxis(a, da, -1)
     rows = a.reshape(-1, n)
     order = xp.argsort(rows, axis=-1, kind="stable")
     idx = order[:, k - 1].copy()
@@ -185,7 +205,7 @@ def kthvalue(input, k, dim=-1, keepdim=False):
         idx[r] = _quickselect(rows[r].tolist(), k - 1)
     idx = idx.reshape(a.shape[:-1])
     if keepdim:
-        idx = xp.expand_dims(idx, d)
+        idx = xp.expand_dims(idx, da)
     return KthvalueResult(*_pick(input, idx, d, keepdim))
 
 
@@ -209,11 +229,12 @@ def mode(input, dim=-1, keepdim=False):
     _nonempty("mode", input, d)
     if input.ndim == 0:
         return ModeResult(*_pick(input, None, d, keepdim))
-    a = xp.moveaxis(input._data, d, -1)
+    a, da = _values_along(input, d)
+    a = xp.moveaxis(a, da, -1)
     rows = a.reshape(-1, a.shape[-1])
     idx = xp.array([_mode_index(r) for r in rows], dtype=xp.int64).reshape(a.shape[:-1])
     if keepdim:
-        idx = xp.expand_dims(idx, d)
+        idx = xp.expand_dims(idx, da)
     return ModeResult(*_pick(input, idx, d, keepdim))
 
 

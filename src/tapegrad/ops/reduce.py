@@ -253,9 +253,17 @@ def put_along(g, idx, shape, dim, keepdim=False):
     """Zeros of ``shape`` with ``g`` put at ``idx`` along ``dim``: a selection's gradient."""
     if len(shape) == 0:
         return g.copy()
-    out = array_module(g).zeros(shape, g.dtype)
+    m = array_module(g)
+    out = m.zeros(shape, g.dtype)
     k = idx if keepdim else _unsqueeze(idx, dim)
-    xp.put_along_axis(out, k, g if keepdim else _unsqueeze(g, dim), axis=dim)
+    v = g if keepdim else _unsqueeze(g, dim)
+    if k.shape[dim] > 1:  # indices may repeat along dim (cummax's under vmap): they add, as
+        # the adjoint of take_along must
+        grid = tuple(k if i == dim else m.arange(n).reshape((1,) * i + (n,) + (1,) * (len(shape)
+                     - i - 1)) for i, n in enumerate(shape))
+        xp.add.at(out, grid, v)
+        return out
+    xp.put_along_axis(out, k, v, axis=dim)
     return out
 
 
