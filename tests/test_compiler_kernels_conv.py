@@ -284,3 +284,27 @@ def test_kernel_sources_are_specialised_per_geometry():
     c, = kernels_conv._conv_kernels(g1, 4, "patches")
     assert a is c and a is not b
     assert a(x).shape == (27, 72) and b(x).shape == (27, 18)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_weight_gradient_reuses_the_forward_patches_of_the_same_array_only(dtype):
+    """conv2d_weight of the value a conv2d read earlier in the graph takes that call's patches
+    (once); another array, or a second call without a conv2d before it, computes its own."""
+    x, w, g, p = _conv_case(CONVS[2], dtype, 11)
+    xv = Value("x", x.shape, x.dtype)
+    fwd_node = Node(None, "conv2d", [xv, Value("w", w.shape, w.dtype)], p,
+                    [Value("y", g.shape, x.dtype)])
+    wp = dict(p, kernel=w.shape[2:])
+    wgt_node = Node(None, "conv2d_weight", [xv, Value("g", g.shape, g.dtype)], wp,
+                    [Value("gw", w.shape, x.dtype)])
+    fwd, wgt = op_kernels.lookup(fwd_node), op_kernels.lookup(wgt_node)
+    want = N.conv2d_weight.forward(x, g, **wp)
+    fwd(x, w, **p)
+    _close(wgt(x, g, **wp), want, dtype)  # the forward's patches
+    x2 = x * 2
+    fwd(x, w, **p)
+    _close(wgt(x2, g, **wp), N.conv2d_weight.forward(x2, g, **wp), dtype)  # not x's patches
+    fwd(x2, w, **p)
+    _close(wgt(x2, g, **wp), N.conv2d_weight.forward(x2, g, **wp), dtype)
+    x2 *= 3  # the same array, written after its forward: no conv2d ran in between
+    _close(wgt(x2, g, **wp), N.conv2d_weight.forward(x2, g, **wp), dtype)
