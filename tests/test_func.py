@@ -404,3 +404,186 @@ def test_vmap_grad_max_pool2d_has_batch_rules():
         warnings.simplefilter("error")  # no loop fallback
         got = f(tapegrad, gf)(tapegrad.tensor(x))
     close_tree(got, f(torch, tf)(torch.tensor(x)))
+
+
+# --- batch rules: every op has one; each checked with mixed in_dims against torch.func.vmap ------
+def test_every_registered_op_has_a_batch_rule():
+    """Every op runs under vmap by its batch rule (written or derived), none by the loop over
+    the batch; ops whose output shape depends on the values have a rule that refuses them, as
+    torch.func.vmap does (tested below)."""
+    from tapegrad.ops.registry import REGISTRY
+
+    batched = set(gf.batch_rule_ops())
+    assert sorted(n for n in REGISTRY if n not in batched) == []
+
+
+def _spd(n):
+    a = RNG.standard_normal((n, n))
+    return a @ a.T + n * np.eye(n)
+
+
+def _F(T):
+    return T.nn.functional
+
+
+_IDX = np.array([[0, 4, 2], [1, 1, 3]])
+_SIDX = np.array([[0, 1, 0, 2, 1], [2, 2, 0, 1, 0], [1, 0, 0, 0, 2]])
+_XT = RNG.standard_normal((4, 5))
+_XT[1, 2] = _XT[1, 3]  # a tie
+_BATCH_ROWS = {
+    "sort": (lambda T, a: tuple(T.sort(a, dim=0, descending=True)), [_XT]),
+    "argsort": (lambda T, a: T.argsort(a, dim=1), [_XT]),
+    "topk": (lambda T, a: tuple(T.topk(a, 2, dim=-1, largest=False)), [_XT]),
+    "kthvalue": (lambda T, a: tuple(T.kthvalue(a, 2, dim=1, keepdim=True)), [_XT]),
+    "median_dim": (lambda T, a: tuple(T.median(a, dim=0)), [_XT]),
+    "median": (lambda T, a: a.median(), [_XT]),
+    "mode": (lambda T, a: tuple(T.mode(T.round(a), dim=1)), [_XT]),
+    "cummax": (lambda T, a: tuple(T.cummax(a, dim=1)), [_XT]),
+    "cumprod": (lambda T, a: T.cumprod(a, 1), [_XT]),
+    "logcumsumexp": (lambda T, a: T.logcumsumexp(a, 0), [_XT]),
+    "all": (lambda T, a: (a > 0).all(1), [_XT]),
+    "any": (lambda T, a: (a > 0).any(), [_XT]),
+    "binary_cross_entropy": (lambda T, a, t: _F(T).binary_cross_entropy(T.sigmoid(a),
+                                                                         T.sigmoid(t)), [X, V]),
+    "nll_loss": (lambda T, a: _F(T).nll_loss(T.log_softmax(a, 1), T.tensor([1, 0, 3])), [X]),
+    "cross_entropy_probs": (lambda T, a, t: _F(T).cross_entropy(a, T.softmax(t, 1)), [X, V]),
+    "linear_relu": (lambda T, x, w, b: T.relu(_F(T).linear(x, w, b)), [X, W.T, B]),
+    "cholesky": (lambda T, a: T.linalg.cholesky(a), [_spd(3)]),
+    "slogdet": (lambda T, a: tuple(T.linalg.slogdet(a)), [_spd(3)]),
+    "eigh": (lambda T, a: T.linalg.eigh(a)[0], [_spd(3)]),
+    "pinv": (lambda T, a: T.linalg.pinv(a), [X]),
+    "qr": (lambda T, a: tuple(T.linalg.qr(a)), [X]),
+    "svdvals": (lambda T, a: T.linalg.svdvals(a), [X]),
+    "solve": (lambda T, a, b: T.linalg.solve(a, b), [_spd(3), X[:, :2]]),
+    "solve_triangular": (lambda T, a, b: T.linalg.solve_triangular(a, b, upper=True),
+                         [_spd(3), X[:, :2]]),
+    "lstsq_gelsd": (lambda T, a, b: tuple(T.linalg.lstsq(a, b, driver="gelsd")),
+                    [XB[:5, :3], XB[:5, 3:]]),
+    "cross": (lambda T, a, b: T.linalg.cross(a, b), [X[:, :3], V[:, :3]]),
+    "diag_embed": (lambda T, a: T.diag_embed(a, offset=1, dim1=0, dim2=2), [X]),
+    "setitem_advanced": (lambda T, a, v: _setitem(a * 1, (T.tensor([0, 2]),), v), [X, V[0]]),
+    "scatter_reduce": (lambda T, a, s: a.scatter_reduce(1, T.tensor(_SIDX), s, reduce="amax",
+                                                        include_self=False), [X[:, :5] if
+                                                                              False else
+                                                                              _XT[:3], X[:3]
+                                                                              @ W]),
+    "einsum": (lambda T, a, b, c: T.einsum("ij,jk,k->i", a, b, c), [X, W, B]),
+    "embedding": (lambda T, w: _F(T).embedding(T.tensor(_IDX), w), [XB[:5, :3]]),
+    "layer_norm": (lambda T, x, w, b: _F(T).layer_norm(x, (4,), w, b), [X, V[0], V[1]]),
+    "batch_norm": (lambda T, x, w, b: _F(T).batch_norm(x, None, None, w, b, training=True),
+                   [X, V[0], V[1]]),
+    "conv2d_groups": (lambda T, x, w: _F(T).conv2d(x, w, groups=2, stride=2, padding=1),
+                      [RNG.standard_normal((2, 4, 5, 5)), RNG.standard_normal((6, 2, 3, 3))]),
+    "avg_pool2d": (lambda T, x: _F(T).avg_pool2d(x, 2, padding=1, count_include_pad=False),
+                   [RNG.standard_normal((2, 3, 5, 5))]),
+    "sdpa_float_mask": (lambda T, q, k, v, m: _F(T).scaled_dot_product_attention(q, k, v,
+                                                                                   attn_mask=m),
+                        [RNG.standard_normal((2, 2)), RNG.standard_normal((3, 2)),
+                         RNG.standard_normal((3, 2)), np.where(np.eye(2, 3) > 0, -np.inf, 0.5)]),
+    "inplace_on_views": (lambda T, x, r: _views_inplace(x, r), [X, V[0]]),
+}
+
+
+def _setitem(a, key, v):
+    a[key] = v
+    return a
+
+
+def _views_inplace(x, r):
+    y = x * 2
+    y[1:].mul_(r)
+    y[:, ::3].zero_()
+    y.T[1].add_(r[:3])
+    return y * x
+
+
+def _with_grad(fn):
+    """The gradient of a scalar of ``fn``'s float outputs w.r.t. its first input."""
+    def g(T, *xs):
+        def loss(a):
+            outs = fn(T, a, *xs[1:])
+            outs = outs if isinstance(outs, tuple) else (outs,)
+            return sum((o * o).sum() for o in outs if o.dtype.is_floating_point)
+
+        return T.func.grad(loss)(xs[0])
+
+    return g
+
+
+def _in_dims(n):
+    """Every input batched at 0, each in turn at dim 1 with the others unbatched."""
+    return [(0,) * n] + [tuple(1 if j == i else None for j in range(n)) for i in range(n)]
+
+
+@pytest.mark.parametrize("name", list(_BATCH_ROWS))
+def test_batch_rules_against_torch_func_vmap(name):
+    fn, arrays = _BATCH_ROWS[name]
+    rng = np.random.default_rng(5)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="vmap: there is no batching rule")
+        for dims in _in_dims(len(arrays)):
+            args = [np.stack([a] + [a + 0.1 * rng.standard_normal(a.shape) for _ in range(2)],
+                             axis=d) if d is not None else a for a, d in zip(arrays, dims)]
+            for f in (fn, _with_grad(fn)) if name not in ("all", "any", "argsort") else (fn,):
+                if f is not fn and name in ("inplace_on_views", "setitem_advanced"):
+                    continue  # in-place on a batched tensor that requires grad: refused (below)
+                try:
+                    got = gf.vmap(lambda *xs: f(tapegrad, *xs), in_dims=dims)(
+                        *[tapegrad.tensor(a) for a in args])
+                except RuntimeError:  # refused: only where torch.func.vmap refuses it too
+                    with pytest.raises(RuntimeError):
+                        tf.vmap(lambda *xs: f(torch, *xs), in_dims=dims)(
+                            *[torch.tensor(a) for a in args])
+                    continue
+                want = tf.vmap(lambda *xs: f(torch, *xs), in_dims=dims)(
+                    *[torch.tensor(a) for a in args])
+                close_tree(got, want, rtol=1e-10, what=f"{name} in_dims={dims}")
+
+
+def test_vmap_refuses_as_torch_where_the_shape_depends_on_the_values():
+    x = RNG.standard_normal((3, 5))
+    for fn in (lambda T, a: T.unique(a), lambda T, a: T.bincount(T.round(a * a).long())):
+        for T, vmap in ((tapegrad, gf.vmap), (torch, tf.vmap)):
+            with pytest.raises(RuntimeError):
+                vmap(lambda a: fn(T, a))(T.tensor(x))
+    # an unbatched tensor written with a batched value: refused, as PyTorch
+    for T, vmap in ((tapegrad, gf.vmap), (torch, tf.vmap)):
+        with pytest.raises(RuntimeError, match="vmapped over"):
+            vmap(lambda a: T.zeros(5, dtype=a.dtype).copy_(a))(T.tensor(x))
+
+
+def test_vmap_inplace_on_a_batched_tensor_that_requires_grad_raises():
+    def f(x):
+        y = x * 2
+        y[1:].mul_(x[0])
+        return (y * y).sum()
+
+    with pytest.raises(RuntimeError, match="in-place op on a batched tensor"):
+        gf.vmap(gf.grad(f))(tapegrad.tensor(RNG.standard_normal((3, 4))))
+    with pytest.raises(RuntimeError, match="in-place op on a batched tensor"):
+        gf.grad(lambda xb: gf.vmap(lambda x: (x * 2).mul_(x))(xb).sum())(
+            tapegrad.tensor(RNG.standard_normal((3, 4))))
+
+
+def test_sparse_and_scatter_rules_match_the_loop():
+    idx = np.array([[0, 1, 1, 2, 0], [1, 0, 2, 2, 1]])
+    vals, dense = RNG.standard_normal((3, 5)), RNG.standard_normal((3, 4, 2))
+
+    def spmm(v, d):
+        return tapegrad.sparse.mm(tapegrad.sparse_coo_tensor(tapegrad.tensor(idx), v, (3, 4)), d)
+
+    def to_dense(v):
+        return tapegrad.sparse_coo_tensor(tapegrad.tensor(idx), v, (3, 3)).coalesce().to_dense()
+
+    for f, args in ((spmm, (vals, dense)), (to_dense, (vals,)),
+                    (gf.grad(lambda v, d: (spmm(v, d) ** 2).sum(), argnums=(0, 1)),
+                     (vals, dense))):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="vmap: there is no batching rule")
+            got = gf.vmap(f)(*[tapegrad.tensor(a) for a in args])
+        each = [f(*[tapegrad.tensor(a[i]) for a in args]) for i in range(3)]
+        if isinstance(got, tuple):
+            for k, g in enumerate(got):
+                assert_close(g, np.stack([e[k].numpy() for e in each]))
+        else:
+            assert_close(got, np.stack([e.numpy() for e in each]))

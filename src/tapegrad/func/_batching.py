@@ -631,7 +631,11 @@ def _batch_position(index):
 def _place(t, b, pos, rank):
     """Batched ``t`` (batch at ``b``) as a value for an indexed region of logical rank ``rank``
     whose batch sits at ``pos``: front, padded, then moved to ``pos``."""
-    t = pad_after_batch(move_to_front(t, b), rank - (t.dim() - 1))
+    t = move_to_front(t, b)
+    extra = (t.dim() - 1) - rank
+    if extra > 0:  # leading size-1 dims beyond the region's rank (numpy drops them too)
+        t = R["reshape"](t, shape=(t.shape[0],) + tuple(t.shape[1 + extra:]))
+    t = pad_after_batch(t, rank - (t.dim() - 1))
     if pos == 0:
         return t
     n = t.dim()

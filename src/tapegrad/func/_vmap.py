@@ -90,6 +90,22 @@ def rebatch(array, like):
     return t
 
 
+def host(t):
+    """What a rule may read of ``t``'s values as an array: its array, or under vmap the
+    physical batch (``physical_array``); results shaped like it come back through ``like``."""
+    if type(getattr(t, "_data", None)) is BatchedArray:
+        return physical_array(t)
+    return getattr(t, "_data", t)
+
+
+def like(array, t):
+    """``array`` computed from ``host(t)``, as what the rule would have had unbatched: the
+    array itself, or under vmap a Tensor batched as ``t`` (a ``where`` condition, a mask)."""
+    if type(getattr(t, "_data", None)) is BatchedArray:
+        return rebatch(array, t)
+    return array
+
+
 def any_batched(t, operands):
     """Whether an in-place op on ``t`` with ``operands`` meets a vmap value (inplace.py asks,
     under a DispatchMode only)."""

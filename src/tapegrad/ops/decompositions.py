@@ -230,8 +230,10 @@ def _(g, out, a):
     # SVD (det U det Vh prod S, whose product rule needs no division) for singular ones
     if a.shape[-1] == 0:
         return a * 0
+    from tapegrad.func._vmap import host, like  # under vmap: the physical batch's values
+
     eps = xp.finfo(_data(a).dtype).eps
-    singular = xp.abs(_data(out)) < 100 * eps
+    singular = xp.abs(host(out)) < 100 * eps
     n = a.shape[-1]
     d = _diag(_unsqueeze(g * out, -1) * xp.ones(n, dtype=_data(a).dtype))
 
@@ -250,7 +252,7 @@ def _(g, out, a):
         return nonsingular(a)
     if singular.all():
         return through_svd(a)
-    mask = singular[..., None, None]
+    mask = like(singular[..., None, None], out)
     eye = _eye_like(_data(a))
     distinct = eye * xp.arange(1, a.shape[-1] + 1, dtype=eye.dtype)
     return where_op(mask, through_svd(where_op(mask, a, distinct)),
@@ -403,7 +405,9 @@ def _(g, out, a, full_matrices=False):
     if full_matrices and m != n:  # the extra columns/rows carry nothing about A
         u, gu = u[..., :, :k], gu[..., :, :k]
         vh, gvh = vh[..., :k, :], gvh[..., :k, :]
-    if not _data(gu).any() and not _data(gvh).any():  # svdvals, norms: PyTorch's short rule
+    from tapegrad.func._vmap import host  # under vmap: the decision for the physical batch
+
+    if not host(gu).any() and not host(gvh).any():  # svdvals, norms: PyTorch's short rule
         return matmul(u * _unsqueeze(gs, -2), vh)
     return _svd_backward(gu, gs, gvh, u, s, vh, m, n)
 
@@ -501,7 +505,9 @@ def _(g, out, a, upper=False):
     n = a.shape[-1]
     w, v = _eigh_factors(out, n)
     gw, gv = _eigh_factors(g, n)
-    if not _data(gv).any():  # eigenvalues only: PyTorch's short rule (no 1 / (w_j - w_i))
+    from tapegrad.func._vmap import host  # under vmap: the decision for the physical batch
+
+    if not host(gv).any():  # eigenvalues only: PyTorch's short rule (no 1 / (w_j - w_i))
         return matmul(v * _unsqueeze(gw, -2), v.mT)
     vhgv = matmul(v.mT, gv)
     vhgv = (vhgv - vhgv.mT) * 0.5

@@ -209,7 +209,9 @@ def nan_to_num_op(a, nan=0.0, posinf=None, neginf=None):
 
 @nan_to_num_op.grad
 def _(g, out, a, nan=0.0, posinf=None, neginf=None):
-    return where_op(xp.isfinite(_data(a)), g, 0.0)
+    from tapegrad.func._vmap import host, like  # under vmap: a batched condition
+
+    return where_op(like(xp.isfinite(host(a)), a), g, 0.0)
 
 
 def _data(a):

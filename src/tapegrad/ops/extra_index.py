@@ -131,6 +131,9 @@ def _(g, out, a, src, index, dim, reduce, include_self=True, needs=(True, True))
         n = _counts(a.shape, index, dim, include_self).astype(dt)
         ga, gs = g / n, gather(g) / n[key]
     elif reduce == "prod":
+        if any(getattr(getattr(x, "_data", None), "value", None) is not None for x in (a, src)):
+            raise RuntimeError("vmap: the gradient of scatter_reduce(reduce='prod') is not "
+                               "supported on batched tensors inside vmap")
         masked_self = where_op(_data(a) == 0, 1.0, a)
         ga = g * scatter_reduce_op(masked_self, src, index=index, dim=dim, reduce="prod",
                                    include_self=include_self) / masked_self
@@ -145,8 +148,12 @@ def _(g, out, a, src, index, dim, reduce, include_self=True, needs=(True, True))
                       gather(g * out) / where_op(src_zero, 1.0, src))
     else:  # amax / amin: shared evenly among the entries equal to the result
         value = gather(out)
-        self_is = (_data(a) == _data(out)).astype(dt)
-        src_is = (_data(src) == _data(value)).astype(dt)
+        from tapegrad.func._vmap import host, like  # under vmap: batched masks
+
+        ref = out if getattr(_data(out), "value", None) is not None else a
+        self_is = like((host(a) == host(out)).astype(dt), ref)
+        ref = value if getattr(_data(value), "value", None) is not None else src
+        src_is = like((host(src) == host(value)).astype(dt), ref)
         share = g / index_put_op(self_is, src_is, index=key, accumulate=True)
         ga, gs = self_is * share, src_is * gather(share)
     if not include_self:

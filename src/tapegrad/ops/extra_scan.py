@@ -57,7 +57,9 @@ def _(g, out, a, dim, dtype=None):
     g = _cast_back(g, a)
     if a.ndim == 0 or a.shape[dim] <= 1:
         return g
-    if not (_data(a) == 0).any():
+    from tapegrad.func._vmap import host  # under vmap: the decision for the physical batch
+
+    if not (host(a) == 0).any():
         return reverse_cumsum(_cast_back(out, a) * g, dim=dim) / a
     return _cumprod_grad_with_zeros(g, a, dim)
 
@@ -68,7 +70,9 @@ def _(t, out, a, dim, dtype=None):
     t = t[0]
     if a.ndim == 0 or a.shape[dim] <= 1:
         return t
-    if not (_data(a) == 0).any():
+    from tapegrad.func._vmap import host
+
+    if not (host(a) == 0).any():
         return _cast_back(out, a) * cumsum_op(t / a, dim=dim)
     s, n, d = tuple(a.shape), a.shape[dim], dim
     lifted = broadcast_to_op(reshape_op(a, shape=s[:d] + (1,) + s[d:]),
@@ -164,8 +168,10 @@ def _(g, out, a, dim):
     lowest = float((dtypes._ml_dtypes.finfo if low else xp.finfo)(dt).min)
     with xp.errstate(divide="ignore", over="ignore"):  # lowest - out may round to -inf
         log_abs = log(abs(g))
-        pos = where_op(_data(g) > 0, log_abs, lowest)
-        neg = where_op(_data(g) < 0, log_abs, lowest)
+        from tapegrad.func._vmap import host, like  # under vmap: batched conditions
+
+        pos = where_op(like(host(g) > 0, g), log_abs, lowest)
+        neg = where_op(like(host(g) < 0, g), log_abs, lowest)
         return (exp(_reverse_logcumsumexp(pos - out, dim) + a)
                 - exp(_reverse_logcumsumexp(neg - out, dim) + a))
 
@@ -176,9 +182,12 @@ def _(t, out, a, dim):
     # running sum underflows below 1e-13
     if a.ndim == 0:
         return t[0]
-    e = exp(a - xp.max(_data(a), axis=dim, keepdims=True))
+    from tapegrad.func._vmap import host, like  # under vmap: the physical batch's values
+
+    ha = host(a)
+    e = exp(a - like(xp.max(ha, axis=dim + ha.ndim - a.ndim, keepdims=True), a))
     running = cumsum_op(e, dim=dim)
-    tiny = _data(running) < 1e-13
+    tiny = like(host(running) < 1e-13, running)
     return where_op(tiny, 0.0, cumsum_op(e * t[0], dim=dim) / where_op(tiny, 1.0, running))
 
 
