@@ -9,22 +9,23 @@ the short loops over taps and window positions; the batch size stays a run-time 
 loaded through ``kernels.load`` (numba's disk cache keeps the machine code):
 
 - ``conv2d``, ``conv2d_input`` (the input gradient), ``conv2d_weight`` (the weight
-  gradient), groups 1, any stride, padding and dilation: one BLAS GEMM each (the same one
-  eager runs, at one thread under the bench) over transposed patches, a (C*KH*KW, N*OH*OW)
-  matrix whose row k holds tap k of every output position, so every copy runs along image
-  rows; numba builds the patches from a zero-padded copy of the input, moves between NCHW
-  and (channels, positions) rows, and col2im adds the taps back in eager's order.
+  gradient), groups 1, any stride, padding and dilation: eager's one BLAS GEMM each, on the
+  same operands in the same layouts (im2col rows (N*OH*OW, C*KH*KW), gradient rows
+  (N*OH*OW, O) or channels (O, N*OH*OW)); numba builds the patches from a zero-padded copy
+  of one sample at a time, moves between NCHW and rows, and col2im adds the taps back in
+  eager's order. ``conv2d_weight`` takes the patches its graph's ``conv2d`` of the same
+  array built in the same call (``_SHARED``) instead of building them again.
 - ``max_pool2d_indices``: each window's maximum and its index in one pass (the first
   maximum; a NaN wins and the first NaN is kept; a padded position reads as -inf and is
   clipped to the nearest in-bounds row and column: eager's indices exactly, ceil mode
   included); ``max_pool2d`` the gather at those indices; ``max_pool2d_backward`` the
   scatter-add, in eager's order.
 
-Precision: the pooling kernels are bitwise eager. ``conv2d`` and ``conv2d_weight`` multiply
-the same operands as eager's GEMM, but transposed (BLAS may sum in another order), and
-``conv2d_input`` multiplies eager's product transposed before col2im, so float64 results
-agree with eager to about 1e-15 relative (far within 1e-12), float32 within float32
-rounding; they are not promised bitwise. Every factory returns None (the op's forward runs)
+Precision: the pooling kernels are bitwise eager. The convolutions hand BLAS the operands
+eager hands it and add col2im's taps in eager's order, so they equal eager wherever BLAS
+repeats itself on equal operands (measured bitwise at the digits CNN's sizes); the tests
+hold them to 1e-12 (float64) and float32 rounding (float32), not to bitwise equality.
+Every factory returns None (the op's forward runs)
 for dtypes other than float32/float64, mixed dtypes, groups > 1 or shapes it does not know.
 Nothing runs in parallel (the kernels are meant for small batches on shared cores).
 """
@@ -77,57 +78,53 @@ class _Geom:
 
 
 _PATCHES = '''def patches(x):
-    # (K, N*P): row (c*KH + i)*KW + j, column (n*OH + y)*OW + q holds
+    # eager's im2col (N*P, K): row (n*OH + y)*OW + q, column (c*KH + i)*KW + j holds
     # x[n, c, y*SH - PT + i*DH, q*SW - PL + j*DW], zero outside the image
     n_ = x.shape[0]
-    np_ = n_ * {P}
-    xp = np.zeros(n_ * {CPP}, x.dtype)
+    xp = np.zeros({CPP}, x.dtype)  # one sample, zero padded (the border stays 0)
     xf = np.ascontiguousarray(x).ravel()
+    cf = np.empty(n_ * {P} * {K}, x.dtype)
     for n in range(n_):
         for c in range({C}):
             for y in range({H}):
                 src = ((n * {C} + c) * {H} + y) * {W}
-                dst = ((n * {C} + c) * {HP} + y + {PT}) * {WP} + {PL}
+                dst = (c * {HP} + y + {PT}) * {WP} + {PL}
                 for q in range({W}):
                     xp[dst + q] = xf[src + q]
-    cf = np.empty({K} * np_, x.dtype)
-    for c in range({C}):
-        for i in range({KH}):
-            for j in range({KW}):
-                rb = ((c * {KH} + i) * {KW} + j) * np_
-                for n in range(n_):
-                    off = ((n * {C} + c) * {HP} + i * {DH}) * {WP} + j * {DW}
-                    for y in range({OH}):
-                        src = off + y * ({SH} * {WP})
-                        dst = rb + n * {P} + y * {OW}
-                        for q in range({OW}):
-                            cf[dst + q] = xp[src + q * {SW}]
-    return cf.reshape({K}, np_)
+        for y in range({OH}):
+            for q in range({OW}):
+                rb = ((n * {OH} + y) * {OW} + q) * {K}
+                sb = y * ({SH} * {WP}) + q * {SW}
+                for c in range({C}):
+                    for i in range({KH}):
+                        src = sb + (c * {HP} + i * {DH}) * {WP}
+                        dst = rb + (c * {KH} + i) * {KW}
+                        for j in range({KW}):
+                            cf[dst + j] = xp[src + j * {DW}]
+    return cf.reshape(n_ * {P}, {K})
 '''
 
 _COL2IM = '''def col2im(cols):
-    # the adjoint of patches: (K, N*P) tap values summed onto a (N, C, H, W) image; each pixel
+    # the adjoint of patches: (N*P, K) tap values summed onto a (N, C, H, W) image; each pixel
     # takes its taps in (i, j) order, as eager's col2im adds them
-    np_ = cols.shape[1]
-    n_ = np_ // {P}
-    xp = np.zeros(n_ * {CPP}, cols.dtype)
-    for c in range({C}):
-        for i in range({KH}):
-            for j in range({KW}):
-                row = cols[(c * {KH} + i) * {KW} + j]
-                for n in range(n_):
-                    off = ((n * {C} + c) * {HP} + i * {DH}) * {WP} + j * {DW}
-                    for y in range({OH}):
-                        dst = off + y * ({SH} * {WP})
-                        src = n * {P} + y * {OW}
-                        for q in range({OW}):
-                            xp[dst + q * {SW}] += row[src + q]
+    n_ = cols.shape[0] // {P}
+    cf = np.ascontiguousarray(cols).ravel()
     img = np.empty((n_, {C}, {H}, {W}), cols.dtype)
     f = img.reshape(n_ * {C} * {HW})
+    xp = np.empty({CPP}, cols.dtype)  # one sample, padded
     for n in range(n_):
+        xp[:] = 0
+        for i in range({KH}):
+            for j in range({KW}):
+                for y in range({OH}):
+                    for q in range({OW}):
+                        rb = ((n * {OH} + y) * {OW} + q) * {K} + i * {KW} + j
+                        db = (y * {SH} + i * {DH}) * {WP} + q * {SW} + j * {DW}
+                        for c in range({C}):
+                            xp[db + c * ({HP} * {WP})] += cf[rb + c * ({KH} * {KW})]
         for c in range({C}):
             for y in range({H}):
-                src = ((n * {C} + c) * {HP} + y + {PT}) * {WP} + {PL}
+                src = (c * {HP} + y + {PT}) * {WP} + {PL}
                 dst = ((n * {C} + c) * {H} + y) * {W}
                 for q in range({W}):
                     f[dst + q] = xp[src + q]
@@ -135,18 +132,16 @@ _COL2IM = '''def col2im(cols):
 '''
 
 _TO_NCHW = '''def to_nchw(r):
-    # (O, N*P) -> contiguous (N, O, OH, OW)
-    np_ = r.shape[1]
-    n_ = np_ // {P}
+    # (N*P, O) rows -> contiguous (N, O, OH, OW)
+    n_ = r.shape[0] // {P}
+    rf = np.ascontiguousarray(r).ravel()
     out = np.empty((n_, {O}, {OH}, {OW}), r.dtype)
     f = out.reshape(n_ * {O} * {P})
-    rf = r.ravel()
     for n in range(n_):
-        for o in range({O}):
-            src = o * np_ + n * {P}
-            dst = (n * {O} + o) * {P}
-            for k in range({P}):
-                f[dst + k] = rf[src + k]
+        for k in range({P}):
+            src = (n * {P} + k) * {O}
+            for o in range({O}):
+                f[(n * {O} + o) * {P} + k] = rf[src + o]
     return out
 '''
 
@@ -229,8 +224,8 @@ def _conv2d(node):
 
     def conv2d(x, w, **_):
         cols = patches(x)
-        shared[0] = (x, cols)  # one attribute store: a thread reads the pair whole
-        return to_nchw(blas_matmul(w.reshape(o, k), cols))
+        shared[0] = (x, cols)  # one item store: a thread reads the pair whole
+        return to_nchw(blas_matmul(cols, w.reshape(o, k).T))
 
     return conv2d
 
@@ -245,10 +240,10 @@ def _conv2d_input(node):
     if geom is None:
         return None
     o, k = int(w.shape[0]), geom.c * geom.kh * geom.kw
-    to_channels, col2im = _conv_kernels(geom, o, "to_channels", "col2im")
+    to_rows, col2im = _conv_kernels(geom, o, "to_rows", "col2im")
 
     def conv2d_input(g, w, **_):
-        return col2im(blas_matmul(w.reshape(o, k).T, to_channels(g)))
+        return col2im(blas_matmul(to_rows(g), w.reshape(o, k)))
 
     return conv2d_input
 
@@ -263,7 +258,7 @@ def _conv2d_weight(node):
     geom = _conv_geom(node, x.shape, (o, x.shape[1], kh, kw), g.shape[2:])
     if geom is None:
         return None
-    patches, to_rows = _conv_kernels(geom, o, "patches", "to_rows")
+    patches, to_channels = _conv_kernels(geom, o, "patches", "to_channels")
     shape = (o, geom.c, geom.kh, geom.kw)
     shared = _SHARED.pop(id(x), (None, None, [None]))
     if shared[0] is not x or shared[1] != geom.key():
@@ -278,9 +273,7 @@ def _conv2d_weight(node):
             cols = pair[1]
         else:
             cols = patches(x)
-        # (K, N*P) @ (N*P, O): both operands as BLAS reads them fastest (1.25x at conv2)
-        gw = blas_matmul(cols, to_rows(g))
-        return np.ascontiguousarray(gw.T).reshape(shape)
+        return blas_matmul(to_channels(g), cols).reshape(shape)
 
     return conv2d_weight
 
