@@ -15,6 +15,12 @@ sees the tangent computation as ordinary ops. The rule is, in order:
   that would take this path: none of the registered ops does (an op registered later without
   a JVP rule, a custom one, still works this way).
 
+When nothing could see the tangent computation as ops (no mode below this level, no op
+watcher) and the tape could not record it (no input tangent or primal requires grad, or
+only through graphs recorded inside a ``func.jvp`` level, which never reach a tangent), the
+rule runs on the backend arrays instead, right after the primal: no Tensor, dispatch or
+mode per tangent op (``_array_jvp``; the same rules, through the ops' forwards).
+
 Tangents are kept per level by the identity of the primal's backend array, so a Tensor
 re-wrapping the same array (a saved output in a gradient rule, ``detach()``) keeps its
 tangent; a view is a new array and gets its own.
