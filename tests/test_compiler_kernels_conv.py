@@ -172,6 +172,22 @@ def test_pool_indices_agree_with_pytorch_on_nan_and_ties():
     assert np.array_equal(got, want.numpy())
 
 
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(64, 16, 8, 8), (64, 32, 4, 4), (3, 5, 7, 9), (2, 3, 20, 20),
+                                   (2, 3, 1, 1), (1, 4, 13, 11), (0, 3, 4, 4)])
+def test_bias_gradient_kernel_is_eager_bitwise(dtype, shape):
+    """sum_to (N, C, H, W) -> (1, C, 1, 1), numpy's pairwise sums per plane in numpy's order
+    (bitwise here; the recursion above 128 elements included)."""
+    from tapegrad.ops.movement import sum_to
+
+    g = np.random.default_rng(sum(shape)).standard_normal(shape).astype(dtype) * 3 + 0.25
+    params = {"shape": (1, shape[1], 1, 1)}
+    got = _kernel("sum_to", [g], params, params["shape"])(g, **params)
+    want = sum_to.forward(g, **params)
+    assert got.dtype == want.dtype == dtype and got.shape == want.shape
+    assert np.array_equal(got, want)
+
 def test_factories_decline_what_they_do_not_compute():
     x = np.ones((2, 4, 5, 5))
     w = np.ones((6, 2, 3, 3))
@@ -191,6 +207,10 @@ def test_factories_decline_what_they_do_not_compute():
                                    np.int64)) is None
     assert op_kernels.lookup(_node("max_pool2d_indices", [x[0]], pp, (4, 2, 2),
                                    np.int64)) is None  # not (N, C, H, W)
+    for shape in [(1, 4, 5, 1), (4, 1, 1), (1, 1, 1, 1), (2, 4, 1, 1)]:  # not a bias's
+        assert op_kernels.lookup(_node("sum_to", [x], {"shape": shape}, shape)) is None
+    assert op_kernels.lookup(_node("sum_to", [xi], {"shape": (1, 4, 1, 1)},
+                                   (1, 4, 1, 1))) is None
 
 
 def _losses(build, data, steps, compiled, lr=1e-2):
@@ -251,7 +271,8 @@ def test_compiled_cnn_step_with_conv_kernels_matches_eager_over_100_steps(monkey
     got, fn = _cnn_losses(dtype, 100, compiled=True)
     src = fn.entries[-1].source
     for name in ("conv2d_kernel", "conv2d_input_kernel", "conv2d_weight_kernel",
-                 "max_pool2d_indices_kernel", "max_pool2d_kernel", "max_pool2d_backward_kernel"):
+                 "max_pool2d_indices_kernel", "max_pool2d_kernel", "max_pool2d_backward_kernel",
+                 "sum_to_kernel"):
         assert name in src, name
     assert fn.n_hits >= 98 and not fn.breaks
     assert all(math.isfinite(v) for v in got)

@@ -15,6 +15,8 @@ loaded through ``kernels.load`` (numba's disk cache keeps the machine code):
   of one sample at a time, moves between NCHW and rows, and col2im adds the taps back in
   eager's order. ``conv2d_weight`` takes the patches its graph's ``conv2d`` of the same
   array built in the same call (``_SHARED``) instead of building them again.
+- ``sum_to`` of an (N, C, H, W) gradient onto a (1, C, 1, 1) bias: numpy's pairwise sum of
+  each plane, unrolled for the plane's size, added per channel in numpy's order (bitwise).
 - ``max_pool2d_indices``: each window's maximum and its index in one pass (the first
   maximum; a NaN wins and the first NaN is kept; a padded position reads as -inf and is
   clipped to the nearest in-bounds row and column: eager's indices exactly, ceil mode
@@ -276,6 +278,78 @@ def _conv2d_weight(node):
         return blas_matmul(to_channels(g), cols).reshape(shape)
 
     return conv2d_weight
+
+
+_BIAS_SUM = '''def bias_sum(g):
+    # (N, C, H, W) -> (1, C, 1, 1): each (n, c) plane summed as numpy's pairwise_sum sums one
+    # inner loop, added to its channel's total in (n, c) order, as numpy's add.reduce over
+    # axes (0, 2, 3) walks a contiguous array (bitwise where numpy takes that walk)
+    n_ = g.shape[0]
+    gf = np.ascontiguousarray(g).ravel()
+    zero = np.zeros(1, g.dtype)
+    out = np.zeros((1, {C}, 1, 1), g.dtype)
+    f = out.reshape({C})
+    for n in range(n_):
+        for c in range({C}):
+            f[c] += {SUM}
+    return out
+
+
+@njit(cache=True, error_model="numpy")
+def block(a, s, n, z):
+    # numpy's pairwise_sum below its block size (128): eight running sums
+    if n < 8:
+        r = z[0]
+        for i in range(n):
+            r += a[s + i]
+        return r
+    r0, r1, r2, r3 = a[s], a[s + 1], a[s + 2], a[s + 3]
+    r4, r5, r6, r7 = a[s + 4], a[s + 5], a[s + 6], a[s + 7]
+    i = 8
+    while i < n - n % 8:
+        r0 += a[s + i]
+        r1 += a[s + i + 1]
+        r2 += a[s + i + 2]
+        r3 += a[s + i + 3]
+        r4 += a[s + i + 4]
+        r5 += a[s + i + 5]
+        r6 += a[s + i + 6]
+        r7 += a[s + i + 7]
+        i += 8
+    r = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < n:
+        r += a[s + i]
+        i += 1
+    return r
+'''
+
+
+def _pairwise(start, n):
+    """The source of numpy's pairwise sum of ``gf[start:start + n]`` (its recursion unrolled
+    for a constant ``n``)."""
+    if n <= 128:
+        return f"block(gf, {start}, {n}, zero)"
+    half = n // 2
+    half -= half % 8
+    return f"({_pairwise(start, half)} + {_pairwise(f'{start} + {half}', n - half)})"
+
+
+@op_kernels.register("sum_to")
+def _sum_to(node):
+    """A convolution's bias gradient: (N, C, H, W) summed to (1, C, 1, 1)."""
+    if not _floats(node, 1):
+        return None
+    shape = node.inputs[0].shape
+    if len(shape) != 4 or tuple(node.params.get("shape", ())) != (1, shape[1], 1, 1):
+        return None
+    c, hw = int(shape[1]), int(shape[2] * shape[3])
+    body = _BIAS_SUM.replace("{SUM}", _pairwise(f"(n * {c} + c) * {hw}", hw))
+    fn = _load("bias_sum", body, C=c)
+
+    def sum_to(g, **_):
+        return fn(g)
+
+    return sum_to
 
 
 # --- max-pooling ---------------------------------------------------------------------------
