@@ -136,6 +136,7 @@ def hand_fused(sizes, batch, dtype, lr=0.5):
 
 # --- the same step under the other compilers: JAX jit and torch.compile -------------------
 XLA_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+_JAX_PINNED = []  # the CPU XLA's thread pool was pinned to, once import_jax pinned it
 
 
 def import_jax(threads=1):
@@ -160,6 +161,7 @@ def import_jax(threads=1):
         os.sched_setaffinity(0, {min(cpus)})
         try:
             jax.jit(lambda a: a + 1)(jax.numpy.zeros(3)).block_until_ready()
+            _JAX_PINNED.append(min(cpus))
         finally:
             os.sched_setaffinity(0, cpus)
     return jax
@@ -271,10 +273,10 @@ def other_compilers(args, torch, jax, threads, sizes, want):
         else:
             ok = "agrees" if diff <= tol else "DIFFERS"
             found.append(("torch.compile", step if diff <= tol else None,
-                          f"compile: cold {cold:.2f} s (first in this process; inductor's disk "
-                          f"cache may hold it), warm {warm * 1e3:.0f} ms (recompiled after "
-                          f"dynamo.reset, caches on), warm without the FX graph cache "
-                          f"{fresh:.2f} s; losses over 3 steps {ok} with PyTorch eager "
+                          f"first calls (compile + one step): cold {cold:.2f} s (first in this "
+                          f"process; inductor's disk cache may hold it), warm {warm * 1e3:.0f} ms "
+                          f"(recompiled after dynamo.reset, caches on), warm without the FX graph "
+                          f"cache {fresh:.2f} s; losses over 3 steps {ok} with PyTorch eager "
                           f"(max relative difference {diff:.1e})"))
     if jax is None:
         found.append(("JAX jit", None, "not installed"))
@@ -286,10 +288,13 @@ def other_compilers(args, torch, jax, threads, sizes, want):
         diff = _rel_diff(_first_steps(jax_step(jax, sizes, args.batch, dt)[0]), want)
         ok = "agrees" if diff <= tol else "DIFFERS"
         found.append(("JAX jit", step if diff <= tol else None,
-                      f"compile: cold {cold:.2f} s (first jit in this process), warm "
-                      f"{warm * 1e3:.0f} ms (a new jitted function); losses over 3 steps {ok} "
+                      f"first calls (compile + one step): cold {cold:.2f} s (first jit in this "
+                      f"process), warm {warm * 1e3:.0f} ms (a new jitted function); losses over "
+                      f"3 steps {ok} "
                       f"with PyTorch eager (max relative difference {diff:.1e}); jax "
-                      f"{jax.__version__}, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}"))
+                      f"{jax.__version__}, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}"
+                      + (f", XLA's thread pool pinned to CPU {_JAX_PINNED[0]}" if _JAX_PINNED
+                         else "")))
     return found
 
 
