@@ -239,3 +239,66 @@ def test_nested_and_batched_levels_keep_the_tensor_path():
     assert_close(jj, tjj, what="second-order jvp")
     assert_close(tapegrad.func.jacfwd(tapegrad.func.jacrev(f))(x),
                  torch.func.jacfwd(torch.func.jacrev(ft))(torch.tensor(X[0])), what="hessian")
+
+
+# each hand-written rule listed in ARRAY_RULES, run on arrays (asserted) against torch.func.jvp
+def _rows():
+    r = np.random.default_rng(23)
+    a34, t34 = r.standard_normal((3, 4)), r.standard_normal((3, 4))
+    pos, tpos = r.uniform(0.1, 0.9, (3, 4)), r.standard_normal((3, 4))
+    img, timg = r.standard_normal((2, 3, 5, 5)), r.standard_normal((2, 3, 5, 5))
+    w = r.standard_normal((4, 3, 3, 3))
+    q, tq = r.standard_normal((2, 3, 4)), r.standard_normal((2, 3, 4))
+    k, v = r.standard_normal((2, 5, 4)), r.standard_normal((2, 5, 4))
+    table, idx = r.standard_normal((6, 3)), np.array([0, 2, 5, 2])
+    return {
+        "linear": (lambda L, x: L.nn.functional.linear(x, L.tensor(a34[:2])), a34, t34),
+        "matmul": (lambda L, x: x @ L.tensor(a34.T), a34, t34),
+        "einsum": (lambda L, x: L.einsum("ij,kj->ik", x, x), a34, t34),
+        "softmax": (lambda L, x: L.softmax(x, dim=1), a34, t34),
+        "log_softmax": (lambda L, x: L.log_softmax(x, dim=0), a34, t34),
+        "softmax_cross_entropy": (lambda L, x: L.nn.functional.cross_entropy(
+            x, L.tensor(pos).softmax(1)), a34, t34),
+        "cross_entropy_index": (lambda L, x: L.nn.functional.cross_entropy(
+            x, L.tensor(np.array([0, 3, 1]))), a34, t34),
+        "layer_norm": (lambda L, x: L.nn.functional.layer_norm(x, (4,)), a34, t34),
+        "embedding": (lambda L, x: L.nn.functional.embedding(L.tensor(idx), x), table,
+                      r.standard_normal(table.shape)),
+        "var": (lambda L, x: x.var(dim=1), a34, t34),
+        "std": (lambda L, x: x.std(dim=0), a34, t34),
+        "logsumexp": (lambda L, x: L.logsumexp(x, dim=1), a34, t34),
+        "constant_pad_nd": (lambda L, x: L.nn.functional.pad(x, (1, 2)), a34, t34),
+        "conv2d": (lambda L, x: L.nn.functional.conv2d(x, L.tensor(w), padding=1), img, timg),
+        "amax": (lambda L, x: x.amax(dim=1), a34, t34),
+        "max_dim": (lambda L, x: x.max(dim=0)[0], a34, t34),
+        "max": (lambda L, x: x.max(), a34, t34),
+        "prod": (lambda L, x: x.prod(dim=1), a34, t34),
+        "norm": (lambda L, x: x.norm(dim=1), a34, t34),
+        "binary_cross_entropy": (lambda L, x: L.nn.functional.binary_cross_entropy(
+            x, L.tensor(pos[::-1].copy())), pos, tpos),
+        "scaled_dot_product_attention": (
+            lambda L, x: L.nn.functional.scaled_dot_product_attention(x, L.tensor(k),
+                                                                      L.tensor(v)), q, tq),
+    }
+
+
+@pytest.mark.parametrize("name", list(_rows()))
+def test_listed_rule_on_arrays_against_torch(name, monkeypatch):
+    fn, x, t = _rows()[name]
+    seen = []
+    array_jvp = F._array_jvp
+
+    def spy(op, *a, **k):
+        r = array_jvp(op, *a, **k)
+        seen.append((op.name, r is F._ON_TENSORS))
+        return r
+
+    monkeypatch.setattr(F, "_array_jvp", spy)
+    out, got = tapegrad.func.jvp(lambda x: fn(tapegrad, x), (tapegrad.tensor(x),),
+                                 (tapegrad.tensor(t),))
+    want_out, want = torch.func.jvp(lambda x: fn(torch, x), (torch.tensor(x),),
+                                    (torch.tensor(t),))
+    assert_close(out, want_out)
+    assert_close(got, want, what=f"{name}: tangent on arrays")
+    assert (name, False) in seen, seen
+    assert not any(on_tensors for _, on_tensors in seen), seen

@@ -281,7 +281,9 @@ ARRAY_RULES = frozenset((
     "linear", "linear_relu", "matmul", "einsum", "softmax", "log_softmax",
     "softmax_cross_entropy", "cross_entropy_index", "cross_entropy_index_backward",
     "nll_loss", "layer_norm", "batch_norm", "embedding", "l2_norm", "var", "std",
-    "logsumexp", "constant_pad_nd", "conv2d", "conv2d_input", "conv2d_weight"))
+    "logsumexp", "constant_pad_nd", "conv2d", "conv2d_input", "conv2d_weight",
+    "max", "min", "amax", "amin", "max_dim", "min_dim", "take_along_reduce", "prod", "norm",
+    "binary_cross_entropy", "scaled_dot_product_attention"))
 
 
 def _array_jvp(op, od, flat, tangents, params, listed):
