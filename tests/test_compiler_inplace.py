@@ -1,7 +1,8 @@
 """In-place writes inside ``tapegrad.compile`` (issue 9: graph breaks that should not be).
 
 ``x[1:3] = v``, ``x[idx] = 0.5`` (an index tensor or a list), ``x[mask] = v`` (as ``where``),
-``masked_fill_`` and ``scatter_`` on traced tensors are functionalised by the tracer (the
+``masked_fill_``, ``scatter_``, ``index_add_/index_copy_/index_fill_``, ``fill_``/``zero_``
+and ``x[1:3] += v`` on traced tensors are functionalised by the tracer (the
 out-of-place op on the traced value, written back into the tensor, its views replayed): the
 compiled function has no graph break and gives eager's values and gradients. Boolean-mask
 *reads* (``x[mask]``: a data-dependent shape) stay breaks, reported with their source line.
@@ -152,6 +153,24 @@ def untracked_set(M, x, w, idx):
     return (buf * w).sum()
 
 
+def index_ops_inplace(M, x, idx, v):
+    y = x * 2
+    y.index_add_(0, idx, v * 3)
+    z = x.sin()
+    z.index_copy_(0, idx, v)
+    z.index_fill_(1, idx % 4, -1.0)
+    return (y * z).sum()
+
+
+def fill_and_augmented(M, x, v):
+    y = x * 2
+    y[0].zero_()  # a view filled with a number in grad mode
+    y[1:3] += v  # the view's in-place add, then __setitem__ of the view into itself
+    z = x.detach() * 1
+    z.fill_(0.5)  # no grad: a plain write, functionalised
+    return (y * y).sum() + (z * x).sum()
+
+
 CASES = [
     (slice_set, ("x", "v"), ("x", "v"), "copy_slices"),
     (slice_set_strided, ("x", "v"), ("x", "v"), "copy_slices"),
@@ -164,6 +183,8 @@ CASES = [
     (masked_fill_inplace, ("x", "mask", "s"), ("x", "s"), "where"),
     (scatter_inplace, ("x", "sidx", "src"), ("x", "src"), "index_put"),
     (untracked_set, ("x", "w", "idx"), ("w",), "index_put"),
+    (index_ops_inplace, ("x", "idx", "v"), ("x", "v"), "index_put"),
+    (fill_and_augmented, ("x", "v"), ("x", "v"), "copy_slices"),
 ]
 
 

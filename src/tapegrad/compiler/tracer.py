@@ -144,6 +144,21 @@ def _setitem_method(cls):
     return __setitem__
 
 
+def _fill_method(cls):
+    base = cls.fill_
+
+    def fill_(self, value):
+        """``t.fill_(number)`` (and ``zero_``) on a traced tensor: ``t[...] = number``."""
+        tr = active()
+        if tr is None or tr.broken or not isinstance(value, (bool, int, float)):
+            return base(self, value)
+        tr.setitem(self, Ellipsis, value, lambda t, index, v: base(t, v))
+        return self
+
+    fill_.__name__ = "fill_"
+    return fill_
+
+
 def _has_mask(p):
     """Whether param ``p`` (an index key) holds a boolean array."""
     if isinstance(p, Tensor):
@@ -233,6 +248,7 @@ def _traced_class(cls):
         for name in ("detach", "data"):
             body[name] = _aliasing(name)
         body["__setitem__"] = _setitem_method(cls)
+        body["fill_"] = _fill_method(cls)
         t = type(cls.__name__, (cls,), body)
         _traced_classes[cls] = t
         if cls is Tensor:  # a traced view made stale by an in-place op on its base
@@ -523,6 +539,11 @@ class Tracer(DispatchMode):
         the data)."""
         def find(x):
             v = self.amap.get(id(x))
+            b = x.base
+            if v is None and type(b) is np.ndarray and b.shape == x.shape and \
+                    b.strides == x.strides and b.dtype == x.dtype and \
+                    b.ctypes.data == x.ctypes.data:  # a whole view (index.reshape(-1))
+                v = self.amap.get(id(b))
             s = self.static.get(id(x)) if v is None else None
             if s is not None and s[0]._data is x and s[0]._version[0] == s[1]:
                 v = self.value_of(s[0])  # a literal (a list index, _grid's aranges)
