@@ -197,7 +197,8 @@ def run(batch=256, rounds=15, threads=None, parts=("vmap", "jvp")):
     with H.Threads(1 if threads is None else threads, torch) as th:
         H.interleave(list(cases.values()), th, rounds=rounds, min_time=0.01)
     med = {k: H.median(c) for k, c in cases.items()}
-    med.update({("spread",) + k: H.spread(c) for k, c in cases.items()})  # IQR / median
+    med.update({("spread",) + k: H.spread(c)  # IQR / median, from 4 rounds on
+                for k, c in cases.items() if len(c.times) >= 4})
     return med, checks, torch is not None
 
 
