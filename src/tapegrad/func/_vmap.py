@@ -37,6 +37,21 @@ class BatchedArray(xp.ndarray):
 
     item = tolist = __bool__ = __float__ = __int__ = __index__ = refuse_host_read = _no_data
 
+    # computing on the placeholder (a ufunc, np.nonzero, np.sort...) would give every example
+    # zeros' answer silently: refuse, as reading it does (code that must read the values uses
+    # ops, or host()/physical_array() for the physical batch)
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        self._no_data()
+
+    def __array_function__(self, func, types, args, kwargs):
+        if func in _SHAPE_ONLY:
+            return super().__array_function__(func, types, args, kwargs)
+        self._no_data()
+
+
+_SHAPE_ONLY = {xp.shape, xp.ndim, xp.size, xp.result_type, xp.may_share_memory,
+               xp.shares_memory, xp.broadcast_to, xp.can_cast, xp.min_scalar_type}
+
 
 def _Tensor():
     from tapegrad.tensor import Tensor

@@ -533,7 +533,8 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     if (weight is None and not label_smoothing and reduction != "none" and input.ndim == 2
             and target.ndim == 1 and target._data.dtype == xp.int64
             and target.shape[0] == input.shape[0]):
-        t = target._data  # the common case: one node, no one-hot target
+        t = _values(target)  # the common case: one node, no one-hot target (under vmap: checks
+        # read every example's indices)
         c = input.shape[1]
         if out_of_range(t, c) is not None:  # then check what is not ignored
             safe = t[t != ignore_index]

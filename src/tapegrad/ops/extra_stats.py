@@ -280,7 +280,9 @@ def _quantile(name, input, q, dim, keepdim, interpolation, ignore_nan):
         if input.ndim == 0:
             x = reshape_op(x, shape=(1,))
     s = sort(x, -1).values  # NaN last; the gradient reaches the picked entries
-    data = s._data
+    from tapegrad.func._vmap import host, like  # under vmap: ranks of the physical batch
+
+    data = host(s)
     n = data.shape[-1]
     batch = data.shape[:-1]
     nan = xp.isnan(data)
@@ -298,14 +300,20 @@ def _quantile(name, input, q, dim, keepdim, interpolation, ignore_nan):
     elif interpolation == "nearest":
         ranks = xp.round(ranks)  # half to even, as torch.round
     below = ranks.astype(xp.int64)
-    last = len(batch)
-    out = index_op(s, index=_grid(below, last), accumulate=True)
+    last = s.ndim - 1
+    if data.ndim > s.ndim:  # batched: the ranks as batched indices of take_along_reduce
+        def pick(r):
+            return take_along_reduce(s, idx=like(r, s), dim=last, keepdim=True)
+    else:
+        def pick(r):
+            return index_op(s, index=_grid(r, last), accumulate=True)
+    out = pick(below)
     if interpolation in ("linear", "midpoint"):
         weights = xp.full(ranks.shape, 0.5, dt) if interpolation == "midpoint" else \
             (ranks - below).astype(dt)
-        above = index_op(s, index=_grid(xp.ceil(ranks).astype(xp.int64), last),
-                         accumulate=True)
-        out = lerp(out, above, registry.Tensor._make(xp.asarray(weights)))
+        above = pick(xp.ceil(ranks).astype(xp.int64))
+        w = like(xp.asarray(weights), s)
+        out = lerp(out, above, w if isinstance(w, registry.Tensor) else registry.Tensor._make(w))
     # batch + (Q,) -> (Q,) + batch, then the kept dims
     out = permute_op(out, dims=(last,) + tuple(range(last)))
     if keepdim:
@@ -338,6 +346,14 @@ def histc(input, bins=100, min=0, max=0):
     """As ``torch.histc``: counts in ``bins`` equal bins over [min, max] (the data's range
     when both are 0); entries outside are ignored; the result has the input's dtype."""
     a = input._data
+    if getattr(a, "value", None) is not None:  # under vmap: each example's histogram
+        from tapegrad.func._vmap import host, like
+
+        pa = host(input)
+        lead = pa.shape[:pa.ndim - input.ndim]
+        rows = pa.reshape((-1,) + tuple(input.shape))
+        out = xp.stack([histc(registry.Tensor._make(r), bins, min, max)._data for r in rows])
+        return like(out.reshape(lead + out.shape[1:]), input)
     if a.dtype.kind in "iub":
         raise NotImplementedError(f'"histogram_cpu" not implemented for {input.dtype} '
                                   f"(histc takes floating-point input)")
@@ -408,7 +424,7 @@ def bincount(input, weights=None, minlength=0):
 def _sorted_search(name, seq, values, side, sorter):
     """``searchsorted`` over the last dim of ``seq`` (rows matching ``values``' leading
     dims, or one 1-d sequence)."""
-    s, v = seq._data, values
+    s, v = getattr(seq, "_data", seq), values
     if sorter is not None:
         order = sorter._data if isinstance(sorter, registry.Tensor) else xp.asarray(sorter)
         if order.shape != s.shape:
@@ -462,8 +478,22 @@ def searchsorted(sorted_sequence, input, *, out_int32=False, right=False, side=N
             f"dimensions of boundaries tensor and input value tensor must match, but we got "
             f"boundaries tensor {list(seq.shape)} and input value tensor "
             f"{list(values.shape)}")
+    dt = xp.int32 if out_int32 else xp.int64
+    from tapegrad.func._vmap import is_batched, host, like
+
+    if not scalar and (is_batched(input) or is_batched(seq)):  # under vmap: the physical batch
+        s, v = host(seq), host(input)
+        lead = s.shape[:s.ndim - seq.ndim] if is_batched(seq) else v.shape[:v.ndim - input.ndim]
+        if is_batched(seq) and not is_batched(input):
+            v = xp.broadcast_to(v, lead + v.shape)
+        elif is_batched(input) and not is_batched(seq) and seq.ndim > 1:
+            s = xp.broadcast_to(s, lead + s.shape)
+        if sorter is not None:
+            sorter = xp.broadcast_to(host(sorter), s.shape)
+        out = _sorted_search("searchsorted", s, v, "right" if right else "left", sorter)
+        return like(xp.asarray(out).astype(dt), input if is_batched(input) else seq)
     out = _sorted_search("searchsorted", seq, values, "right" if right else "left", sorter)
-    return registry.Tensor._make(xp.asarray(out).astype(xp.int32 if out_int32 else xp.int64))
+    return registry.Tensor._make(xp.asarray(out).astype(dt))
 
 
 def bucketize(input, boundaries, *, out_int32=False, right=False):
