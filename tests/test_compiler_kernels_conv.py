@@ -207,6 +207,10 @@ def test_factories_decline_what_they_do_not_compute():
                                    np.int64)) is None
     assert op_kernels.lookup(_node("max_pool2d_indices", [x[0]], pp, (4, 2, 2),
                                    np.int64)) is None  # not (N, C, H, W)
+    idx32 = np.zeros((2, 4, 2, 2), np.int32)  # window indices that are not eager's int64
+    assert op_kernels.lookup(_node("max_pool2d", [x, idx32], {}, (2, 4, 2, 2))) is None
+    assert op_kernels.lookup(_node("max_pool2d_backward", [np.ones((2, 4, 2, 2)), idx32],
+                                   {"size": x.shape}, x.shape)) is None
     for shape in [(1, 4, 5, 1), (4, 1, 1), (1, 1, 1, 1), (2, 4, 1, 1)]:  # not a bias's
         assert op_kernels.lookup(_node("sum_to", [x], {"shape": shape}, shape)) is None
     assert op_kernels.lookup(_node("sum_to", [xi], {"shape": (1, 4, 1, 1)},

@@ -453,8 +453,10 @@ def _max_pool2d_indices(node):
     return max_pool2d_indices
 
 
-def _pool_geom(x_shape, out_shape):
-    if len(x_shape) != 4 or len(out_shape) != 4:
+def _pool_geom(x_shape, out_shape, idx):
+    """The planes' geometry of a gather or scatter at int64 window indices ``idx``, or None."""
+    if len(x_shape) != 4 or len(out_shape) != 4 or not isinstance(idx, Value) or \
+            idx.dtype != np.int64 or idx.shape != tuple(out_shape):
         return None
     return _Geom(1, int(x_shape[2]), int(x_shape[3]), 1, 1, 1, 1, 0, 0, 1, 1,
                  int(out_shape[2]), int(out_shape[3]))
@@ -464,7 +466,7 @@ def _pool_geom(x_shape, out_shape):
 def _max_pool2d(node):
     if not _floats(node, 1) or len(node.inputs) != 2:
         return None
-    g = _pool_geom(node.inputs[0].shape, node.outputs[0].shape)
+    g = _pool_geom(node.inputs[0].shape, node.outputs[0].shape, node.inputs[1])
     if g is None:
         return None
     fn = _load("pool_gather", _POOL_GATHER, **g.consts())
@@ -478,9 +480,9 @@ def _max_pool2d(node):
 @op_kernels.register("max_pool2d_backward")
 def _max_pool2d_backward(node):
     size = node.params.get("size")
-    if not _floats(node, 1) or size is None:
+    if not _floats(node, 1) or size is None or len(node.inputs) != 2:
         return None
-    g = _pool_geom(size, node.inputs[0].shape)
+    g = _pool_geom(size, node.inputs[0].shape, node.inputs[1])
     if g is None:
         return None
     fn = _load("pool_scatter", _POOL_SCATTER, **g.consts())
