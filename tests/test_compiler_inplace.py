@@ -305,3 +305,18 @@ def test_mask_write_of_a_data_shaped_value_stays_a_break():
     np.testing.assert_allclose(got[0], want[0], rtol=1e-12)
     for g, w in zip(got[1], want[1]):
         np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
+
+
+def test_a_bad_write_raises_eagers_error_under_compile():
+    """A value that does not fit the indexed shape: the compiled call raises eager's error."""
+    def f(x):
+        y = x * 1
+        y[1:3] = tg.ones(3, dtype=tg.float64)
+        return y
+
+    with pytest.raises(RuntimeError) as eager:
+        f(tg.ones(5, 4, dtype=tg.float64))
+    with pytest.raises(RuntimeError) as compiled:
+        tg.compile(f)(tg.ones(5, 4, dtype=tg.float64))
+    assert str(compiled.value) == str(eager.value)
+    assert "__setitem__: cannot assign a value of shape (3,)" in str(eager.value)

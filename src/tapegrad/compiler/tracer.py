@@ -681,9 +681,11 @@ class Tracer(DispatchMode):
         prev, grad_state.enabled = grad_state.enabled, False
         try:
             new = write(t, value)
+        except (RuntimeError, ValueError, IndexError, TypeError):
+            new = None  # eager's path below raises its own error for this write
         finally:
             grad_state.enabled = prev
-        if self.broken or new._data.shape != t._data.shape or \
+        if new is None or self.broken or new._data.shape != t._data.shape or \
                 new._data.dtype != t._data.dtype:
             return base(t, index, value)
         np.copyto(t._data, new._data)
