@@ -333,3 +333,27 @@ def test_weight_gradient_reuses_the_forward_patches_of_the_same_array_only(dtype
     _close(wgt(x2, g, **wp), N.conv2d_weight.forward(x2, g, **wp), dtype)
     x2 *= 3  # the same array, written after its forward: no conv2d ran in between
     _close(wgt(x2, g, **wp), N.conv2d_weight.forward(x2, g, **wp), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_pool_values_come_from_the_indices_pass_for_the_same_arrays_only(dtype):
+    """max_pool2d after its graph's max_pool2d_indices returns the maxima that pass found
+    (eager's gather, bitwise); for another input (double backward's gather of a gradient at
+    the same indices) it gathers."""
+    case = POOLS[2]
+    x = _pool_inputs(case, dtype, 5)
+    p = _pool_params(case)
+    out_shape = x.shape[:2] + p["out_size"]
+    xv = Value("x", x.shape, x.dtype)
+    iv = Value("i", out_shape, np.int64)
+    ind = op_kernels.lookup(Node(None, "max_pool2d_indices", [xv], p, [iv]))
+    gat = op_kernels.lookup(Node(None, "max_pool2d", [xv, iv], {},
+                                 [Value("v", out_shape, x.dtype)]))
+    idx = ind(x, **p)
+    vals = gat(x, idx)
+    np.testing.assert_array_equal(vals, N.max_pool2d.forward(x, idx))
+    assert gat(x, idx) is not vals  # taken once; the second call gathers
+    np.testing.assert_array_equal(gat(x, idx), vals)
+    gg = np.random.default_rng(0).standard_normal(x.shape).astype(dtype)
+    ind(x, **p)
+    np.testing.assert_array_equal(gat(gg, idx), N.max_pool2d.forward(gg, idx))

@@ -20,8 +20,9 @@ loaded through ``kernels.load`` (numba's disk cache keeps the machine code):
 - ``max_pool2d_indices``: each window's maximum and its index in one pass (the first
   maximum; a NaN wins and the first NaN is kept; a padded position reads as -inf and is
   clipped to the nearest in-bounds row and column: eager's indices exactly, ceil mode
-  included); ``max_pool2d`` the gather at those indices; ``max_pool2d_backward`` the
-  scatter-add, in eager's order.
+  included), and the maximum itself, which the graph's ``max_pool2d`` of the same arrays
+  then returns instead of gathering again (``_SHARED``; other inputs are gathered);
+  ``max_pool2d_backward`` the scatter-add, in eager's order.
 
 Precision: the pooling kernels are bitwise eager. The convolutions hand BLAS the operands
 eager hands it and add col2im's taps in eager's order, so they equal eager wherever BLAS
@@ -188,20 +189,33 @@ def _conv_geom(node, x_shape, w_shape, out_hw):
     return _Geom(*(int(v) for v in ints))
 
 
-# conv2d's patches of a value, kept for the conv2d_weight of the same value later in the
-# same graph (the weight gradient contracts the same patches). Factories run in program order
-# while codegen walks the graph, so a conv2d_weight factory that finds its value here comes
-# after that conv2d in every call: the pair the kernel finds is this call's, for this very
-# array (checked by identity; a value is not written in place while a later node reads it).
-_SHARED = {}  # id(Value) -> (Value, geometry key, [pair or None]); the Value pins the id
+# What one kernel made that a later node of the same graph needs again: conv2d's patches of
+# a value (its conv2d_weight contracts the same patches), max_pool2d_indices's window maxima
+# (its max_pool2d gathers exactly them). Factories run in program order while codegen walks
+# the graph, so a consumer's factory that finds its value here comes after the producer in
+# every call: what the kernel finds is this call's, for these very arrays (checked by
+# identity; a value is not written in place while a later node reads it).
+_SHARED = {}  # id(Value) -> (Value, geometry key, source Value, [made or None])
 
 
-def _share(value, geom):
-    if len(_SHARED) > 256:  # graphs with no weight gradient (inference) leave theirs
+def _share(value, geom, source=None):
+    """A slot for what the kernel computing ``value`` makes (geometry ``geom``, read from
+    ``source``) for a later consumer."""
+    if len(_SHARED) > 256:  # graphs with no consumer (inference) leave theirs
         _SHARED.clear()
     slot = [None]
-    _SHARED[id(value)] = (value, geom.key(), slot)
+    _SHARED[id(value)] = (value, None if geom is None else geom.key(), source, slot)
     return slot
+
+
+def _shared(value, geom, source=None):
+    """The slot ``_share`` made for ``value`` with the same geometry and source, taken once;
+    else a slot nothing fills (the consumer computes its own)."""
+    entry = _SHARED.pop(id(value), None)
+    if entry is None or entry[0] is not value or (
+            geom is not None and entry[1] != geom.key()) or entry[2] is not source:
+        return [None]
+    return entry[3]
 
 
 def _conv_kernels(geom, o, *names):
@@ -262,11 +276,7 @@ def _conv2d_weight(node):
         return None
     patches, to_channels = _conv_kernels(geom, o, "patches", "to_channels")
     shape = (o, geom.c, geom.kh, geom.kw)
-    shared = _SHARED.pop(id(x), (None, None, [None]))
-    if shared[0] is not x or shared[1] != geom.key():
-        shared = [None]  # no conv2d of this value earlier in this graph
-    else:
-        shared = shared[2]
+    shared = _shared(x, geom)
 
     def conv2d_weight(x, g, **_):
         pair = shared[0]
@@ -354,19 +364,22 @@ def _sum_to(node):
 
 # --- max-pooling ---------------------------------------------------------------------------
 _POOL_INDICES = '''def pool_indices(x):
-    # flat (row*W + column) index of each window's maximum: the first maximum, the first NaN
-    # if the window holds one
+    # flat (row*W + column) index of each window's maximum (the first maximum, the first NaN
+    # if the window holds one) and the value there, in one pass
     planes = x.shape[0] * x.shape[1]
     xf = np.ascontiguousarray(x).ravel()
     idx = np.empty((x.shape[0], x.shape[1], {OH}, {OW}), np.int64)
+    vals = np.empty((x.shape[0], x.shape[1], {OH}, {OW}), x.dtype)
     f = idx.reshape(planes * {P})
+    fv = vals.reshape(planes * {P})
     ninf = -np.inf
     for m in range(planes):
         base = m * {HW}
         for y in range({OH}):
             for q in range({OW}):
 {BODY}
-    return idx
+                fv[m * {P} + y * {OW} + q] = xf[base + f[m * {P} + y * {OW} + q]]
+    return idx, vals
 '''
 
 
@@ -446,9 +459,12 @@ def _max_pool2d_indices(node):
         (g.ow - 1) * g.sw + (g.kw - 1) * g.dw < g.w
     fn = _load("pool_indices", _POOL_INDICES.replace("{BODY}", _pool_body(g, inside)),
                **g.consts())
+    shared = _share(node.outputs[0], g, x)
 
     def max_pool2d_indices(x, **_):
-        return fn(x)
+        idx, vals = fn(x)
+        shared[0] = (idx, vals, x)  # for this call's max_pool2d(x, idx): no second pass
+        return idx
 
     return max_pool2d_indices
 
@@ -470,8 +486,13 @@ def _max_pool2d(node):
     if g is None:
         return None
     fn = _load("pool_gather", _POOL_GATHER, **g.consts())
+    shared = _shared(node.inputs[1], None, node.inputs[0])
 
     def max_pool2d(x, idx, **_):
+        made = shared[0]
+        if made is not None and made[0] is idx and made[2] is x:  # max_pool2d_indices's
+            shared[0] = None
+            return made[1]
         return fn(x, idx)
 
     return max_pool2d
