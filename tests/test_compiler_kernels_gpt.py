@@ -184,7 +184,9 @@ def test_compiled_gpt_step_with_gpt_kernels_matches_eager_over_100_steps(monkeyp
     want, _ = _gpt_losses(dtype, 100, compiled=False)
     got, fn = _gpt_losses(dtype, 100, compiled=True)
     src = fn.entries[-1].source
-    for name in ("layer_norm_kernel", "softmax_kernel", "scaled_dot_product_attention_kernel"):
+    for name in ("layer_norm_kernel", "softmax_kernel", "scaled_dot_product_attention_kernel",
+                 "layer_norm_backward_kernel", "optimizer_step_kernel", "clip_grad_norm_kernel",
+                 "embedding_backward_kernel"):
         assert name in src, name
     assert fn.n_hits >= 98 and not fn.breaks
     assert all(math.isfinite(v) for v in got)
@@ -309,3 +311,64 @@ def test_embedding_backward_kernel_is_eager_bitwise(dtype, pad):
     assert kernels_gpt.embedding_backward_factory(_node(
         "embedding_backward", [g, idx], dict(params, scale=np.ones((16, 32))), dtype,
         (7, 8))) is None
+
+
+def _ln_step(C, dtype, bias, seed=0):
+    rng = np.random.default_rng(seed)
+    dt = getattr(tapegrad, np.dtype(dtype).name)
+    x = tapegrad.tensor((rng.standard_normal((3, 5, C)) * 2 + 1).astype(dtype),
+                        requires_grad=True)
+    w = tapegrad.tensor(rng.standard_normal(C).astype(dtype), requires_grad=True)
+    b = tapegrad.tensor(rng.standard_normal(C).astype(dtype), requires_grad=True) \
+        if bias else None
+    k = tapegrad.tensor(rng.standard_normal((3, 5, C)).astype(dtype))
+    leaves = [t for t in (x, w, b) if t is not None]
+
+    def step(x, w, k):
+        for t in leaves:
+            t.grad = None
+        y = tapegrad.nn.functional.layer_norm(x, (C,), w, b)
+        loss = (y * k).sum() + (y * y).mean()
+        loss.backward()
+        return loss
+
+    assert x.dtype == dt
+    return step, (x, w, k), leaves
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("C,bias", [(64, True), (8, False), (130, True), (1, True)])
+def test_layer_norm_backward_pass_is_eager_bitwise(monkeypatch, backend, dtype, C, bias):
+    """The traced LayerNorm rule becomes one layer_norm_backward node (numpy backend: the
+    rule's own nodes in order; numba: one pass per row): gradients bitwise eager's."""
+    monkeypatch.setenv("TAPEGRAD_COMPILE_KERNELS", backend)
+    step, args, leaves = _ln_step(C, dtype, bias)
+    eager = []
+    for _ in range(3):
+        loss = step(*args)
+        eager.append((loss.detach().numpy().copy(), [t.grad.numpy().copy() for t in leaves]))
+    comp = tapegrad.compile(step)
+    for k in range(3):
+        loss = comp(*args)
+        np.testing.assert_array_equal(loss.detach().numpy(), eager[k][0])
+        for t, ge in zip(leaves, eager[k][1]):
+            np.testing.assert_array_equal(t.grad.numpy(), ge)
+    src = comp.entries[-1].source
+    kernel = backend == "numba" and C > 1  # C = 1: the factory declines (the nodes run)
+    assert ("layer_norm_backward_kernel(" if kernel else "layer_norm_backward(") in src
+    assert "sqrt(" not in src.split("def ")[-1]  # the rule's nodes are gone from the step
+
+
+def test_layer_norm_backward_pass_leaves_a_rule_whose_values_are_read_elsewhere():
+    from tapegrad.compiler import passes, tracer
+
+    step, args, _ = _ln_step(16, np.float64, True)
+    before = [p for p in passes.PASSES if p[0] not in ("fuse_layer_norm_backward", "fuse")]
+    graph = passes.optimize(tracer.trace(step, *args), before)  # (no-op reshapes gone)
+    assert any(n.name == "layer_norm_backward"
+               for n in passes.fuse_layer_norm_backward(graph).nodes)
+    s1 = next(n for n in graph.nodes if n.name == "sum" and n.params.get("keepdim"))
+    graph.outputs.append(s1.outputs[0])  # the mean's row sums, read outside the rule
+    assert not any(n.name == "layer_norm_backward"
+                   for n in passes.fuse_layer_norm_backward(graph).nodes)

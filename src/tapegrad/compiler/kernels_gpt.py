@@ -45,7 +45,7 @@ def _kernels():
 
         mod = sys.modules[kernels.load("attention_shift", SOURCE).py_func.__module__]
         for name in ("layer_norm_rows", "softmax_shift", "softmax_norm", "attention_shift",
-                     "adam_update", "embedding_rows"):
+                     "adam_update", "embedding_rows", "layer_norm_backward_rows"):
             _K[name] = getattr(mod, name)
     return _K
 
@@ -249,6 +249,48 @@ def embedding_rows(g, idx, out):
         gi = g[i]
         for j in range(g.shape[1]):
             o[j] += gi[j]
+
+
+@njit(error_model="numpy", cache=True)
+def layer_norm_backward_rows(g, x, w, eps, with_gb, gx, gw, gb, xh, gxh, tmp):
+    """LayerNorm's gradient over the last axis (ops.nn._norm_rule, op for op), one pass per
+    row: gx; gw and gb as column sums (rows in order, the first row copied, as numpy's
+    add.reduce over a leading axis). xh, gxh, tmp: one row each of scratch."""
+    R, C = x.shape
+    n = x.dtype.type(C)
+    one = x.dtype.type(1)
+    for i in range(R):
+        xi = x[i]
+        gi = g[i]
+        m1 = pairwise_sum(xi, 0, C) / n
+        for j in range(C):
+            xh[j] = xi[j] - m1
+        for j in range(C):
+            tmp[j] = xh[j] * xh[j]
+        rstd = one / np.sqrt(pairwise_sum(tmp, 0, C) / n + eps)
+        for j in range(C):
+            xh[j] = xh[j] * rstd
+        for j in range(C):
+            gxh[j] = gi[j] * w[j]
+        m3 = pairwise_sum(gxh, 0, C) / n
+        for j in range(C):
+            tmp[j] = gxh[j] * xh[j]
+        m4 = pairwise_sum(tmp, 0, C) / n
+        o = gx[i]
+        for j in range(C):
+            o[j] = rstd * ((gxh[j] - m3) - xh[j] * m4)
+        if i == 0:
+            for j in range(C):
+                gw[j] = gi[j] * xh[j]
+            if with_gb:
+                for j in range(C):
+                    gb[j] = gi[j]
+        else:
+            for j in range(C):
+                gw[j] += gi[j] * xh[j]
+            if with_gb:
+                for j in range(C):
+                    gb[j] += gi[j]
 '''
 
 
@@ -512,3 +554,182 @@ def embedding_backward_factory(node):
         return out
 
     return embedding_backward_kernel
+
+
+# --- LayerNorm's traced gradient rule as one node ------------------------------------------
+def _lit(a, value):
+    return not isinstance(a, Value) and type(a) in (int, float) and a == value
+
+
+def _match_layer_norm_rule(f, producer, uses):
+    """The nodes of ``ops.nn._norm_rule`` traced for the layer_norm forward node ``f`` (last
+    axis, with weight): ``(nodes in graph order, g, outputs gx, gw, gb or None)``, or None.
+    Every intermediate must be used inside the group only."""
+    if len(f.inputs) < 2 or not all(isinstance(a, Value) for a in f.inputs[:2]):
+        return None
+    x, w = f.inputs[:2]
+    axes = tuple(f.params.get("axes") or ())
+    eps = f.params.get("eps")
+    if not x.shape or axes != (len(x.shape) - 1,) or not isinstance(eps, float):
+        return None
+    C = x.shape[-1]
+    keep = {"dims": axes, "keepdim": True}
+
+    def one(v, name, pred=lambda m: True):
+        """The single consumer of ``v`` called ``name`` satisfying pred, or None."""
+        hits = [m for m in uses.get(id(v), ()) if m.name == name and pred(m)]
+        return hits[0] if len(hits) == 1 else None
+
+    def keepsum(m):
+        return dict(m.params) == keep
+
+    for s1 in [m for m in uses.get(id(x), ()) if m.name == "sum" and keepsum(m)]:
+        m1 = one(s1.outputs[0], "div", lambda m: _lit(m.inputs[1], C))
+        xc = m1 and one(m1.outputs[0], "sub", lambda m: m.inputs[0] is x)
+        sq = xc and one(xc.outputs[0], "mul", lambda m: m.inputs[0] is m.inputs[1])
+        s2 = sq and one(sq.outputs[0], "sum", keepsum)
+        m2 = s2 and one(s2.outputs[0], "div", lambda m: _lit(m.inputs[1], C))
+        a = m2 and one(m2.outputs[0], "add", lambda m: _lit(m.inputs[1], eps))
+        r = a and one(a.outputs[0], "sqrt")
+        rs = r and one(r.outputs[0], "div", lambda m: _lit(m.inputs[0], 1))
+        xh = rs and one(xc.outputs[0], "mul", lambda m: m.inputs[1] is rs.outputs[0])
+        if not xh:
+            continue
+        xhat, rstd = xh.outputs[0], rs.outputs[0]
+        p = one(xhat, "mul", lambda m: m.inputs[1] is xhat and m.inputs[0] is not xhat
+                and producer.get(id(m.inputs[0])) is not None
+                and producer[id(m.inputs[0])].name == "mul"
+                and producer[id(m.inputs[0])].inputs[1] is w)
+        if not p:
+            continue
+        gm = producer[id(p.inputs[0])]
+        g = gm.inputs[0]
+        gxhat = gm.outputs[0]
+        if not isinstance(g, Value) or g.shape != x.shape or g.dtype != x.dtype:
+            continue
+        s3 = one(gxhat, "sum", keepsum)
+        m3 = s3 and one(s3.outputs[0], "div", lambda m: _lit(m.inputs[1], C))
+        t1 = m3 and one(gxhat, "sub", lambda m: m.inputs[1] is m3.outputs[0])
+        s4 = t1 and one(p.outputs[0], "sum", keepsum)
+        m4 = s4 and one(s4.outputs[0], "div", lambda m: _lit(m.inputs[1], C))
+        t2 = m4 and one(xhat, "mul", lambda m: m.inputs[1] is m4.outputs[0])
+        t3 = t2 and one(t1.outputs[0], "sub", lambda m: m.inputs[1] is t2.outputs[0])
+        gxn = t3 and one(t3.outputs[0], "mul", lambda m: m.inputs[0] is rstd)
+        gw0 = gxn and one(xhat, "mul", lambda m: m.inputs[0] is g)
+        gwn = gw0 and one(gw0.outputs[0], "sum_to", lambda m: tuple(m.params.get("shape", ()))
+                          == (C,))
+        if not gwn:
+            continue
+        gbn = one(g, "sum_to", lambda m: tuple(m.params.get("shape", ())) == (C,))
+        group = [s1, m1, xc, sq, s2, m2, a, r, rs, xh, gm, p, s3, m3, t1, s4, m4, t2, t3, gxn,
+                 gw0, gwn] + ([gbn] if gbn else [])
+        inside = {id(m) for m in group}
+        outs = {id(gxn.outputs[0]), id(gwn.outputs[0])} | (
+            {id(gbn.outputs[0])} if gbn else set())
+        ok = all(all(id(u) in inside for u in uses.get(id(v), ()))
+                 for m in group for v in m.outputs if id(v) not in outs)
+        if ok:
+            return group, g, gxn.outputs[0], gwn.outputs[0], gbn.outputs[0] if gbn else None
+    return None
+
+
+def _layer_norm_backward_impl(nodes, g, x, w, outs):
+    """The group's own nodes, run in order: eager's arithmetic (the reference; numba's kernel
+    serves the node in generated code)."""
+    from tapegrad.compiler.ir import call_node
+
+    def layer_norm_backward(ga, xa, wa, **params):
+        env = {id(g): ga, id(x): xa, id(w): wa}
+        for m in nodes:
+            args = [env[id(a)] if isinstance(a, Value) else a for a in m.inputs]
+            for v, o in zip(m.outputs, call_node(m, args)):
+                env[id(v)] = o
+        return tuple(env[id(v)] for v in outs)
+
+    return layer_norm_backward
+
+
+def fuse_layer_norm_backward(graph):
+    """A graph pass: each traced LayerNorm gradient rule (``ops.nn._norm_rule``: ~23 nodes
+    of row sums, divisions and products for one ``layer_norm`` forward over the last axis
+    with a weight) whose intermediates nothing else reads becomes one
+    ``layer_norm_backward`` node ``(g, x, w) -> (gx, gw, gb)``, served by a numba kernel
+    that makes one pass per row (bitwise the nodes' results; the numpy backend runs the
+    nodes themselves)."""
+    from tapegrad.compiler.ir import Node
+
+    fwd = [n for n in graph.nodes if n.name == "layer_norm" and n.op is not None]
+    if not fwd:
+        return graph
+    producer, uses = {}, {}
+    for n in graph.nodes:
+        for v in n.outputs:
+            producer[id(v)] = n
+        for a in n.inputs:
+            if isinstance(a, Value):
+                lst = uses.setdefault(id(a), [])
+                if not lst or lst[-1] is not n:  # mul(xc, xc): one use
+                    lst.append(n)
+    sink = Node(None, "<outside>", [], {}, [])  # graph outputs and write-backs read values
+    for v in list(graph.outputs) + [wv for *_, wv in graph.writes]:
+        if isinstance(v, Value):
+            uses.setdefault(id(v), []).append(sink)
+    pos = {id(n): i for i, n in enumerate(graph.nodes)}
+    replace, drop = {}, set()
+    for f in fwd:
+        hit = _match_layer_norm_rule(f, producer, uses)
+        if hit is None:
+            continue
+        group, g, gx, gw, gb = hit
+        if any(id(m) in drop or id(m) in replace for m in group):
+            continue
+        first = min(pos[id(m)] for m in group)
+        last = max(pos[id(m)] for m in group)
+        inside = {id(m) for m in group}
+        made = {id(v) for m in group for v in m.outputs}
+        between = [n for n in graph.nodes[first:last + 1] if id(n) not in inside]
+        if any(isinstance(a, Value) and id(a) in made for n in between for a in n.inputs):
+            continue  # read before the group's last node: the fused node cannot move there
+        x, w = f.inputs[:2]
+        outs = [gx, gw] + ([gb] if gb is not None else [])
+        nodes = sorted(group, key=lambda m: pos[id(m)])
+        fused = Node(None, "layer_norm_backward", [g, x, w],
+                     {"axes": tuple(f.params["axes"]), "eps": f.params["eps"]}, outs,
+                     impl=_layer_norm_backward_impl(nodes, g, x, w, outs),
+                     meta={"nodes": nodes})
+        replace[id(nodes[-1])] = fused
+        drop.update(id(m) for m in nodes[:-1])
+    if not replace:
+        return graph
+    g2 = graph.copy()
+    g2.nodes = [replace.get(id(n), n) for n in graph.nodes if id(n) not in drop]
+    return g2
+
+
+@op_kernels.register("layer_norm_backward")
+def layer_norm_backward_factory(node):
+    """The fused LayerNorm gradient (``fuse_layer_norm_backward``) over float32/float64."""
+    if len(node.inputs) != 3 or not all(isinstance(a, Value) for a in node.inputs):
+        return None
+    g, x, w = node.inputs
+    dt = _floats(g, x, w)
+    if dt is None or not x.shape or g.shape != x.shape or tuple(w.shape) != (x.shape[-1],) \
+            or any(d == 0 for d in x.shape) or not isinstance(node.params.get("eps"), float):
+        return None
+    if x.shape[-1] == 1:  # numpy's sum_to then reduces a contiguous run: pairwise, not rows
+        return None
+    with_gb = len(node.outputs) == 3
+    fn = _kernels()["layer_norm_backward_rows"]
+    shape = tuple(x.shape)
+    C = shape[-1]
+    R = int(np.prod(shape[:-1], dtype=np.int64))
+
+    def layer_norm_backward_kernel(g, x, w, axes, eps):
+        gx = np.empty(shape, dt)
+        gw = np.empty(C, dt)
+        gb = np.empty(C, dt)
+        fn(g.reshape(R, C), x.reshape(R, C), w, dt.type(eps), with_gb, gx.reshape(R, C), gw,
+           gb, np.empty(C, dt), np.empty(C, dt), np.empty(C, dt))
+        return (gx, gw, gb) if with_gb else (gx, gw)
+
+    return layer_norm_backward_kernel

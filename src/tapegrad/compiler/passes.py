@@ -423,9 +423,18 @@ def _cross_entropy_impl(f, rule, sums):
     return cross_entropy_fused
 
 
+def fuse_layer_norm_backward(graph):
+    """LayerNorm's traced gradient rule as one node (compiler/kernels_gpt.py: the pass and
+    the node's numba kernel)."""
+    from tapegrad.compiler.kernels_gpt import fuse_layer_norm_backward as fuse_ln
+
+    return fuse_ln(graph)
+
+
 PASSES = (("simplify", simplify), ("cse", cse), ("fold_constants", fold_constants),
           ("dce", dce), ("split_linear", split_linear),
-          ("fuse_cross_entropy", fuse_cross_entropy), ("fuse", fuse))
+          ("fuse_cross_entropy", fuse_cross_entropy),
+          ("fuse_layer_norm_backward", fuse_layer_norm_backward), ("fuse", fuse))
 
 
 def _observed(graph, arrays):
