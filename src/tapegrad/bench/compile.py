@@ -246,9 +246,11 @@ def _rel_diff(a, b):
 
 def other_compilers(args, torch, jax, threads, sizes, want):
     """``[(label, step or None, note)]`` for torch.compile and JAX jit, each checked against
-    ``want`` (PyTorch eager's losses over the first steps) before it is timed; ``note`` says
-    why a contestant is missing, else its compile times and agreement."""
+    ``want`` (PyTorch eager's losses over the first steps, tapegrad eager's without PyTorch)
+    before it is timed; ``note`` says why a contestant is missing, else its compile times and
+    agreement."""
     dt, tol = args.dtype, 1e-9 if args.dtype == "float64" else 1e-4
+    ref = "PyTorch eager" if torch is not None else "tapegrad eager"
     found = []
     if torch is None:
         found.append(("torch.compile", None, "not installed"))
@@ -276,7 +278,7 @@ def other_compilers(args, torch, jax, threads, sizes, want):
                           f"first calls (compile + one step): cold {cold:.2f} s (first in this "
                           f"process; inductor's disk cache may hold it), warm {warm * 1e3:.0f} ms "
                           f"(recompiled after dynamo.reset, caches on), warm without the FX graph "
-                          f"cache {fresh:.2f} s; losses over 3 steps {ok} with PyTorch eager "
+                          f"cache {fresh:.2f} s; losses over 3 steps {ok} with {ref} "
                           f"(max relative difference {diff:.1e})"))
     if jax is None:
         found.append(("JAX jit", None, "not installed"))
@@ -291,7 +293,7 @@ def other_compilers(args, torch, jax, threads, sizes, want):
                       f"first calls (compile + one step): cold {cold:.2f} s (first jit in this "
                       f"process), warm {warm * 1e3:.0f} ms (a new jitted function); losses over "
                       f"3 steps {ok} "
-                      f"with PyTorch eager (max relative difference {diff:.1e}); jax "
+                      f"with {ref} (max relative difference {diff:.1e}); jax "
                       f"{jax.__version__}, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}"
                       + (f", XLA's thread pool pinned to CPU {_JAX_PINNED[0]}" if _JAX_PINNED
                          else "")))
@@ -533,15 +535,17 @@ def main(argv=None):
         if torch is not None:
             by_label["PyTorch eager"] = ref
         rows = []
+        fmt, unit = ((harness.fmt_ms, "ms") if harness.median(ref) > 0.01
+                     else (harness.fmt_us, "us"))
         for label in ORDER:
             c = by_label.get(label)
             if c is None:
                 rows.append([label, "-", "-", "-", missing.get(label, "not run")])
                 continue
-            rows.append([c.label, harness.fmt_us(harness.median(c)),
+            rows.append([c.label, fmt(harness.median(c)),
                          f"{harness.median(ref) / harness.median(c):.2f}x",
                          f"{harness.spread(c):.0%}", ""])
-        harness.out(harness.table(rows, ["step", "us/step", f"vs {ref.label}", "spread",
+        harness.out(harness.table(rows, ["step", f"{unit}/step", f"vs {ref.label}", "spread",
                                          "note"]))
         for line in notes:
             harness.out(line)
