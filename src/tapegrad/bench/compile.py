@@ -273,7 +273,7 @@ def other_compilers(args, torch, jax, threads, sizes, want):
             found.append(("torch.compile", None, f"failed: {type(e).__name__}: "
                                                  f"{str(e).splitlines()[0][:200]}"))
         else:
-            ok = "agrees" if diff <= tol else "DIFFERS"
+            ok = "agree" if diff <= tol else "DIFFER"
             found.append(("torch.compile", step if diff <= tol else None,
                           f"first calls (compile + one step): cold {cold:.2f} s (first in this "
                           f"process; inductor's disk cache may hold it), warm {warm * 1e3:.0f} ms "
@@ -288,7 +288,7 @@ def other_compilers(args, torch, jax, threads, sizes, want):
         step, _ = jax_step(jax, sizes, args.batch, dt)  # a new function: traced, compiled
         warm = _timed(step)
         diff = _rel_diff(_first_steps(jax_step(jax, sizes, args.batch, dt)[0]), want)
-        ok = "agrees" if diff <= tol else "DIFFERS"
+        ok = "agree" if diff <= tol else "DIFFER"
         found.append(("JAX jit", step if diff <= tol else None,
                       f"first calls (compile + one step): cold {cold:.2f} s (first jit in this "
                       f"process), warm {warm * 1e3:.0f} ms (a new jitted function); losses over "
