@@ -481,7 +481,15 @@ _BATCH_ROWS = {
                         [RNG.standard_normal((2, 2)), RNG.standard_normal((3, 2)),
                          RNG.standard_normal((3, 2)), np.where(np.eye(2, 3) > 0, -np.inf, 0.5)]),
     "inplace_on_views": (lambda T, x, r: _views_inplace(x, r), [X, V[0]]),
+    "quantile": (lambda T, a: T.quantile(a, T.tensor([0.2, 0.7], dtype=a.dtype), dim=1,
+                                         keepdim=True), [_XT]),
+    "nanquantile_nan": (lambda T, a: T.nanquantile(a, 0.4, dim=0, interpolation="midpoint"),
+                        [np.where(np.eye(4, 5) > 0, np.nan, _XT)]),
+    "histc": (lambda T, a: T.histc(a, bins=5), [_XT]),
+    "searchsorted": (lambda T, s, v: T.searchsorted(T.sort(s, dim=-1)[0], v, right=True),
+                     [_XT, _XT]),
 }
+_NO_GRAD = ("all", "any", "argsort", "nanquantile_nan", "histc", "searchsorted")
 
 
 def _setitem(a, key, v):
@@ -524,7 +532,7 @@ def test_batch_rules_against_torch_func_vmap(name):
         for dims in _in_dims(len(arrays)):
             args = [np.stack([a] + [a + 0.1 * rng.standard_normal(a.shape) for _ in range(2)],
                              axis=d) if d is not None else a for a, d in zip(arrays, dims)]
-            for f in (fn, _with_grad(fn)) if name not in ("all", "any", "argsort") else (fn,):
+            for f in (fn, _with_grad(fn)) if name not in _NO_GRAD else (fn,):
                 if f is not fn and name in ("inplace_on_views", "setitem_advanced"):
                     continue  # in-place on a batched tensor that requires grad: refused (below)
                 try:
@@ -542,7 +550,8 @@ def test_batch_rules_against_torch_func_vmap(name):
 
 def test_vmap_refuses_as_torch_where_the_shape_depends_on_the_values():
     x = RNG.standard_normal((3, 5))
-    for fn in (lambda T, a: T.unique(a), lambda T, a: T.bincount(T.round(a * a).long())):
+    for fn in (lambda T, a: T.unique(a), lambda T, a: T.bincount(T.round(a * a).long()),
+               lambda T, a: T.nonzero(a > 0)):
         for T, vmap in ((tapegrad, gf.vmap), (torch, tf.vmap)):
             with pytest.raises(RuntimeError):
                 vmap(lambda a: fn(T, a))(T.tensor(x))
