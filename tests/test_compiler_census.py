@@ -72,3 +72,13 @@ def test_census_stops_carrying_after_idle_collections_then_walks_the_heap():
     assert any(o is w for o in found)
     assert {id(o) for o in found} == _heap_walk()
     assert census.key == tracer._gc_key()
+
+
+def test_census_forgets_dead_tensors():
+    ts = [tapegrad.randn(2) for _ in range(100)]
+    tracer._live()
+    refs = tracer._CENSUS[0].refs
+    assert all(refs[id(t)]() is t for t in ts)
+    before = len(refs)
+    del ts  # no weak reference outlives its tensor (a memory test would count them)
+    assert len(refs) <= before - 100

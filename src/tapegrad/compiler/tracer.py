@@ -1049,7 +1049,7 @@ class _Census:
     def __init__(self, generator_class):
         self.generator_class = generator_class
         self.key = None  # the gc counts for which ``refs`` holds every instance born before
-        self.refs = {}  # id -> weakref.ref
+        self.refs = {}  # id -> weakref.KeyedRef, removed when its instance dies
         self.carried = False  # the callback carried the census into the running collection
         self.lock = threading.Lock()
         self.hooked = False
@@ -1066,12 +1066,14 @@ class _Census:
 
     def _keep(self, objs):
         refs = self.refs
-        for k in [k for k, r in refs.items() if r() is None]:
-            del refs[k]
         for o in objs:
             r = refs.get(id(o))
             if r is None or r() is not o:
-                refs[id(o)] = weakref.ref(o)
+                refs[id(o)] = weakref.KeyedRef(o, self._drop, id(o))
+
+    def _drop(self, ref):  # a kept instance died: its reference goes with it
+        if self.refs.get(ref.key) is ref:
+            self.refs.pop(ref.key, None)
 
     def on_gc(self, phase, info):
         if info["generation"] == 0 or self.key is None:
