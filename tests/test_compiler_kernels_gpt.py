@@ -186,7 +186,7 @@ def test_compiled_gpt_step_with_gpt_kernels_matches_eager_over_100_steps(monkeyp
     src = fn.entries[-1].source
     for name in ("layer_norm_kernel", "softmax_kernel", "scaled_dot_product_attention_kernel",
                  "layer_norm_backward_kernel", "optimizer_step_kernel", "clip_grad_norm_kernel",
-                 "embedding_backward_kernel"):
+                 "embedding_backward_kernel", "softmax_backward_kernel"):
         assert name in src, name
     assert fn.n_hits >= 98 and not fn.breaks
     assert all(math.isfinite(v) for v in got)
@@ -372,3 +372,59 @@ def test_layer_norm_backward_pass_leaves_a_rule_whose_values_are_read_elsewhere(
     graph.outputs.append(s1.outputs[0])  # the mean's row sums, read outside the rule
     assert not any(n.name == "layer_norm_backward"
                    for n in passes.fuse_layer_norm_backward(graph).nodes)
+
+
+def _softmax_step(kind, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    F = tapegrad.nn.functional
+    shape = (2, 3, 5, 7) if kind == "softmax" else (2, 3, 6, 4)
+    leaves = [tapegrad.tensor(rng.standard_normal(shape).astype(dtype), requires_grad=True)
+              for _ in range(1 if kind == "softmax" else 3)]
+    k = tapegrad.tensor(rng.standard_normal(shape).astype(dtype))
+
+    def step(*args):
+        for t in leaves:
+            t.grad = None
+        if kind == "softmax":
+            y = F.softmax(leaves[0], dim=-1)
+        else:
+            y = F.scaled_dot_product_attention(*leaves, is_causal=True)
+        loss = (y * k).sum()
+        loss.backward()
+        return loss
+
+    return step, leaves
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["softmax", "attention"])
+def test_softmax_backward_pass_is_eager_bitwise(monkeypatch, backend, dtype, kind):
+    """softmax's rule ``p * (g - sum(g * p))`` (alone, and inside attention's rule) becomes
+    one softmax_backward node: gradients bitwise eager's."""
+    monkeypatch.setenv("TAPEGRAD_COMPILE_KERNELS", backend)
+    step, leaves = _softmax_step(kind, dtype)
+    eager = []
+    for _ in range(3):
+        loss = step()
+        eager.append((loss.detach().numpy().copy(), [t.grad.numpy().copy() for t in leaves]))
+    comp = tapegrad.compile(step)
+    for k in range(3):
+        loss = comp()
+        np.testing.assert_array_equal(loss.detach().numpy(), eager[k][0])
+        for t, ge in zip(leaves, eager[k][1]):
+            np.testing.assert_array_equal(t.grad.numpy(), ge)
+    src = comp.entries[-1].source
+    assert ("softmax_backward_kernel(" if backend == "numba" else "softmax_backward(") in src
+
+
+def test_softmax_backward_pass_leaves_a_rule_whose_values_are_read_elsewhere():
+    from tapegrad.compiler import passes, tracer
+
+    step, _ = _softmax_step("softmax", np.float64)
+    graph = tracer.trace(step)
+    assert any(n.name == "softmax_backward" for n in passes.fuse_softmax_backward(graph).nodes)
+    s = next(n for n in graph.nodes if n.name == "sum" and n.params.get("keepdim"))
+    graph.outputs.append(s.outputs[0])  # the row sums, read outside the rule
+    assert not any(n.name == "softmax_backward"
+                   for n in passes.fuse_softmax_backward(graph).nodes)

@@ -45,7 +45,8 @@ def _kernels():
 
         mod = sys.modules[kernels.load("attention_shift", SOURCE).py_func.__module__]
         for name in ("layer_norm_rows", "softmax_shift", "softmax_norm", "attention_shift",
-                     "adam_update", "embedding_rows", "layer_norm_backward_rows"):
+                     "adam_update", "embedding_rows", "layer_norm_backward_rows",
+                     "softmax_backward_rows"):
             _K[name] = getattr(mod, name)
     return _K
 
@@ -291,6 +292,22 @@ def layer_norm_backward_rows(g, x, w, eps, with_gb, gx, gw, gb, xh, gxh, tmp):
             if with_gb:
                 for j in range(C):
                     gb[j] += gi[j]
+
+
+@njit(error_model="numpy", cache=True)
+def softmax_backward_rows(gp, p, out, tmp):
+    """out[i] = p[i] * (gp[i] - sum(gp[i] * p[i])) (softmax's rule, op for op; numpy's
+    pairwise row sum)."""
+    R, C = p.shape
+    for i in range(R):
+        gi = gp[i]
+        pi = p[i]
+        for j in range(C):
+            tmp[j] = gi[j] * pi[j]
+        s = pairwise_sum(tmp, 0, C)
+        o = out[i]
+        for j in range(C):
+            o[j] = pi[j] * (gi[j] - s)
 '''
 
 
@@ -733,3 +750,114 @@ def layer_norm_backward_factory(node):
         return (gx, gw, gb) if with_gb else (gx, gw)
 
     return layer_norm_backward_kernel
+
+
+# --- softmax's gradient rule (also inside attention's) as one node ------------------------
+def _uses_of(graph):
+    """id(Value) -> the nodes reading it (each once), graph outputs and write-backs as a
+    sink node."""
+    from tapegrad.compiler.ir import Node
+
+    uses = {}
+    for n in graph.nodes:
+        for a in n.inputs:
+            if isinstance(a, Value):
+                lst = uses.setdefault(id(a), [])
+                if not lst or lst[-1] is not n:  # mul(xc, xc): one use
+                    lst.append(n)
+    sink = Node(None, "<outside>", [], {}, [])
+    for v in list(graph.outputs) + [wv for *_, wv in graph.writes]:
+        if isinstance(v, Value):
+            uses.setdefault(id(v), []).append(sink)
+    return uses
+
+
+def _softmax_backward_impl(nodes, gp, p, out):
+    from tapegrad.compiler.ir import call_node
+
+    def softmax_backward(ga, pa):
+        env = {id(gp): ga, id(p): pa}
+        for m in nodes:
+            args = [env[id(a)] if isinstance(a, Value) else a for a in m.inputs]
+            for v, o in zip(m.outputs, call_node(m, args)):
+                env[id(v)] = o
+        return env[id(out)]
+
+    return softmax_backward
+
+
+def fuse_softmax_backward(graph):
+    """A graph pass: softmax's traced gradient ``p * (g - sum(g * p, last, keepdim))`` (its
+    own rule, and attention's for the scores) whose products and sums nothing else reads
+    becomes one ``softmax_backward`` node ``(g, p) -> grad``, served by a numba kernel (one
+    pass per row, bitwise the nodes' results; the numpy backend runs the nodes)."""
+    from tapegrad.compiler.ir import Node
+
+    uses = _uses_of(graph)
+    pos = {id(n): i for i, n in enumerate(graph.nodes)}
+    replace, drop = {}, set()
+    for m1 in graph.nodes:
+        if m1.name != "mul" or len(m1.inputs) != 2 or not all(
+                isinstance(a, Value) for a in m1.inputs):
+            continue
+        gp, p = m1.inputs
+        if gp is p or gp.shape != p.shape or gp.dtype != p.dtype or not p.shape or \
+                np.dtype(p.dtype) not in _FLOATS:
+            continue
+        last = len(p.shape) - 1
+        u1 = uses.get(id(m1.outputs[0]), [])
+        if len(u1) != 1 or u1[0].name != "sum" or dict(u1[0].params) not in (
+                {"dims": (last,), "keepdim": True}, {"dims": (-1,), "keepdim": True}):
+            continue
+        s = u1[0]
+        u2 = uses.get(id(s.outputs[0]), [])
+        if len(u2) != 1 or u2[0].name != "sub" or u2[0].inputs[0] is not gp \
+                or u2[0].inputs[1] is not s.outputs[0]:
+            continue
+        t = u2[0]
+        u3 = uses.get(id(t.outputs[0]), [])
+        if len(u3) != 1 or u3[0].name != "mul" or u3[0].inputs[0] is not p \
+                or u3[0].inputs[1] is not t.outputs[0]:
+            continue
+        m2 = u3[0]
+        group = [m1, s, t, m2]
+        if any(id(m) in drop or id(m) in replace for m in group):
+            continue
+        first, lastpos = pos[id(m1)], pos[id(m2)]
+        made = {id(v) for m in group for v in m.outputs}
+        inside = {id(m) for m in group}
+        if any(isinstance(a, Value) and id(a) in made for n in graph.nodes[first:lastpos + 1]
+               if id(n) not in inside for a in n.inputs):
+            continue
+        out = m2.outputs[0]
+        replace[id(m2)] = Node(None, "softmax_backward", [gp, p], {}, [out],
+                               impl=_softmax_backward_impl(group, gp, p, out),
+                               meta={"nodes": group})
+        drop.update(id(m) for m in group[:-1])
+    if not replace:
+        return graph
+    g2 = graph.copy()
+    g2.nodes = [replace.get(id(n), n) for n in graph.nodes if id(n) not in drop]
+    return g2
+
+
+@op_kernels.register("softmax_backward")
+def softmax_backward_factory(node):
+    """The fused softmax gradient (``fuse_softmax_backward``) over float32/float64."""
+    if len(node.inputs) != 2 or not all(isinstance(a, Value) for a in node.inputs):
+        return None
+    gp, p = node.inputs
+    dt = _floats(gp, p)
+    if dt is None or gp.shape != p.shape or not p.shape or any(d == 0 for d in p.shape):
+        return None
+    fn = _kernels()["softmax_backward_rows"]
+    shape = tuple(p.shape)
+    C = shape[-1]
+    R = int(np.prod(shape[:-1], dtype=np.int64))
+
+    def softmax_backward_kernel(gp, p):
+        out = np.empty(shape, dt)
+        fn(gp.reshape(R, C), p.reshape(R, C), out.reshape(R, C), np.empty(C, dt))
+        return out
+
+    return softmax_backward_kernel

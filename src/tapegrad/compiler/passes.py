@@ -431,10 +431,18 @@ def fuse_layer_norm_backward(graph):
     return fuse_ln(graph)
 
 
+def fuse_softmax_backward(graph):
+    """softmax's traced gradient rule as one node (compiler/kernels_gpt.py)."""
+    from tapegrad.compiler.kernels_gpt import fuse_softmax_backward as fuse_sm
+
+    return fuse_sm(graph)
+
+
 PASSES = (("simplify", simplify), ("cse", cse), ("fold_constants", fold_constants),
           ("dce", dce), ("split_linear", split_linear),
           ("fuse_cross_entropy", fuse_cross_entropy),
-          ("fuse_layer_norm_backward", fuse_layer_norm_backward), ("fuse", fuse))
+          ("fuse_layer_norm_backward", fuse_layer_norm_backward),
+          ("fuse_softmax_backward", fuse_softmax_backward), ("fuse", fuse))
 
 
 def _observed(graph, arrays):
