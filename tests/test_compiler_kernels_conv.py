@@ -357,3 +357,21 @@ def test_pool_values_come_from_the_indices_pass_for_the_same_arrays_only(dtype):
     gg = np.random.default_rng(0).standard_normal(x.shape).astype(dtype)
     ind(x, **p)
     np.testing.assert_array_equal(gat(gg, idx), N.max_pool2d.forward(gg, idx))
+
+
+def test_a_producer_without_consumer_keeps_nothing():
+    """An inference graph (conv2d, pooling, no gradient nodes after them) holds no patches
+    or maxima between calls."""
+    x, w, g, p = _conv_case(CONVS[2], np.float64, 3)
+    xv = Value("x", x.shape, x.dtype)
+    fwd = op_kernels.lookup(Node(None, "conv2d", [xv, Value("w", w.shape, w.dtype)], p,
+                                 [Value("y", g.shape, x.dtype)]))
+    _close(fwd(x, w, **p), N.conv2d.forward(x, w, **p), np.float64)
+    assert kernels_conv._SHARED[id(xv)][3][0] is None
+    pp = _pool_params(POOLS[2])
+    xp = _pool_inputs(POOLS[2], np.float64, 1)
+    iv = Value("i", xp.shape[:2] + pp["out_size"], np.int64)
+    ind = op_kernels.lookup(Node(None, "max_pool2d_indices", [Value("x", xp.shape, xp.dtype)],
+                                 pp, [iv]))
+    np.testing.assert_array_equal(ind(xp, **pp), N.max_pool2d_indices.forward(xp, **pp))
+    assert kernels_conv._SHARED[id(iv)][3][0] is None

@@ -203,7 +203,7 @@ def _share(value, geom, source=None):
     ``source``) for a later consumer."""
     if len(_SHARED) > 256:  # graphs with no consumer (inference) leave theirs
         _SHARED.clear()
-    slot = [None]
+    slot = [None, False]  # [what the producer made, whether a consumer took the slot]
     _SHARED[id(value)] = (value, None if geom is None else geom.key(), source, slot)
     return slot
 
@@ -214,7 +214,8 @@ def _shared(value, geom, source=None):
     entry = _SHARED.pop(id(value), None)
     if entry is None or entry[0] is not value or (
             geom is not None and entry[1] != geom.key()) or entry[2] is not source:
-        return [None]
+        return [None, False]
+    entry[3][1] = True  # the producer keeps what it makes only now (no consumer: no memory)
     return entry[3]
 
 
@@ -240,7 +241,8 @@ def _conv2d(node):
 
     def conv2d(x, w, **_):
         cols = patches(x)
-        shared[0] = (x, cols)  # one item store: a thread reads the pair whole
+        if shared[1]:
+            shared[0] = (x, cols)  # one item store: a thread reads the pair whole
         return to_nchw(blas_matmul(cols, w.reshape(o, k).T))
 
     return conv2d
@@ -463,7 +465,8 @@ def _max_pool2d_indices(node):
 
     def max_pool2d_indices(x, **_):
         idx, vals = fn(x)
-        shared[0] = (idx, vals, x)  # for this call's max_pool2d(x, idx): no second pass
+        if shared[1]:
+            shared[0] = (idx, vals, x)  # this call's max_pool2d(x, idx): no second pass
         return idx
 
     return max_pool2d_indices
