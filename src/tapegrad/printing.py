@@ -78,6 +78,9 @@ def _nested_str(a, indent, summarize, fmt):
 
 
 def _repr(t):
+    if getattr(t._data, "value", None) is not None:  # tapegrad.func.vmap's value, as PyTorch
+        d = t._data
+        return f"BatchedTensor(bdim={d.bdim}, value=\n{_repr(d.value)}\n)"
     data, prefix = t._data, "tensor("
     indent = len(prefix)
     suffixes = []
