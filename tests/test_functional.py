@@ -414,6 +414,27 @@ def test_max_pool2d_indices_and_ties():
         np.testing.assert_array_equal(t.grad.numpy(), [[[[1, 0], [0, 0]]]])
 
 
+@pytest.mark.parametrize("k, s, p, d", [(2, 2, 1, 3), (3, 2, 1, 2), (3, 1, 1, 1), (2, 1, 1, 2),
+                                        (2, 2, 0, 1)])
+def test_max_pool2d_window_of_only_minus_inf_picks_its_first_in_bounds_element(k, s, p, d):
+    # PyTorch's kernel starts each window at its first in-bounds row/column (stepping by the
+    # dilation); a window whose in-bounds values are all -inf keeps that index
+    x = np.random.default_rng(5).standard_normal((2, 2, 7, 6))
+    x[np.random.default_rng(6).random(x.shape) < 0.75] = -np.inf
+    a, ia = TF.max_pool2d(tapegrad.tensor(x), k, s, p, d, return_indices=True)
+    b, ib = torch.nn.functional.max_pool2d(torch.tensor(x), k, s, p, d, return_indices=True)
+    np.testing.assert_array_equal(a.numpy(), b.numpy())
+    np.testing.assert_array_equal(ia.numpy(), ib.numpy())
+    # NaN wins, and of several NaNs in a window the last (PyTorch replaces its best by each)
+    x[np.random.default_rng(7).random(x.shape) < 0.3] = np.nan
+    for size in ((7, 6), (6, 6)):  # (6, 6) with k = s = 2, no padding: the tiled path
+        y = x[:, :, :size[0], :size[1]]
+        a, ia = TF.max_pool2d(tapegrad.tensor(y), k, s, p, d, return_indices=True)
+        b, ib = torch.nn.functional.max_pool2d(torch.tensor(y), k, s, p, d, return_indices=True)
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+        np.testing.assert_array_equal(ia.numpy(), ib.numpy())
+
+
 @pytest.mark.parametrize("kw", [dict(kernel_size=2), dict(kernel_size=3, stride=2, padding=1),
                                 dict(kernel_size=3, stride=2, padding=1,
                                      count_include_pad=False),

@@ -18,8 +18,8 @@ loaded through ``kernels.load`` (numba's disk cache keeps the machine code):
 - ``sum_to`` of an (N, C, H, W) gradient onto a (1, C, 1, 1) bias: numpy's pairwise sum of
   each plane, unrolled for the plane's size, added per channel in numpy's order (bitwise).
 - ``max_pool2d_indices``: each window's maximum and its index in one pass (the first
-  maximum; a NaN wins and the first NaN is kept; a padded position reads as -inf and is
-  clipped to the nearest in-bounds row and column: eager's indices exactly, ceil mode
+  maximum; a NaN wins, and of several the last, as in PyTorch; a padded position reads as -inf; a window of
+  only -inf keeps its first in-bounds position: eager's indices exactly, ceil mode
   included), and the maximum itself, which the graph's ``max_pool2d`` of the same arrays
   then returns instead of gathering again (``_SHARED``; other inputs are gathered);
   ``max_pool2d_backward`` the scatter-add, in eager's order.
@@ -366,7 +366,7 @@ def _sum_to(node):
 
 # --- max-pooling ---------------------------------------------------------------------------
 _POOL_INDICES = '''def pool_indices(x):
-    # flat (row*W + column) index of each window's maximum (the first maximum, the first NaN
+    # flat (row*W + column) index of each window's maximum (the first maximum, the last NaN
     # if the window holds one) and the value there, in one pass
     planes = x.shape[0] * x.shape[1]
     xf = np.ascontiguousarray(x).ravel()
@@ -388,10 +388,10 @@ _POOL_INDICES = '''def pool_indices(x):
 def _pool_body(g, inside):
     """The unrolled, branch-free window scan of ``_POOL_INDICES`` (the maximum's compare is
     unpredictable). Windows inside the image track the best tap's offset from the window's
-    corner; others read a padded position as -inf and clip the best row and column, as
-    eager does."""
+    corner; others read a padded position as -inf, and a window of only -inf keeps its first
+    in-bounds row and column, as eager does."""
     pad = " " * 16
-    take = f"{pad}t = (v > b) | ((v != v) & (b == b))"
+    take = f"{pad}t = (v > b) | (v != v)"  # every NaN takes over: the last NaN wins
     out = f"{pad}f[m * {g.oh * g.ow} + y * {g.ow} + q] = "
     lines = []
     if inside:
@@ -416,7 +416,13 @@ def _pool_body(g, inside):
         else:
             lines += [take, f"{pad}b = v if t else b", f"{pad}br = {r} if t else br",
                       f"{pad}bc = {c} if t else bc"]
-    lines.append(out + f"min(max(br, 0), {g.h - 1}) * {g.w} + min(max(bc, 0), {g.w - 1})")
+    # a window of only -inf keeps its first in-bounds row and column (stepping by the
+    # dilation from its corner), as eager and PyTorch do
+    r0, c0 = f"(y * {g.sh} - {g.pt})", f"(q * {g.sw} - {g.pl})"
+    lines += [f"{pad}if not (0 <= br < {g.h} and 0 <= bc < {g.w}):",
+              f"{pad}    br = {r0} + ((max(-{r0}, 0) + {g.dh - 1}) // {g.dh}) * {g.dh}",
+              f"{pad}    bc = {c0} + ((max(-{c0}, 0) + {g.dw - 1}) // {g.dw}) * {g.dw}"]
+    lines.append(out + f"br * {g.w} + bc")
     return "\n".join(lines)
 
 

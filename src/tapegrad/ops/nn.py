@@ -713,7 +713,8 @@ conv2d_weight.costs(_contraction(lambda a, out: 2 * _numel(a[1]) * _numel(out) /
 # --- pooling -----------------------------------------------------------------------------
 @op(differentiable=False)
 def max_pool2d_indices(x, kernel, stride, padding, dilation, out_size):
-    """Flat (h * W + w) index of each window's maximum (the first one; NaN wins)."""
+    """Flat (h * W + w) index of each window's maximum: the first one; a NaN wins, and of
+    several NaNs the last (PyTorch's kernel replaces its best by every NaN it meets)."""
     n, c, h, w = x.shape
     (kh, kw), (sh, sw), (ph, pw), (dh, dw), (oh, ow) = kernel, stride, padding, dilation, out_size
     if (kh, kw) == (sh, sw) and dh == dw == 1 and ph == pw == 0 and oh * kh <= h and ow * kw <= w:
@@ -723,11 +724,26 @@ def max_pool2d_indices(x, kernel, stride, padding, dilation, out_size):
     fill = xp.iinfo(x.dtype).min if x.dtype.kind in "iu" else -xp.inf  # (bfloat16: "V")
     crop = tuple((lo, max(hi, 0)) for lo, hi in pads)
     win = _patches(x, kernel, stride, crop, dilation, fill)[:, :, :oh, :ow]
-    k = win.reshape(n, c, oh, ow, kh * kw).argmax(axis=-1)
-    rows = xp.arange(oh)[:, None] * sh - ph + (k // kw) * dh
-    cols = xp.arange(ow)[None, :] * sw - pw + (k % kw) * dw
-    # a window of only -inf keeps its first in-bounds element, as PyTorch's kernel does
-    return xp.clip(rows, 0, h - 1) * w + xp.clip(cols, 0, w - 1)
+    win = win.reshape(n, c, oh, ow, kh * kw)
+    k = win.argmax(axis=-1)  # (the first NaN, where a window holds one)
+    if x.dtype.kind not in "iu":
+        nan = win != win
+        if nan.any():
+            last = kh * kw - 1 - nan[..., ::-1].argmax(axis=-1)
+            k = xp.where(nan.any(axis=-1), last, k)
+    r0 = xp.arange(oh)[:, None] * sh - ph  # each window's first row and column
+    c0 = xp.arange(ow)[None, :] * sw - pw
+    rows = r0 + (k // kw) * dh
+    cols = c0 + (k % kw) * dw
+    # a window of only -inf keeps its first in-bounds element, as PyTorch's kernel does (the
+    # argmax then lands on padding): the first row/column at or after 0 in steps of dilation
+    out = (rows < 0) | (rows >= h) | (cols < 0) | (cols >= w)
+    if out.any():
+        first_r = r0 + -(xp.minimum(r0, 0) // dh) * dh
+        first_c = c0 + -(xp.minimum(c0, 0) // dw) * dw
+        rows = xp.where(out, first_r, rows)
+        cols = xp.where(out, first_c, cols)
+    return rows * w + cols
 
 
 def _tiled_max_indices(x, kh, kw, oh, ow):
@@ -746,11 +762,12 @@ def _tiled_max_indices(x, kh, kw, oh, ow):
     off = m.zeros(top.shape, dtype=xp.int64)
     hit = m.empty(top.shape, dtype=bool)
     for k in range(kh * kw - 1, -1, -1):  # backwards, so the first offset that hits wins
-        row = rows[k]
-        xp.equal(row, top, out=hit)
-        if has_nan:
-            hit |= row != row
+        xp.equal(rows[k], top, out=hit)
         off = xp.where(hit, (k // kw) * w + k % kw, off)
+    if has_nan:  # of several NaNs the last wins, as in PyTorch's kernel
+        for k in range(kh * kw):
+            row = rows[k]
+            off = xp.where(row != row, (k // kw) * w + k % kw, off)
     off = off.reshape(n, c, oh, ow)
     off += (m.arange(oh) * (kh * w))[:, None] + m.arange(ow) * kw
     return off
