@@ -22,6 +22,7 @@ from tapegrad.autograd.engine import DispatchMode
 from tapegrad.compiler.ir import Graph, Input, Node, Value, call_node, freeze
 from tapegrad.compiler.tracer import (GraphBreak, _sgd_key, _traced_class, slot_params,
                                       trace_call, unflatten, user_frame)
+from tapegrad.compiler.tracer import active as active_tracer
 from tapegrad.ops.registry import _prepare_elementwise, dispatch
 from tapegrad.tensor import Tensor
 
@@ -111,9 +112,39 @@ def _spec(args, kwargs):
                 out.append(("O", id(a)))
     for k in sorted(kwargs):
         v = kwargs[k]
-        out.append(("K", k, ("T", v._data.shape, v._data.dtype.str) if isinstance(v, Tensor)
+        out.append(("K", k, ("T", v._data.shape, v._data.dtype.str, v._requires_grad)
+                         if isinstance(v, Tensor)
                     else (type(v), v if _hashable(v) else id(v))))
+    if len(out) > 1:  # one tensor passed twice is one graph input: which positions alias
+        seen, alias = {}, []
+        for k, a in enumerate(list(args) + [kwargs[k] for k in sorted(kwargs)]):
+            if isinstance(a, Tensor):
+                j = seen.setdefault(id(a), k)
+                if j != k:
+                    alias.append((k, j))
+        if alias:
+            out.append(("A", tuple(alias)))
     return tuple(out)
+
+
+def _arg_places(args, kwargs):
+    """id(tensor) -> where the call passed it: ("a", i) or ("k", name)."""
+    places = {}
+    for i, a in enumerate(args):
+        if isinstance(a, Tensor):
+            places.setdefault(id(a), ("a", i))
+    for k, v in (kwargs or {}).items():
+        if isinstance(v, Tensor):
+            places.setdefault(id(v), ("k", k))
+    return places
+
+
+def _resolve(place, args, kwargs):
+    """The tensor a place names in this call: an argument, or the ``.grad`` (read now) of an
+    argument or of a fixed tensor (a gradient the graph writes in place)."""
+    kind, key, grad = place
+    t = args[key] if kind == "a" else kwargs[key] if kind == "k" else key
+    return t.grad if grad else t
 
 
 def _hashable(v):
@@ -133,27 +164,69 @@ class Entry:
         self.training = training
         self.refs = [src.ref if src.kind in ("ref", "grad") else None
                      for _, src in graph.inputs]
+        # tensors the trace met as the call's arguments (and their gradients) are named by
+        # position, resolved at each call: a fresh leaf of the same spec is the same graph
+        self.arg_places = _arg_places(tracer.args, getattr(tracer, "kwargs", None))
+        owners = tracer.grad_owner  # id(a gradient alive before the call) -> its leaf
         checks = []
         for kind, obj, expected in tracer.guards:
             if kind == "tensor" and obj.kind == "ref":
-                checks.append(("ref", obj.ref, expected))
+                if id(obj.ref) not in self.arg_places:  # (an argument's spec is the key's)
+                    checks.append(("ref", obj.ref, expected))
             elif kind == "grad":
-                checks.append(("grad", obj, expected))
+                place = self.arg_places.get(id(obj))
+                checks.append(("grad", obj if place is None else place + (False,), expected))
             elif kind == "hyper":  # a traced SGD step: its group's other hyperparameters
                 checks.append(("hyper", obj, expected))
         self.checks = checks
         self.writes = [t for _, t, _, _ in graph.writes]
+        self.places = []  # (0: refs / 1: writes, position, place)
+        for i, (_, src) in enumerate(graph.inputs):
+            if src.kind in ("ref", "grad") and id(src.ref) in self.arg_places:
+                self.places.append((0, i, self.arg_places[id(src.ref)] + (False,)))
+        for k, (kind, t, _, _) in enumerate(graph.writes):
+            owner = owners.get(id(t)) if kind == "data" else None
+            if kind == "data" and owner is not None and owner.grad is t:
+                # a gradient written in place (zero_grad(set_to_none=False)): whichever
+                # tensor is the leaf's .grad when the call starts, as eager writes it
+                self.places.append((1, k, self.arg_places.get(id(owner), ("t", owner)) +
+                                    (True,)))
+            elif id(t) in self.arg_places:
+                self.places.append((1, k, self.arg_places[id(t)] + (False,)))
         self.graph = graph
         self.log = []
         self.source = None
         self.run = None
         self.joint = None
 
-    def check(self, spec, training):
+    def bind(self, args, kwargs=None):
+        """``(refs, writes)`` of this call: the tensors named by argument position resolved."""
+        if not self.places:
+            return self.refs, self.writes
+        lists = (list(self.refs), list(self.writes))
+        for which, k, place in self.places:
+            lists[which][k] = _resolve(place, args, kwargs)
+        return lists
+
+    def here(self, t, args, kwargs=None):
+        """The tensor of this call that stands where the traced call had ``t``."""
+        place = self.arg_places.get(id(t))
+        return t if place is None else _resolve(place + (False,), args, kwargs)
+
+    def check(self, spec, training, args=(), kwargs=None):
         if spec != self.spec or grad_state.enabled != self.grad_mode or \
                 training != self.training:
             return False
         for kind, t, expected in self.checks:
+            if type(t) is tuple:  # the gradient of an argument
+                t = _resolve(t, args, kwargs)
+                g = t.grad
+                if (g is None) != (expected is None):
+                    return False
+                if g is not None and (g._data.shape != expected[0] or
+                                      g._data.dtype != expected[1]):
+                    return False
+                continue
             if kind == "ref":
                 d = t._data
                 if d.shape != expected[0] or d.dtype != expected[1] or \
@@ -226,6 +299,7 @@ class CompiledFunction:
         self.entries = []
         self.eager_specs = set()
         self.breaks = []  # GraphBreak, in the order met
+        self.inner_fallbacks = []  # (name, GraphBreak): compiled functions it called, eager
         self.compile_times = []  # seconds per trace+compile
         self.n_calls = self.n_hits = 0
         self._last = None
@@ -244,20 +318,24 @@ class CompiledFunction:
         self.n_calls += 1
         why = _inside_transform()
         if why is not None:  # a replay would bypass the transform: eager, with the reason
+            brk = GraphBreak(why, user_frame())
             if not any(b.reason == why for b in self.breaks):
-                self.breaks.append(GraphBreak(why, user_frame()))
+                self.breaks.append(brk)
+            outer = active_tracer()
+            if outer is not None:  # traced by an enclosing compile/explain: tell its report
+                outer.inner.append((self.__name__, brk))
             return self.fn(*args, **kwargs)
         spec = _spec(args, kwargs)
         training = self._training(args)
         last = self._last  # fast path: the entry that ran last time is checked first
-        if last is not None and last.check(spec, training):
+        if last is not None and last.check(spec, training, args, kwargs):
             self.n_hits += 1
-            return self._run(last, args)
+            return self._run(last, args, kwargs)
         for e in self.entries:
-            if e is not last and e.check(spec, training):
+            if e is not last and e.check(spec, training, args, kwargs):
                 self.n_hits += 1
                 self._last = e
-                return self._run(e, args)
+                return self._run(e, args, kwargs)
         if spec in self.eager_specs:
             return self.fn(*args, **kwargs)
         if len(self.entries) >= cache_size_limit:
@@ -274,6 +352,7 @@ class CompiledFunction:
         grad_mode = grad_state.enabled
         result, graph, tracer = trace_call(self.fn, args, kwargs, self.fullgraph, joint=True,
                                            split_reads=True)
+        self.inner_fallbacks.extend(tracer.inner)
         logs = log_kinds()
         if graph is not None and tracer.splits:
             if _splittable(graph, tracer):
@@ -333,14 +412,14 @@ class CompiledFunction:
         self.compile_times.append(time.perf_counter() - t0)
         return result
 
-    def _run(self, e, args):
+    def _run(self, e, args, kwargs=None):
         if isinstance(e, TailEntry):
-            return e.replay(self.fn, args)
+            return e.replay(self.fn, args, kwargs)
         if isinstance(e, SplitEntry):
-            return e.replay(self.fn, args)
+            return e.replay(self.fn, args, kwargs)
         if e.joint is not None:
-            return e.joint(args)
-        arrays = e.run(args, e.refs, e.writes)
+            return e.joint(args, kwargs)
+        arrays = e.run(args, *e.bind(args, kwargs))
         outs = [Tensor._make(np.array(a) if k in e.copy_out else a)
                 if isinstance(v, Value) else v
                 for k, (a, v) in enumerate(zip(arrays, e.graph.outputs))]
@@ -371,7 +450,7 @@ class CompiledFunction:
             @staticmethod
             def forward(ctx, *tensors):
                 call_args = tensors[:len(args_box[0])]
-                arrays = frun(call_args, refs, [])
+                arrays = frun(call_args, args_box[1], args_box[2])
                 ctx.saved_arrays = arrays[n_out:]
                 return tuple(Tensor._make(a) for a in arrays[:n_out])
 
@@ -392,10 +471,17 @@ class CompiledFunction:
                 return tuple(result)
 
         Compiled.__name__ = _fname(self.__name__) + "Compiled"
-        args_box = [args]
+        args_box = [args, refs, []]  # this call's arguments, refs and write-back targets
+        ref_places = [(i, entry.arg_places[id(r)] + (False,)) for i, r in enumerate(refs)
+                      if r is not None and id(r) in entry.arg_places]
 
-        def run(call_args):
+        def run(call_args, call_kwargs=None):
             args_box[0] = call_args
+            args_box[2] = entry.bind(call_args, call_kwargs)[1]
+            if ref_places:
+                args_box[1] = list(refs)
+                for i, place in ref_places:
+                    args_box[1][i] = _resolve(place, call_args, call_kwargs)
             outs = Compiled.apply(*call_args, *diff_refs)
             outs = outs if isinstance(outs, tuple) else (outs,)
             it = iter(outs)
@@ -507,12 +593,13 @@ class SplitEntry(Entry):
         self.graph = graph
         self.n_replays = self.n_fallbacks = 0  # calls run as pieces; of those, gone eager
 
-    def replay(self, fn, args):
-        mode = _Replay(self, args)
+    def replay(self, fn, args, kwargs=None):
+        kwargs = kwargs or {}
+        mode = _Replay(self, args, kwargs)
         try:
             try:
                 with mode:
-                    result = fn(*args)
+                    result = fn(*args, **kwargs)
                 mode.flush_end()
             finally:
                 mode.restore()
@@ -522,7 +609,7 @@ class SplitEntry(Entry):
             # library Python read a placeholder not yet computed (an index's bounds check
             # on a computed index): the pieces are pure, so the call reruns eagerly (exact)
             self.n_fallbacks += 1
-            return fn(*args)
+            return fn(*args, **kwargs)
         self.n_replays += 1
         self.n_fallbacks += mode.fallen
         return result
@@ -531,7 +618,7 @@ class SplitEntry(Entry):
 class _Replay(DispatchMode):
     """Runs a SplitEntry's function again, issuing its ops lazily into compiled pieces."""
 
-    def __init__(self, entry, args):
+    def __init__(self, entry, args, kwargs=None):
         self.e = entry
         self.nodes = entry.graph.nodes
         self.i = 0
@@ -542,12 +629,14 @@ class _Replay(DispatchMode):
         self.placeholders = []  # (Tensor, Value)
         self.filled = set()  # ids of placeholder Tensors holding real values
         self.slots = entry.slots
-        for v, src in entry.graph.inputs:
+        self.bound = entry.bind(args, kwargs)  # (at the start: gradients as eager sees them)
+        refs = self.bound[0]
+        for i, (v, src) in enumerate(entry.graph.inputs):
             if src.kind == "hyper":
                 self.env[id(v)] = src.ref[src.label]
                 continue
             t = (args[src.index] if src.kind == "arg" else
-                 src.ref if src.kind == "ref" else src.ref.grad)
+                 refs[i] if src.kind == "ref" else refs[i].grad)
             self.tv[id(t)] = (t, v)
             self.env[id(v)] = t._data
         for v, a in entry.graph.consts.items():
@@ -769,18 +858,19 @@ class TailEntry(Entry):
         self.source, self.run = codegen.generate(self.run_graph, name)
         self.n_replays = self.n_fallbacks = 0
 
-    def replay(self, fn, args):
-        mode = _TailReplay(self, args)
+    def replay(self, fn, args, kwargs=None):
+        kwargs = kwargs or {}
+        mode = _TailReplay(self, args, kwargs)
         try:
             try:
                 with mode:
-                    result = fn(*args)
+                    result = fn(*args, **kwargs)
                 mode.flush_end()
             finally:
                 mode.restore()
         except _Diverged:
             self.n_fallbacks += 1
-            return fn(*args)
+            return fn(*args, **kwargs)
         except Exception:
             if mode.done:
                 raise  # after the graph ran: the function's own error
@@ -789,7 +879,7 @@ class TailEntry(Entry):
             for t, g in reversed(mode.grads_set):
                 t.grad = g
             self.n_fallbacks += 1
-            return fn(*args)
+            return fn(*args, **kwargs)
         self.n_replays += 1
         return result
 
@@ -813,9 +903,10 @@ def _placeholder_node():
 class _TailReplay(_Replay):
     tail_replay = True
 
-    def __init__(self, entry, args):
-        super().__init__(entry, args)
+    def __init__(self, entry, args, kwargs=None):
+        super().__init__(entry, args, kwargs)
         self.args = args
+        self.kwargs = kwargs
         self.done = False
         self.grads_set = []  # (leaf, its .grad before a skipped backward): undone on divergence
 
@@ -840,6 +931,7 @@ class _TailReplay(_Replay):
                       for g in root_grads) != want_grads:
             self._fall()
         for t, v in made:
+            t = self.e.here(t, self.args, self.kwargs)  # (a fresh leaf argument)
             ph = Tensor._make(np.empty(v.shape, v.dtype))
             ph.__class__ = _traced_class(Tensor)
             self.tv[id(ph)] = (ph, v)
@@ -858,6 +950,16 @@ class _TailReplay(_Replay):
         for p, v in span[4]:
             self.tv[id(p)] = (p, v)
         self.i = span[1]
+
+    def zero_grads(self, opt, original):
+        with_grad = tuple(id(p) for g in opt.param_groups for p in g["params"]
+                          if p._grad is not None)
+        if not with_grad:
+            return original(opt, False)  # nothing to zero (none was in the trace either)
+        span = self._span("zero_grad")
+        if span[2] is not opt or span[3] != with_grad:
+            self._fall()
+        self.i = span[1]  # the graph writes the zeros
 
     def python_effect(self, name, call, args):
         span = self._span("effect")
@@ -910,7 +1012,7 @@ class _TailReplay(_Replay):
         modes = grad_state.modes
         grad_state.modes = [m for m in modes if m is not self]  # effect nodes' own ops: eager
         try:
-            arrays = e.run(self.args, e.refs, e.writes)
+            arrays = e.run(self.args, *self.bound)
         finally:
             grad_state.modes = modes
         env = {id(v): a for v, a in zip(e.out_values, arrays) if isinstance(v, Value)}
@@ -976,6 +1078,7 @@ def _partition(g, fwd_outs, grads):
     fwd.consts = dict(g.consts)
     fwd.nodes = fwd_nodes
     fwd.outputs = list(fwd_outs) + saved
+    fwd.writes = list(g.writes)  # write-backs (a buffer, a .grad zeroed) run in the forward
     bwd = Graph()
     bwd._names = g._names
     bwd.inputs = [(v, Input("array", index=k)) for k, v in enumerate(saved)]
@@ -1044,12 +1147,16 @@ def compile(model=None, *, fullgraph=False, dynamic=False, backend="tapegrad", m
 class ExplainOutput:
     """What ``explain(fn)(*args)`` returns (as ``torch._dynamo.explain``)."""
 
-    def __init__(self, graphs, breaks, pass_log):
+    def __init__(self, graphs, breaks, pass_log, inner_fallbacks=()):
         self.graphs = graphs
         self.graph_count = len(graphs)
         self.graph_break_count = len(breaks)
         self.break_reasons = breaks
         self.pass_log = pass_log
+        # compiled functions the traced call called that ran eagerly (under jvp/vmap or grad
+        # of grad): (name, GraphBreak with the reason and the calling line). Their ops were
+        # traced into this graph, so they are no break of it, but they did not run compiled
+        self.inner_fallbacks = list(inner_fallbacks)
 
     def __str__(self):
         lines = [f"Graph Count: {self.graph_count}",
@@ -1058,6 +1165,10 @@ class ExplainOutput:
             lines.append("Break Reasons:")
             for b in self.break_reasons:
                 lines.append(f"  {b.reason}\n    at {b.where}")
+        if self.inner_fallbacks:
+            lines.append("Compiled functions called inside that ran eagerly:")
+            for name, b in self.inner_fallbacks:
+                lines.append(f"  {name}: {b.reason}\n    at {b.where}")
         if self.pass_log:
             lines.append("Passes (nodes before -> after):")
             for name, a, b in self.pass_log:
@@ -1066,13 +1177,14 @@ class ExplainOutput:
 
 
 def explain(fn):
-    """``explain(fn)(*args)``: trace one call and report graphs, breaks and pass counts."""
+    """``explain(fn)(*args)``: trace one call and report graphs, breaks and pass counts, and
+    the compiled functions ``fn`` called that ran eagerly (``inner_fallbacks``)."""
     def run(*args, **kwargs):
         c = CompiledFunction(fn)
         c(*args, **kwargs)
         log = [x for e in c.entries for x in e.log]
         graphs = [g for e in c.entries for g in getattr(e, "graphs", [e.graph])]
-        return ExplainOutput(graphs, c.breaks, log)
+        return ExplainOutput(graphs, c.breaks, log, c.inner_fallbacks)
 
     return run
 

@@ -360,6 +360,7 @@ class Tracer(DispatchMode):
         self.spans = {}
         self.tail_ok = True  # False: something a tail replay cannot skip (autograd.grad...)
         self.rg_values = set()  # ids of the Values whose tensors required grad
+        self.inner = []  # (name, GraphBreak): compiled functions called here that ran eagerly
         # the census: tensors alive before the call (state the graph reads by reference)
         from tapegrad import random as _random
         gen_cls = _random.Generator
@@ -901,6 +902,39 @@ class Tracer(DispatchMode):
             self.mutated[id(p)] = p
         return None
 
+    def zero_grads(self, opt, original):
+        """``opt.zero_grad(set_to_none=False)``: each ``.grad`` that exists takes zeros, as
+        a functionalised write (a ``full`` node; a gradient from before the call is written
+        back in place at the end, its version bumped, as eager's; it is guarded to exist); a
+        gradient that is None stays None. The old values are never read (no graph input)."""
+        owners = [p for g in opt.param_groups for p in g["params"] if p._grad is not None]
+        if self.broken or any(type(p._grad._data) is not np.ndarray for p in owners):
+            return original(opt, False)
+        for g in opt.param_groups:  # a gradient that appears later needs its own graph
+            self.guards += [("grad", p, None) for p in g["params"] if p._grad is None]
+        if not owners:
+            return None
+        start = len(self.graph.nodes)
+        for p in owners:
+            g = p._grad
+            d = g._data
+            e = self.tmap.get(id(g))
+            if e is not None and e[0] is g and g._version[0] != e[2]:
+                self.graph_break("a tensor was modified in place outside ops")
+                return original(opt, False)
+            (v,) = self.record("full", _full, [], {"shape": d.shape, "fill": 0,
+                                                   "dtype": d.dtype}, [np.zeros_like(d)])
+            original_one(g)
+            self._bind(g, v)
+            c = self.census.get(id(g))
+            if c is not None and c[0] is g:
+                self.mutated[id(g)] = g
+                self.guards.append(("grad", p, (d.shape, d.dtype)))
+        self.spans[start] = ("zero_grad", len(self.graph.nodes), opt,
+                             tuple(id(p) for g in opt.param_groups for p in g["params"]
+                                   if p._grad is not None))
+        return None
+
     def python_effect(self, name, call, args):
         """A Python call that only changes Python state the graph reads at run time (an LR
         scheduler's ``step()`` sets the LR the optimizer_step node reads): one effect node
@@ -1170,6 +1204,16 @@ def _plain_sgd(opt):
     return True
 
 
+def original_one(g):
+    """What ``Optimizer.zero_grad(set_to_none=False)`` does to one gradient (an array)."""
+    if g.grad_fn is not None:
+        g.detach_()
+    else:
+        g._requires_grad = False
+    g._data[...] = 0
+    g._version[0] += 1
+
+
 def _optimizer_step_hook():
     from tapegrad.optim.optimizer import Optimizer
 
@@ -1423,12 +1467,26 @@ def _install():
     step.__name__ = "step"
     step._compiler_hook = True
     Optimizer.step = step
+    zero_grad = Optimizer.zero_grad
+
+    def zero_grad_hook(self, set_to_none=True):
+        tr = (active() or _tail_replay()) if engine.WATCH and grad_state.modes and \
+            not set_to_none else None
+        if tr is None or type(self).zero_grad is not zero_grad_hook:
+            return zero_grad(self, set_to_none)
+        return tr.zero_grads(self, zero_grad)
+
+    zero_grad_hook.__doc__ = zero_grad.__doc__
+    zero_grad_hook.__name__ = "zero_grad"
+    zero_grad_hook.__wrapped__ = zero_grad
+    Optimizer.zero_grad = zero_grad_hook
 
 
 def trace_call(fn, args, kwargs=None, fullgraph=False, joint=False, split_reads=False):
     """Run ``fn(*args, **kwargs)`` under a Tracer: ``(result, graph or None, tracer)``."""
     _install()
     tr = Tracer(args)
+    tr.kwargs = kwargs or {}  # (api.Entry names the tensors passed so by keyword)
     tr.fullgraph = fullgraph
     tr.split_reads = split_reads
     try:
