@@ -170,6 +170,13 @@ def _kernel(w, n, names, out_expr=None, weak=()):
     return f"{kname}({', '.join(call)})"
 
 
+def _chan_index(a, shape):
+    """The index that takes a "chan" operand's values along its axis as a 1-D view: 0 on
+    every other axis (``x[0, :, 0, 0]``; a zero-stride broadcast view is not copied)."""
+    k = kernels.chan_axis(a, shape) - (len(shape) - len(a.shape))
+    return ", ".join(":" if i == k else "0" for i in range(len(a.shape)))
+
+
 def _numba_kernel(w, n, names, kname, vals, out_expr, weak):
     """The Python side of a numba kernel: operands reshaped to (rows, columns), the result
     buffer (planned, or fresh), the column sums; the loop nest itself is in kernels.py."""
@@ -242,13 +249,15 @@ def _numba_kernel(w, n, names, kname, vals, out_expr, weak):
     lines.append(f"    o = out if out is not None and out.flags.c_contiguous else "
                  f"np.empty({shape!r}, {dt})")
     call = []
-    for p, kind in zip(params, kinds):
+    for p, kind, a in zip(params, kinds, vals):
         if kind == "full":
             call.append(f"{p}.reshape({rows}, {cols})")
         elif kind == "matrix":
             call.append(p)
         elif kind == "row":
             call.append(f"{p}.reshape({cols})")
+        elif kind == "chan":  # its values along the axis: a view, never a copy
+            call.append(f"{p}[{_chan_index(a, shape)}]")
         else:
             call.append(f"{dt}.type({p})")
     call.append(f"o.reshape({rows}, {cols})")
@@ -265,6 +274,9 @@ def _numba_kernel(w, n, names, kname, vals, out_expr, weak):
         outs.append(f"c{k}")
         if c[2] != "left":
             post.append(f"    c{k} = np.ascontiguousarray(c{k}.T)")
+    for a, kind in zip(vals, kinds):  # a channel operand's rows per channel (kernels.py)
+        if kind == "chan":
+            call.append(str(math.prod(shape[kernels.chan_axis(a, shape) + 1:-1])))
     lines.append(f"    {kfn}({', '.join(call)})")
     lines.extend(post)
     if out_expr is not None:

@@ -251,12 +251,38 @@ def matrices(body, contract=()):
         id(c[4]) for c in contract}
 
 
+def chan_axis(a, out_shape):
+    """The axis ``k`` when ``a`` holds one value per index of axis ``k`` of a result of
+    ``out_shape`` (3 or more dims, ``k`` not the last): shape (1, C, 1, 1) itself, or the
+    ``broadcast_to`` of such a shape to ``out_shape`` (a zero-stride view that reshaping
+    to (rows, columns) would copy). Else None."""
+    out_shape = tuple(out_shape)
+    if len(out_shape) < 3:
+        return None
+    src = a.shape
+    p = a.producer
+    if src == out_shape and p is not None and p.name == "broadcast_to" and \
+            isinstance(p.inputs[0], Value):
+        src = p.inputs[0].shape
+    if len(src) > len(out_shape):
+        return None
+    src = (1,) * (len(out_shape) - len(src)) + tuple(src)
+    axes = [k for k, d in enumerate(src) if d != 1]
+    if len(axes) != 1 or axes[0] >= len(out_shape) - 1 or src[axes[0]] != out_shape[axes[0]]:
+        return None
+    return axes[0]
+
+
 def operand_kind(a, out_shape, weak=(), mats=()):
     """How a kernel reads one input: "full" (same shape), "row" (broadcast over the leading
     dims), "scalar" (0-d or a Python number), "matrix" (a small matmul's operand, indexed
-    by the product), or None (not a kernel operand)."""
+    by the product), "chan" (one value per index of one leading axis: a conv's (1, C, 1, 1)
+    bias, or its ``broadcast_to`` view, read per row without copying it: ``chan_axis``), or
+    None (not a kernel operand)."""
     if not isinstance(a, Value):
         return "scalar" if type(a) in (int, float) else None
+    if chan_axis(a, out_shape) is not None:
+        return "chan"
     if a.shape == tuple(out_shape):
         return "full"
     if id(a) in mats:
@@ -343,7 +369,8 @@ def numba_source(fname, body, ins, out_value, n_reduce, weak=(), contract=(), st
         kinds = [operand_kind(a, shape, weak, matrices(body, contract)) for a in ins]
     param = {id(a): f"x{i}" for i, a in enumerate(ins)}
     params = [f"x{i}" for i in range(len(ins))] + ["out0"] + [
-        f"red{k}" for k in range(n_reduce)] + [f"con{k}" for k in range(len(contract))]
+        f"red{k}" for k in range(n_reduce)] + [f"con{k}" for k in range(len(contract))] + [
+        f"x{i}d" for i, kind in enumerate(kinds) if kind == "chan"]  # rows per channel
     flat = len(shape) == 1  # a 1-D result: one loop (else the operands come as (R, C))
     odt = _np_type(out_value.dtype)
     lines = ["import math", "import numpy as np", "from numba import njit", ""]
@@ -395,8 +422,10 @@ def numba_source(fname, body, ins, out_value, n_reduce, weak=(), contract=(), st
         for i, (a, kind) in enumerate(zip(ins, kinds)):
             if kind == "full":
                 lines.append(f"        x{i}i = x{i}[i]")
+            elif kind == "chan":  # the channel's value: rows run x{i}d to a channel, cycling
+                lines.append(f"        x{i}i = x{i}[(i // x{i}d) % x{i}.shape[0]]")
             local[id(a)] = {"full": f"x{i}i[j]", "row": f"x{i}[j]", "scalar": f"x{i}",
-                            "matrix": None}[kind]
+                            "chan": f"x{i}i", "matrix": None}[kind]
         if store:
             lines.append("        o = out0[i]")
         lines.append("        for j in range(C):")
