@@ -615,6 +615,27 @@ class SplitEntry(Entry):
         return result
 
 
+_PLAIN = frozenset((int, float, bool, str, type(None)))
+
+
+def _freeze_params(params):
+    """``ir.freeze(params)`` for an op call's params dict, without recursing into the plain
+    values (numbers, strings, tuples of them) that most params are: the same result."""
+    if type(params) is not dict:
+        return freeze(params)
+    if not params:
+        return ()
+    out = []
+    for k, v in params.items():
+        t = type(v)
+        if t in _PLAIN or t is tuple and all(type(x) in _PLAIN for x in v):
+            out.append((k, v))
+        else:
+            out.append((k, freeze(v)))
+    out.sort()
+    return tuple(out)
+
+
 class _Replay(DispatchMode):
     """Runs a SplitEntry's function again, issuing its ops lazily into compiled pieces."""
 
@@ -672,7 +693,7 @@ class _Replay(DispatchMode):
         except LookupError:
             key, extra = None, []
         self._match_values(flat)
-        if key is None or len(flat) != k or freeze(key) != freeze(n.params) or \
+        if key is None or len(flat) != k or _freeze_params(key) != self._node_params(n) or \
                 any(self._value(a) is not w for a, w in zip(flat, n.inputs[:k])) or \
                 len(extra) != len(n.inputs) - k or \
                 any(v is not w for v, w in zip(extra, n.inputs[k:])):
@@ -680,9 +701,31 @@ class _Replay(DispatchMode):
             return dispatch(n.meta["op"], args, params)
         return self._issue(n)[0]
 
+    def _node_params(self, n):
+        """``freeze(n.params)``, once per entry (a traced node's params never change)."""
+        fz = self.e.__dict__.get("_frozen_params")
+        if fz is None:
+            fz = self.e._frozen_params = {}  # id(Node) -> (Node, frozen): the entry holds it
+        got = fz.get(id(n))
+        if got is None or got[0] is not n:
+            got = fz[id(n)] = (n, freeze(n.params))
+        return got[1]
+
+    def _node_real(self, n):
+        """Whether ``n`` runs at issue when its inputs are known (a view, an integer/bool
+        result), once per entry."""
+        fz = self.e.__dict__.get("_real_nodes")
+        if fz is None:
+            fz = self.e._real_nodes = {}  # id(Node) -> (Node, bool): the entry holds it
+        got = fz.get(id(n))
+        if got is None or got[0] is not n:
+            got = fz[id(n)] = (n, n.op is not None and (
+                n.op.view or all(v.dtype.kind in "iub" for v in n.outputs)))
+        return got[1]
+
     def _match(self, n, flat, params):
         self._match_values(flat)
-        if len(flat) != len(n.inputs) or freeze(params) != freeze(n.params):
+        if len(flat) != len(n.inputs) or _freeze_params(params) != self._node_params(n):
             return False
         for a, want in zip(flat, n.inputs):
             if isinstance(a, Tensor):
@@ -704,10 +747,10 @@ class _Replay(DispatchMode):
         return True
 
     def _issue(self, n):
-        ins = [self.env.get(id(a)) if isinstance(a, Value) else a for a in n.inputs]
-        real = n.op is not None and (n.op.view or all(v.dtype.kind in "iub" for v in
-                                                      n.outputs)) and \
-            all(a is not None for a in ins)  # (index arithmetic on arguments: cheap)
+        real = self._node_real(n)
+        if real:  # (index arithmetic on arguments: cheap)
+            ins = [self.env.get(id(a)) if isinstance(a, Value) else a for a in n.inputs]
+            real = all(a is not None for a in ins)
         outs = []  # a view of known arrays (``i[:2]`` of an argument) is real at once: an
         for v, a in zip(n.outputs, call_node(n, ins) if real else [None] * len(n.outputs)):
             t = Tensor._make(np.empty(v.shape, v.dtype) if a is None else a)  # index's
