@@ -64,6 +64,40 @@ def test_fresh_leaf_arguments_hit_the_cache_and_get_their_grad(reuse):
     assert len(f.compile_times) == 2
 
 
+def test_fresh_leaf_arguments_in_a_step_read_after_its_last_op():
+    """A tail-read step (``loss.item()`` after ``opt.step()``): the replay's skipped
+    backward gives this call's leaf its gradient."""
+    def make(T, W):
+        opt = T.optim.SGD([W], lr=0.1)
+
+        def step(x):
+            opt.zero_grad()
+            y = ((x @ W).tanh() ** 2).sum()
+            y.backward()
+            opt.step()
+            return y.item()
+
+        return step
+
+    Wc, We = (tg.tensor(_W, requires_grad=True) for _ in range(2))
+    Wt = torch.tensor(_W, requires_grad=True)
+    f, e, t = tg.compile(make(tg, Wc)), make(tg, We), make(torch, Wt)
+    rng = np.random.default_rng(8)
+    for _ in range(6):
+        x = rng.standard_normal((2, 3))
+        xc, xe = tg.tensor(x, requires_grad=True), tg.tensor(x, requires_grad=True)
+        xt = torch.tensor(x, requires_grad=True)
+        a, b, c = f(xc), e(xe), t(xt)
+        assert a == b and abs(a - c) < 1e-12
+        np.testing.assert_array_equal(xc.grad.numpy(), xe.grad.numpy())
+        np.testing.assert_allclose(xc.grad.numpy(), xt.grad.numpy(), rtol=0, atol=1e-12)
+        np.testing.assert_array_equal(Wc.detach().numpy(), We.detach().numpy())
+        np.testing.assert_allclose(Wc.detach().numpy(), Wt.detach().numpy(), rtol=0, atol=1e-12)
+    # W.grad None on the first call, present (then set to None) after: two graphs
+    assert [type(x).__name__ for x in f.entries] == ["TailEntry"] * 2 and f.n_hits == 4
+    assert all(x.n_fallbacks == 0 for x in f.entries)
+
+
 def test_fresh_leaf_with_a_grad_already_is_guarded_per_call():
     f = tg.compile(lambda x: (x * x).sum().backward())
     x0 = tg.tensor([1.0, 2.0], requires_grad=True)

@@ -100,9 +100,11 @@ def _modules_of(fn, args):
 def _spec(args, kwargs):
     """The call's argument types: the eager-after-break key and part of every guard."""
     out = []
+    ids = []
     for a in args:
         if isinstance(a, Tensor):
             d = a._data
+            ids.append(id(a))
             out.append(("T", d.shape, d.dtype.str, a._requires_grad))
         else:
             try:
@@ -112,10 +114,12 @@ def _spec(args, kwargs):
                 out.append(("O", id(a)))
     for k in sorted(kwargs):
         v = kwargs[k]
+        if isinstance(v, Tensor):
+            ids.append(id(v))
         out.append(("K", k, ("T", v._data.shape, v._data.dtype.str, v._requires_grad)
                          if isinstance(v, Tensor)
                     else (type(v), v if _hashable(v) else id(v))))
-    if len(out) > 1:  # one tensor passed twice is one graph input: which positions alias
+    if len(ids) > 1 and len(set(ids)) < len(ids):  # one tensor passed twice: one input
         seen, alias = {}, []
         for k, a in enumerate(list(args) + [kwargs[k] for k in sorted(kwargs)]):
             if isinstance(a, Tensor):
