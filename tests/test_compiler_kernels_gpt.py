@@ -184,9 +184,10 @@ def test_compiled_gpt_step_with_gpt_kernels_matches_eager_over_100_steps(monkeyp
     want, _ = _gpt_losses(dtype, 100, compiled=False)
     got, fn = _gpt_losses(dtype, 100, compiled=True)
     src = fn.entries[-1].source
-    for name in ("layer_norm_kernel", "softmax_kernel", "scaled_dot_product_attention_kernel",
-                 "layer_norm_backward_kernel", "optimizer_step_kernel", "clip_grad_norm_kernel",
-                 "embedding_backward_kernel", "softmax_backward_kernel"):
+    # (the attention forward returns its probabilities: no separate softmax node is left)
+    for name in ("layer_norm_kernel", "layer_norm_backward_kernel", "optimizer_step_kernel",
+                 "clip_grad_norm_kernel", "embedding_backward_kernel", "softmax_backward_kernel",
+                 "scaled_dot_product_attention_probs_kernel"):
         assert name in src, name
     assert fn.n_hits >= 98 and not fn.breaks
     assert all(math.isfinite(v) for v in got)
@@ -428,3 +429,42 @@ def test_softmax_backward_pass_leaves_a_rule_whose_values_are_read_elsewhere():
     graph.outputs.append(s.outputs[0])  # the row sums, read outside the rule
     assert not any(n.name == "softmax_backward"
                    for n in passes.fuse_softmax_backward(graph).nodes)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("variant", ["causal", "plain", "scale"])
+def test_attention_shares_its_probabilities_with_its_rule(monkeypatch, backend, dtype,
+                                                           variant):
+    """The forward returns the probabilities its traced rule would recompute (one product,
+    scale/mask pass and softmax less): losses and gradients bitwise eager's."""
+    monkeypatch.setenv("TAPEGRAD_COMPILE_KERNELS", backend)
+    rng = np.random.default_rng(3)
+    F = tapegrad.nn.functional
+    leaves = [tapegrad.tensor(rng.standard_normal((2, 3, 6, 4)).astype(dtype),
+                              requires_grad=True) for _ in range(3)]
+    k = tapegrad.tensor(rng.standard_normal((2, 3, 6, 4)).astype(dtype))
+    kw = {"causal": {"is_causal": True}, "plain": {}, "scale": {"scale": 0.3}}[variant]
+
+    def step():
+        for t in leaves:
+            t.grad = None
+        loss = (F.scaled_dot_product_attention(*leaves, **kw) * k).sum()
+        loss.backward()
+        return loss
+
+    eager = []
+    for _ in range(3):
+        loss = step()
+        eager.append((loss.detach().numpy().copy(), [t.grad.numpy().copy() for t in leaves]))
+    comp = tapegrad.compile(step)
+    for i in range(3):
+        loss = comp()
+        np.testing.assert_array_equal(loss.detach().numpy(), eager[i][0])
+        for t, ge in zip(leaves, eager[i][1]):
+            np.testing.assert_array_equal(t.grad.numpy(), ge)
+    src = comp.entries[-1].source
+    body = src.split("def ")[-1]
+    assert ("scaled_dot_product_attention_probs_kernel(" if backend == "numba"
+            else "scaled_dot_product_attention_probs(") in body
+    assert "softmax(" not in body and "softmax_kernel(" not in body  # no recomputation

@@ -864,3 +864,130 @@ def softmax_backward_factory(node):
         return out
 
     return softmax_backward_kernel
+
+
+# --- attention's probabilities: computed once, for the forward and the backward ----------
+def _attention_probs_impl(f, chain, p_val):
+    """The forward's output and its probabilities: the backward's own nodes for p (q k^T,
+    * scale, + bias, softmax: the forward's operations on the same arrays, so the same bits),
+    then ``p @ v`` as the forward does."""
+    from tapegrad.backend.blas import matmul
+    from tapegrad.compiler.ir import call_node
+
+    q, k, v = f.inputs[:3]
+    bias = f.inputs[3] if len(f.inputs) > 3 else None
+
+    def scaled_dot_product_attention_probs(qa, ka, va, *rest, scale=1.0, keep=None):
+        env = {id(q): qa, id(k): ka, id(v): va}
+        if bias is not None:
+            env[id(bias)] = rest[0]
+        for m in chain:
+            args = [env[id(a)] if isinstance(a, Value) else a for a in m.inputs]
+            for val, o in zip(m.outputs, call_node(m, args)):
+                env[id(val)] = o
+        pa = env[id(p_val)]
+        return matmul(pa, va), pa
+
+    return scaled_dot_product_attention_probs
+
+
+def share_attention_probabilities(graph):
+    """A graph pass: attention's traced rule recomputes the forward's probabilities
+    (``softmax(q @ k.mT * scale + bias)``); where those nodes read the forward node's own q,
+    k and bias and nothing else reads their intermediates, the forward node becomes
+    ``scaled_dot_product_attention_probs`` returning (out, p) and the backward reads that p:
+    one product, one scale/mask pass and one softmax less per attention, the same bits (the
+    forward computes p by the same operations)."""
+    from tapegrad.compiler.ir import Node
+
+    uses = _uses_of(graph)
+    producer = {id(v): n for n in graph.nodes for v in n.outputs}
+    replace, drop = {}, set()
+    for f in graph.nodes:
+        if f.name != "scaled_dot_product_attention" or f.op is None or \
+                f.params.get("keep") is not None or len(f.inputs) not in (3, 4) or \
+                not all(isinstance(a, Value) for a in f.inputs):
+            continue
+        q, k = f.inputs[:2]
+        bias = f.inputs[3] if len(f.inputs) == 4 else None
+        scale = f.params.get("scale", 1.0)
+        if len(q.shape) < 2 or not isinstance(scale, (int, float)):
+            continue
+        nd = len(q.shape)
+        swap = tuple(range(nd - 2)) + (nd - 1, nd - 2)
+        found = None
+        for mm in uses.get(id(q), ()):
+            if mm.name != "matmul" or mm.inputs[0] is not q:
+                continue
+            kt = producer.get(id(mm.inputs[1]))
+            if kt is None or kt.name != "permute" or kt.inputs[0] is not k or \
+                    tuple(kt.params.get("dims", ())) != swap:
+                continue
+            u = uses.get(id(mm.outputs[0]), [])
+            if len(u) != 1 or u[0].name != "mul" or u[0].inputs[0] is not mm.outputs[0] \
+                    or not _lit(u[0].inputs[1], scale):
+                continue
+            sc = u[0]
+            chain = [kt, mm, sc]
+            last = sc
+            if bias is not None:
+                u = uses.get(id(sc.outputs[0]), [])
+                if len(u) != 1 or u[0].name != "add" or u[0].inputs[1] is not bias:
+                    continue
+                last = u[0]
+                chain.append(last)
+            u = uses.get(id(last.outputs[0]), [])
+            if len(u) != 1 or u[0].name != "softmax" or u[0].params.get("dim") not in (
+                    nd - 1, -1):
+                continue
+            chain.append(u[0])
+            # the permute of k may have other readers: keep it, it is a view
+            if all(all(r in chain for r in uses.get(id(m.outputs[0]), ()))
+                   for m in chain[1:-1]):
+                found = chain
+                break
+        if found is None or any(id(m) in drop or id(m) in replace for m in found + [f]):
+            continue
+        p_val = found[-1].outputs[0]
+        out = f.outputs[0]
+        replace[id(f)] = Node(None, "scaled_dot_product_attention_probs", list(f.inputs),
+                              dict(f.params), [out, p_val],
+                              impl=_attention_probs_impl(f, found, p_val),
+                              meta={"forward": f, "nodes": found})
+        drop.update(id(m) for m in found[1:])  # the permute stays (other readers, a view)
+    if not replace:
+        return graph
+    g2 = graph.copy()
+    g2.nodes = [replace.get(id(n), n) for n in graph.nodes if id(n) not in drop]
+    return g2
+
+
+@op_kernels.register("scaled_dot_product_attention_probs")
+def attention_probs_factory(node):
+    """The attention forward that also returns its probabilities (numba passes around
+    eager's BLAS products, as ``scaled_dot_product_attention_kernel``)."""
+    from tapegrad.compiler.ir import Node as IRNode
+
+    plain = IRNode(None, "scaled_dot_product_attention", list(node.inputs), dict(node.params),
+                   [Value("o", node.outputs[0].shape, node.outputs[0].dtype)])
+    if attention_factory(plain) is None:
+        return None
+    from tapegrad.backend.blas import matmul
+
+    q, k, v = node.inputs[:3]
+    B, H, T, D = q.shape
+    S = k.shape[2]
+    dt = np.dtype(q.dtype)
+    shift, norm = _kernels()["attention_shift"], _kernels()["softmax_norm"]
+    none = np.zeros((1, 1, 1, 1), dt)
+    sc = dt.type(node.params.get("scale", 1.0))
+
+    def attention_probs_kernel(q, k, v, bias=None, scale=1.0, keep=None):
+        s = matmul(q, np.swapaxes(k, -1, -2))
+        b4 = none if bias is None else np.broadcast_to(bias, (B, H, T, S))
+        shift(s, b4, sc, bias is not None)
+        np.exp(s, out=s)
+        norm(s.reshape(B * H * T, S))
+        return matmul(s, v), s
+
+    return attention_probs_kernel

@@ -438,11 +438,20 @@ def fuse_softmax_backward(graph):
     return fuse_sm(graph)
 
 
+def share_attention_probabilities(graph):
+    """attention's forward also returns its probabilities for its traced rule
+    (compiler/kernels_gpt.py)."""
+    from tapegrad.compiler.kernels_gpt import share_attention_probabilities as share
+
+    return share(graph)
+
+
 PASSES = (("simplify", simplify), ("cse", cse), ("fold_constants", fold_constants),
           ("dce", dce), ("split_linear", split_linear),
           ("fuse_cross_entropy", fuse_cross_entropy),
           ("fuse_layer_norm_backward", fuse_layer_norm_backward),
-          ("fuse_softmax_backward", fuse_softmax_backward), ("fuse", fuse))
+          ("fuse_softmax_backward", fuse_softmax_backward),
+          ("share_attention_probabilities", share_attention_probabilities), ("fuse", fuse))
 
 
 def _observed(graph, arrays):
