@@ -18,6 +18,9 @@ the op's numpy forward runs):
 * ``layer_norm_backward`` and ``softmax_backward``: nodes made by the graph passes
   ``fuse_layer_norm_backward`` / ``fuse_softmax_backward`` (defined here, run from
   passes.PASSES) out of the traced gradient rules' ~23 / 4 nodes; one pass per row.
+* ``scaled_dot_product_attention_probs``: the pass ``share_attention_probabilities`` makes
+  the forward return the probabilities its traced rule would recompute (the rule's own
+  q k^T, scale, bias and softmax nodes, on the same arrays: the same bits).
 * ``optimizer_step`` of Adam/AdamW: one numba pass per parameter (eager's dozen numpy
   passes), ``clip_grad_norm`` (2-norm) without eager's wrappers and copies, and
   ``embedding_backward`` as one loop instead of ``np.add.at``: the same operations in the
