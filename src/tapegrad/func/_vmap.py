@@ -12,6 +12,12 @@ Reverse mode inside vmap (``vmap(grad(f))``) is recorded at the logical level: t
 records a Node whose inputs are the logical Tensors, and the gradient rules, run as ops on
 Tensors, are batched in turn. Nested vmaps are levels on the stack: an inner level's physical
 value is the outer level's logical one.
+
+The placeholder holds no values: computing on it (a ufunc, ``np.nonzero``) raises, as reading
+it does. Code that picks something from the values in Python (sort's order, a gradient rule's
+mask) reads the physical batch (``host``/``physical_array``) and batches the result again
+(``like``/``rebatch``). An in-place op on a batched tensor (``inplace``) computes out of place
+and writes into the physical storage, which the physical values of its views share.
 """
 import functools
 import warnings
