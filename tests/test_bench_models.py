@@ -109,20 +109,22 @@ def test_max_pool2d_tiled_gradients_match_torch():
 
 
 def _first_argmax_indices(x, k):
-    """Reference: per window, numpy's argmax (the first maximum; the first NaN wins) as a
-    flat h * W + w index, by explicit loops."""
+    """Reference: per window, PyTorch's rule (the first maximum; a NaN wins, of several the
+    last) as a flat h * W + w index, by explicit loops."""
     n, c, h, w = x.shape
     out = np.zeros((n, c, h // k, w // k), dtype=np.int64)
     for idx in np.ndindex(out.shape):
         b, ch, r, q = idx
-        j = int(np.argmax(x[b, ch, r * k:(r + 1) * k, q * k:(q + 1) * k].reshape(-1)))
+        win = x[b, ch, r * k:(r + 1) * k, q * k:(q + 1) * k].reshape(-1)
+        nan = np.flatnonzero(win != win)
+        j = int(nan[-1]) if nan.size else int(np.argmax(win))
         out[idx] = (r * k + j // k) * w + q * k + j % k
     return out
 
 
 def test_max_pool2d_tiled_nan_int_and_empty():
-    """As the general path (numpy's argmax): the first NaN of a window wins; integer inputs
-    and an empty batch work."""
+    """As the general path and PyTorch: the first maximum, the last NaN of a window wins;
+    integer inputs and an empty batch work."""
     from tapegrad.ops import nn as N
 
     rng = np.random.default_rng(1)
