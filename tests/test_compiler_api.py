@@ -151,6 +151,37 @@ def test_keyword_tensor_argument_is_read_each_call():
     assert len(f.entries) == 1 and f.n_hits == 1
 
 
+_STATE = tg.tensor([1.0, 2.0], dtype=tg.float64)
+
+
+def test_argument_that_is_state_read_by_reference_is_guarded_by_identity():
+    f = tg.compile(lambda x: x * _STATE)
+    np.testing.assert_array_equal(f(_STATE).numpy(), [1.0, 4.0])
+    other = tg.tensor([3.0, 4.0], dtype=tg.float64)
+    np.testing.assert_array_equal(f(other).numpy(), [3.0, 8.0])  # not other * other
+    np.testing.assert_array_equal(f(tg.tensor([5.0, 6.0], dtype=tg.float64)).numpy(),
+                                  [5.0, 12.0])
+    np.testing.assert_array_equal(f(_STATE).numpy(), [1.0, 4.0])
+    assert len(f.entries) == 2 and f.n_hits == 2
+
+
+def test_keyword_tensor_of_a_forward_that_needs_grad_gets_its_gradient():
+    f = tg.compile(lambda x, y=None: (x * y).tanh())
+    rng = np.random.default_rng(9)
+    for _ in range(3):
+        x, y = rng.standard_normal(4), rng.standard_normal(4)
+        yc = tg.tensor(y, requires_grad=True)
+        yt = torch.tensor(y, requires_grad=True)
+        out = f(tg.tensor(x), y=yc)
+        want = torch.tanh(torch.tensor(x) * yt)
+        np.testing.assert_allclose(out.detach().numpy(), want.detach().numpy(), rtol=0,
+                                   atol=1e-12)
+        out.sum().backward()
+        want.sum().backward()
+        np.testing.assert_allclose(yc.grad.numpy(), yt.grad.numpy(), rtol=0, atol=1e-12)
+    assert len(f.entries) == 1 and f.n_hits == 2
+
+
 def test_recompile_limit_still_warns_on_real_spec_changes(monkeypatch):
     monkeypatch.setattr(api, "cache_size_limit", 3)
     W = tg.tensor(_W, requires_grad=True)

@@ -97,14 +97,34 @@ def _modules_of(fn, args):
     return uniq
 
 
+def _state_tensors(fn, modules):
+    """The tensors ``fn`` can read by reference (its modules' parameters and buffers, tensors
+    in its closure, the globals it names, its object's attributes): id -> weak reference."""
+    found = []
+    for m in modules:
+        found += list(m.parameters()) + list(m.buffers())
+    func = getattr(fn, "__func__", fn)
+    for cell in getattr(func, "__closure__", None) or ():
+        try:
+            found.append(cell.cell_contents)
+        except ValueError:
+            pass
+    code = getattr(func, "__code__", None)
+    if code is not None:
+        g = getattr(func, "__globals__", {})
+        found += [g[name] for name in code.co_names if name in g]
+    target = getattr(fn, "__self__", None)
+    if target is not None and hasattr(target, "__dict__"):
+        found += list(vars(target).values())
+    return {id(t): weakref.ref(t) for t in found if isinstance(t, Tensor)}
+
+
 def _spec(args, kwargs):
     """The call's argument types: the eager-after-break key and part of every guard."""
     out = []
-    ids = []
     for a in args:
         if isinstance(a, Tensor):
             d = a._data
-            ids.append(id(a))
             out.append(("T", d.shape, d.dtype.str, a._requires_grad))
         else:
             try:
@@ -114,12 +134,11 @@ def _spec(args, kwargs):
                 out.append(("O", id(a)))
     for k in sorted(kwargs):
         v = kwargs[k]
-        if isinstance(v, Tensor):
-            ids.append(id(v))
         out.append(("K", k, ("T", v._data.shape, v._data.dtype.str, v._requires_grad)
                          if isinstance(v, Tensor)
                     else (type(v), v if _hashable(v) else id(v))))
-    if len(ids) > 1 and len(set(ids)) < len(ids):  # one tensor passed twice: one input
+    n = len(args) + len(kwargs)
+    if n > 1 and len(set(map(id, (*args, *kwargs.values())))) < n:  # an object passed twice
         seen, alias = {}, []
         for k, a in enumerate(list(args) + [kwargs[k] for k in sorted(kwargs)]):
             if isinstance(a, Tensor):
@@ -309,6 +328,7 @@ class CompiledFunction:
         self._last = None
         self._warned = False
         self._modules = None
+        self._state = None  # id -> weakref of the tensors fn reads by reference
         self.__wrapped__ = fn
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
         self.__doc__ = getattr(fn, "__doc__", None)
@@ -331,6 +351,15 @@ class CompiledFunction:
             return self.fn(*args, **kwargs)
         spec = _spec(args, kwargs)
         training = self._training(args)
+        state = self._state
+        if state is None:
+            state = self._state = _state_tensors(self.fn, self._modules)
+        if state and not state.keys().isdisjoint(map(id, args)):
+            # an argument that is also state the function reads by reference: its identity
+            same = tuple((i, id(a)) for i, a in enumerate(args)  # is part of the key
+                         if id(a) in state and state[id(a)]() is a)
+            if same:
+                spec = spec + (("S", same),)
         last = self._last  # fast path: the entry that ran last time is checked first
         if last is not None and last.check(spec, training, args, kwargs):
             self.n_hits += 1
@@ -486,7 +515,9 @@ class CompiledFunction:
                 args_box[1] = list(refs)
                 for i, place in ref_places:
                     args_box[1][i] = _resolve(place, call_args, call_kwargs)
-            outs = Compiled.apply(*call_args, *diff_refs)
+            diff = diff_refs if not ref_places else \
+                [entry.here(r, call_args, call_kwargs) for r in diff_refs]  # (kwargs)
+            outs = Compiled.apply(*call_args, *diff)
             outs = outs if isinstance(outs, tuple) else (outs,)
             it = iter(outs)
             leaves = []
