@@ -83,6 +83,8 @@ def test_conv_bias_relu_step_makes_no_bias_copy_and_is_bitwise_eager(monkeypatch
     for c in calls:
         bias = [p for p in c.split(", ") if p.startswith("x") and "[0" in p]
         assert len(bias) == 1 and ".reshape" not in bias[0]
+        # elementwise only: rows of one (example, channel) plane each, 9 * 7 long
+        assert c.endswith("o.reshape(30, 63), 1"), c
 
 
 @pytest.mark.parametrize("shape,bshape", [((4, 5, 6, 3), (1, 5, 1, 1)),

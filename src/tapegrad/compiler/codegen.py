@@ -189,6 +189,15 @@ def _numba_kernel(w, n, names, kname, vals, out_expr, weak):
     for d in shape[:-1]:
         rows *= d
     mats = kernels.matrices(body, n.meta.get("contract", ()))
+    kinds = [kernels.operand_kind(a, shape, weak, mats) for a in vals]
+    split = len(shape) - 1  # rows: the dims before ``split``; columns: the rest
+    if len(shape) >= 3 and not reduce and not n.meta.get("contract") and n.meta.get(
+            "store", True) and all(k in ("full", "chan", "scalar") for k in kinds):
+        # elementwise only: long rows (the inner loop vectorises), each row inside one
+        # channel of every "chan" operand (its axis and those before it are the rows)
+        split = max([kernels.chan_axis(a, shape) for a, k in zip(vals, kinds)
+                     if k == "chan"], default=0) + 1
+        rows, cols = math.prod(shape[:split]), math.prod(shape[split:])
     direct = len(shape) in (1, 2) and all(
         len(a.shape) == 1 for a in vals
         if kernels.operand_kind(a, shape, weak, mats) == "row") and not (
@@ -198,7 +207,7 @@ def _numba_kernel(w, n, names, kname, vals, out_expr, weak):
     src, kinds = kernels.numba_source("KERNEL", body, vals, kmain if direct else
                                       Value(main.name, (rows, cols), main.dtype),
                                       len(reduce), weak, con, n.meta.get("store", True),
-                                      [kernels.operand_kind(a, shape, weak, mats) for a in vals])
+                                      kinds)
     # named after its source alone (no shapes, no value names): the same loop nest at other
     # shapes or in other graphs is the same kernel, compiled once per machine
     fname = f"k_{hashlib.sha1(src.encode()).hexdigest()[:12]}"
@@ -276,7 +285,7 @@ def _numba_kernel(w, n, names, kname, vals, out_expr, weak):
             post.append(f"    c{k} = np.ascontiguousarray(c{k}.T)")
     for a, kind in zip(vals, kinds):  # a channel operand's rows per channel (kernels.py)
         if kind == "chan":
-            call.append(str(math.prod(shape[kernels.chan_axis(a, shape) + 1:-1])))
+            call.append(str(math.prod(shape[kernels.chan_axis(a, shape) + 1:split])))
     lines.append(f"    {kfn}({', '.join(call)})")
     lines.extend(post)
     if out_expr is not None:

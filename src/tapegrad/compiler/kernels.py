@@ -3,8 +3,10 @@ numpy ufunc calls into planned buffers when numba is absent (the same results).
 
 A fused node (``passes.fuse``) holds a pointwise body and, optionally, column sums of its
 result (a bias gradient: ``sum(dims=(0,))``). Its operands are full-shape arrays, rows that
-broadcast along the leading dims (a bias), or scalars (a Python float such as SGD's lr, a
-0-d value). numba's kernel runs the body once per element, in registers, writing the result
+broadcast along the leading dims (a bias), one value per channel of a leading axis (a
+conv's (1, C, 1, 1) bias, read per row through a 1-D view: its broadcast is never copied;
+an elementwise-only group then runs over rows of one (example, channel) plane each), or
+scalars (a Python float such as SGD's lr, a 0-d value). numba's kernel runs the body once per element, in registers, writing the result
 and accumulating the sums in the same pass::
 
     @njit(error_model="numpy", cache=True)      # fastmath off: IEEE arithmetic, no FMA
@@ -406,6 +408,10 @@ def numba_source(fname, body, ins, out_value, n_reduce, weak=(), contract=(), st
             local[id(a)] = {"full": f"x{i}[j]", "row": f"x{i}[j]", "scalar": f"x{i}",
                             "matrix": None}[kind]
     else:
+        for i, kind in enumerate(kinds):  # a channel operand's position: counters, no division
+            if kind == "chan":
+                lines.append(f"    x{i}c = 0")
+                lines.append(f"    x{i}r = 0")
         lines.append("    for i in range(R):")
         row_scalars = {}
         for m in body:
@@ -422,8 +428,11 @@ def numba_source(fname, body, ins, out_value, n_reduce, weak=(), contract=(), st
         for i, (a, kind) in enumerate(zip(ins, kinds)):
             if kind == "full":
                 lines.append(f"        x{i}i = x{i}[i]")
-            elif kind == "chan":  # the channel's value: rows run x{i}d to a channel, cycling
-                lines.append(f"        x{i}i = x{i}[(i // x{i}d) % x{i}.shape[0]]")
+            elif kind == "chan":  # the channel's value: x{i}d rows to a channel, cycling
+                lines += [f"        x{i}i = x{i}[x{i}c]", f"        x{i}r += 1",
+                          f"        if x{i}r == x{i}d:", f"            x{i}r = 0",
+                          f"            x{i}c += 1", f"            if x{i}c == x{i}.shape[0]:",
+                          f"                x{i}c = 0"]
             local[id(a)] = {"full": f"x{i}i[j]", "row": f"x{i}[j]", "scalar": f"x{i}",
                             "chan": f"x{i}i", "matrix": None}[kind]
         if store:
