@@ -468,3 +468,44 @@ def test_attention_shares_its_probabilities_with_its_rule(monkeypatch, backend, 
     assert ("scaled_dot_product_attention_probs_kernel(" if backend == "numba"
             else "scaled_dot_product_attention_probs(") in body
     assert "softmax(" not in body and "softmax_kernel(" not in body  # no recomputation
+
+
+def _bits(a):
+    a = np.asarray(a)
+    return a.view(np.int64 if a.dtype == np.float64 else np.int32)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cover", [True, False])
+def test_split_gradients_become_one_concatenation(monkeypatch, backend, dtype, cover):
+    """q, k, v = x.split(...) (as the GPT's qkv): their gradients put into zeros and added
+    become one concatenation (+ 0.0, so -0.0 turns +0.0 as eager's adds do): bitwise eager's,
+    signs of zeros included. Slices that do not cover the axis stay as they are."""
+    monkeypatch.setenv("TAPEGRAD_COMPILE_KERNELS", backend)
+    rng = np.random.default_rng(4)
+    x = tapegrad.tensor(rng.standard_normal((2, 5, 12)).astype(dtype), requires_grad=True)
+    ws = [rng.standard_normal((2, 5, 4)).astype(dtype) for _ in range(3)]
+    ws[1][0, 0, :2] = -0.0  # a gradient of -0.0
+    ws = [tapegrad.tensor(w) for w in ws]
+
+    def step():
+        x.grad = None
+        if cover:
+            q, k, v = x.split(4, dim=2)
+        else:
+            q, k, v = x[..., 0:4], x[..., 4:8], x[..., 7:11]
+        loss = (q * ws[0]).sum() + (k * ws[1]).sum() + (v * ws[2]).sum()
+        loss.backward()
+        return loss
+
+    eager = []
+    for _ in range(3):
+        loss = step()
+        eager.append((loss.detach().numpy().copy(), x.grad.numpy().copy()))
+    comp = tapegrad.compile(step)
+    for i in range(3):
+        loss = comp()
+        np.testing.assert_array_equal(_bits(loss.detach().numpy()), _bits(eager[i][0]))
+        np.testing.assert_array_equal(_bits(x.grad.numpy()), _bits(eager[i][1]))
+    assert ("concatenate_gradients(" in comp.entries[-1].source) == cover

@@ -21,6 +21,8 @@ the op's numpy forward runs):
 * ``scaled_dot_product_attention_probs``: the pass ``share_attention_probabilities`` makes
   the forward return the probabilities its traced rule would recompute (the rule's own
   q k^T, scale, bias and softmax nodes, on the same arrays: the same bits).
+* ``concatenate_gradients`` (numpy, no kernel): the pass ``merge_split_gradients`` turns a
+  split's three slice gradients put into zeros and added into one concatenation.
 * ``optimizer_step`` of Adam/AdamW: one numba pass per parameter (eager's dozen numpy
   passes), ``clip_grad_norm`` (2-norm) without eager's wrappers and copies, and
   ``embedding_backward`` as one loop instead of ``np.add.at``: the same operations in the
@@ -994,3 +996,99 @@ def attention_probs_factory(node):
         return matmul(s, v), s
 
     return attention_probs_kernel
+
+
+# --- a split's gradient: slices put into zeros and added, as one concatenation ------------
+def _slice_of(index, shape):
+    """``(axis, start, stop)`` when ``index`` is full slices, one slice(start, stop) and then
+    only full slices or an Ellipsis, else None."""
+    if type(index) is not tuple:
+        return None
+    full = slice(None, None, None)
+    axis = None
+    for d, ix in enumerate(index):
+        if ix is Ellipsis:
+            if any(x is not Ellipsis and x != full for x in index[d + 1:]):
+                return None
+            break
+        if type(ix) is not slice:
+            return None
+        if ix == full:
+            continue
+        if axis is not None or ix.step not in (None, 1) or d >= len(shape):
+            return None
+        start, stop, _ = ix.indices(shape[d])
+        if not (ix.start is None or isinstance(ix.start, int)) or stop <= start:
+            return None
+        axis = (d, start, stop)
+    return axis
+
+
+def _concat_impl(axis, order):
+    def concatenate_gradients(*gs):
+        out = np.concatenate([gs[i] for i in order], axis=axis)
+        np.add(out, out.dtype.type(0), out=out)  # (v + 0) + 0: -0.0 becomes +0.0, as eager
+        return out
+
+    return concatenate_gradients
+
+
+def merge_split_gradients(graph):
+    """A graph pass: ``add(add(a, b), c)`` of three ``index_backward`` results (``x[..., s]``'s
+    gradient put into zeros, accumulate=False) whose slices along one axis cover it exactly
+    (a q/k/v split's gradient) becomes one ``concatenate_gradients`` node: the slices
+    concatenated, plus 0.0 (eager's (v + 0) + 0 turns -0.0 into +0.0; nothing else changes):
+    the same bits without three zero-filled arrays and two full-size adds."""
+    from tapegrad.compiler.ir import Node
+
+    uses = _uses_of(graph)
+    producer = {id(v): n for n in graph.nodes for v in n.outputs}
+    pos = {id(n): i for i, n in enumerate(graph.nodes)}
+    replace, drop = {}, set()
+    for a2 in graph.nodes:
+        if a2.name != "add" or len(a2.inputs) != 2 or not all(
+                isinstance(x, Value) for x in a2.inputs):
+            continue
+        a1 = producer.get(id(a2.inputs[0]))
+        if a1 is None or a1.name != "add" or len(a1.inputs) != 2 or \
+                len(uses.get(id(a1.outputs[0]), ())) != 1:
+            continue
+        ibs = [producer.get(id(x)) for x in list(a1.inputs) + [a2.inputs[1]]]
+        if any(n is None or n.name != "index_backward" or n.op is None
+               or n.params.get("accumulate") or len(uses.get(id(n.outputs[0]), ())) != 1
+               for n in ibs) or len({id(n) for n in ibs}) != 3:
+            continue
+        shape = tuple(ibs[0].params.get("shape", ()))
+        out = a2.outputs[0]
+        if tuple(out.shape) != shape or np.dtype(out.dtype) not in _FLOATS:
+            continue
+        cuts = [_slice_of(n.params.get("index"), shape) for n in ibs]
+        if any(c is None for c in cuts) or len({c[0] for c in cuts}) != 1:
+            continue
+        axis = cuts[0][0]
+        order = sorted(range(3), key=lambda i: cuts[i][1])
+        spans = [cuts[i][1:] for i in order]
+        if spans[0][0] != 0 or spans[-1][1] != shape[axis] or any(
+                spans[i][1] != spans[i + 1][0] for i in range(2)):
+            continue
+        gs = [n.inputs[0] for n in ibs]
+        if not all(isinstance(g, Value) and g.dtype == out.dtype and tuple(g.shape) ==
+                   shape[:axis] + (c[2] - c[1],) + shape[axis + 1:] for g, c in zip(gs, cuts)):
+            continue
+        group = ibs + [a1, a2]
+        if any(id(m) in drop or id(m) in replace for m in group):
+            continue
+        first = min(pos[id(m)] for m in group)
+        made = {id(v) for m in group for v in m.outputs} - {id(out)}
+        inside = {id(m) for m in group}
+        if any(isinstance(x, Value) and id(x) in made for n in graph.nodes[first:pos[id(a2)]]
+               if id(n) not in inside for x in n.inputs):
+            continue
+        replace[id(a2)] = Node(None, "concatenate_gradients", gs, {}, [out],
+                               impl=_concat_impl(axis, order), meta={"nodes": group})
+        drop.update(id(m) for m in group[:-1])
+    if not replace:
+        return graph
+    g2 = graph.copy()
+    g2.nodes = [replace.get(id(n), n) for n in graph.nodes if id(n) not in drop]
+    return g2

@@ -446,12 +446,21 @@ def share_attention_probabilities(graph):
     return share(graph)
 
 
+def merge_split_gradients(graph):
+    """A split's three slice gradients added into zeros as one concatenation
+    (compiler/kernels_gpt.py)."""
+    from tapegrad.compiler.kernels_gpt import merge_split_gradients as merge
+
+    return merge(graph)
+
+
 PASSES = (("simplify", simplify), ("cse", cse), ("fold_constants", fold_constants),
           ("dce", dce), ("split_linear", split_linear),
           ("fuse_cross_entropy", fuse_cross_entropy),
           ("fuse_layer_norm_backward", fuse_layer_norm_backward),
           ("fuse_softmax_backward", fuse_softmax_backward),
-          ("share_attention_probabilities", share_attention_probabilities), ("fuse", fuse))
+          ("share_attention_probabilities", share_attention_probabilities),
+          ("merge_split_gradients", merge_split_gradients), ("fuse", fuse))
 
 
 def _observed(graph, arrays):
