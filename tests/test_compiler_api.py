@@ -348,3 +348,15 @@ def test_explain_shows_inner_fallback(kind):
 def test_explain_without_inner_compiled_functions_reports_none():
     out = tg.compiler.explain(lambda x: vmap(grad(_loss))(x))(tg.ones(2, 3, dtype=tg.float64))
     assert out.inner_fallbacks == [] and "ran eagerly" not in str(out)
+
+
+def test_logs_name_argument_guards_and_inner_fallbacks(monkeypatch, capsys):
+    monkeypatch.setenv("TAPEGRAD_LOGS", "guards,breaks")
+    f = tg.compile(lambda x: (x * x).sum().backward())
+    f(tg.ones(2, dtype=tg.float64, requires_grad=True))
+    err = capsys.readouterr().err
+    assert "grad argument 0 None" in err  # the argument's .grad, named by position
+    inner = tg.compile(_loss)
+    vmap(grad(inner))(tg.ones(2, 3, dtype=tg.float64))
+    err = capsys.readouterr().err
+    assert "[tapegrad.compile breaks] _loss" in err and "(vmap)" in err

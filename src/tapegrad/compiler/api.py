@@ -269,6 +269,8 @@ class Entry:
 
 
 def _guard_label(t):
+    if type(t) is tuple:  # a place: the call's argument (by position or keyword)
+        return f"argument {t[1]!r}"
     return f"{type(t).__name__}{list(t.shape)}@{id(t) % 10007}"
 
 
@@ -345,6 +347,8 @@ class CompiledFunction:
             brk = GraphBreak(why, user_frame())
             if not any(b.reason == why for b in self.breaks):
                 self.breaks.append(brk)
+                if "breaks" in log_kinds():
+                    _log(self.__name__, "breaks", f"{brk.reason}\n    at {brk.where}")
             outer = active_tracer()
             if outer is not None:  # traced by an enclosing compile/explain: tell its report
                 outer.inner.append((self.__name__, brk))
