@@ -256,8 +256,8 @@ def test_adam_and_clip_kernels_are_eager_bitwise(monkeypatch, dtype, kind):
     assert "optimizer_step_kernel(" in src and "clip_grad_norm_kernel(" in src
     assert a == b
     for p, q in zip(em.parameters(), cm.parameters()):
-        assert np.array_equal(p.detach().numpy(), q.detach().numpy()) and np.array_equal(p.grad.numpy(),
-                                                                        q.grad.numpy())
+        assert np.array_equal(p.detach().numpy(), q.detach().numpy())
+        assert np.array_equal(p.grad.numpy(), q.grad.numpy())
         for k in ("exp_avg", "exp_avg_sq", "step"):
             assert np.array_equal(eo.state[p][k].numpy(), co.state[q][k].numpy()), k
         assert p._version[0] == q._version[0]
