@@ -65,11 +65,18 @@ def _Tensor():
     return Tensor
 
 
+_new_array = xp.ndarray.__new__
+
+
 def wrap(value, bdim, level):
     """The logical Tensor of physical ``value`` batched along ``bdim`` at ``level``."""
-    shape = tuple(value.shape)
+    shape = value._data.shape
     logical = shape[:bdim] + shape[bdim + 1:]
-    arr = xp.broadcast_to(xp.zeros((), value._data.dtype), logical).view(BatchedArray)
+    dtype = value._data.dtype
+    # what broadcast_to(zeros((), dtype), logical) gives (zero strides over one fresh zero,
+    # read-only), made directly: this runs for every op's result under vmap
+    arr = _new_array(BatchedArray, logical, dtype, xp.zeros((), dtype), 0, (0,) * len(logical))
+    arr.flags.writeable = False
     arr.value, arr.bdim, arr.level = value, bdim, level
     return registry.Tensor._make(arr)
 
@@ -233,6 +240,21 @@ _WARNED = set()
 DEFERRED = {}  # op name -> installer of its batch rule, for ops registered after _batching
 
 
+def _prepared(op, flat):
+    """Whether elementwise ``op``'s operands need no promotion or broadcast (what dispatch's
+    fast path checks: two Tensors of one dtype and shape; or one floating Tensor)."""
+    T = registry.Tensor
+    if len(flat) == 2:
+        a, b = flat
+        return (isinstance(a, T) and isinstance(b, T) and a._data.dtype is b._data.dtype
+                and a._data.shape == b._data.shape
+                and not (op.float_only and a._data.dtype.kind in "biu"))
+    if len(flat) == 1:
+        a = flat[0]
+        return isinstance(a, T) and a._data.dtype in FLOAT_NP
+    return False
+
+
 class VmapLevel(DispatchMode):
     def __init__(self, size, randomness="error"):
         self.size = size
@@ -242,10 +264,21 @@ class VmapLevel(DispatchMode):
         T = _Tensor()
         listed = bool(args) and type(args[0]) is list
         flat = args[0] if listed else args
-        if not any(unwrap(a, self)[1] is not None for a in flat) and not any(
-                unwrap(v, self)[1] is not None for v in params.values()):
+        # one pass: each operand's physical value and batch dim at this level (unwrap inlined)
+        phys, bdims = [], []
+        hit = False
+        for a in flat:
+            d = getattr(a, "_data", None)
+            if type(d) is BatchedArray and getattr(d, "level", None) is self:
+                phys.append(d.value)
+                bdims.append(d.bdim)
+                hit = True
+            else:
+                phys.append(a)
+                bdims.append(None)
+        if not hit and not any(unwrap(v, self)[1] is not None for v in params.values()):
             return op(*args, **params)
-        if op.elementwise and not listed:
+        if op.elementwise and not listed and not _prepared(op, flat):
             # promote and broadcast as dispatch would, at the logical level (through us)
             st = grad_state
             modes = st.modes
@@ -254,11 +287,11 @@ class VmapLevel(DispatchMode):
                 flat = registry._prepare_elementwise(op, list(flat))
             finally:
                 st.modes = modes
-        phys, bdims = [], []
-        for a in flat:
-            p, b = unwrap(a, self)
-            phys.append(p)
-            bdims.append(b)
+            phys, bdims = [], []
+            for a in flat:
+                p, b = unwrap(a, self)
+                phys.append(p)
+                bdims.append(b)
         pparams = params
         pbdims = {}
         for k, v in params.items():
