@@ -215,9 +215,9 @@ def _opt(T, name, params):
     return T.optim.Adam(params, lr=0.01)
 
 
-def _train_step(T, m, opt, read):
+def _train_step(T, m, opt, read, who="opt"):
     def step(x, t):
-        opt.zero_grad(set_to_none=False)
+        (opt if who == "opt" else m).zero_grad(set_to_none=False)
         loss = T.nn.functional.cross_entropy(m(x), t)
         loss.backward()
         opt.step()
@@ -226,13 +226,14 @@ def _train_step(T, m, opt, read):
     return step
 
 
+@pytest.mark.parametrize("who", ["opt", "model"])
 @pytest.mark.parametrize("read", [False, True])
 @pytest.mark.parametrize("name", ["sgd", "adam"])
-def test_zero_grad_keep_tensors_step_is_one_graph(name, read):
+def test_zero_grad_keep_tensors_step_is_one_graph(name, read, who):
     mc, me, mt = _model(tg), _model(tg), _model(torch)
     oc, oe, ot = (_opt(T, name, m.parameters()) for T, m in ((tg, mc), (tg, me), (torch, mt)))
-    f = tg.compile(_train_step(tg, mc, oc, read))
-    e, t = _train_step(tg, me, oe, read), _train_step(torch, mt, ot, read)
+    f = tg.compile(_train_step(tg, mc, oc, read, who))
+    e, t = _train_step(tg, me, oe, read, who), _train_step(torch, mt, ot, read, who)
     rng = np.random.default_rng(2)
     for _ in range(20):
         x, y = rng.standard_normal((5, 4)), rng.integers(0, 3, 5)
@@ -248,7 +249,7 @@ def test_zero_grad_keep_tensors_step_is_one_graph(name, read):
         np.testing.assert_allclose(p.grad.numpy(), r.grad.numpy(), rtol=0, atol=1e-12)
     # the first call (no grads yet) and the steady state: two graphs, no break
     assert len(f.entries) == 2 and f.n_hits == 18 and not f.breaks
-    out = tg.compiler.explain(_train_step(tg, mc, oc, read))(tg.tensor(x), tg.tensor(y))
+    out = tg.compiler.explain(_train_step(tg, mc, oc, read, who))(tg.tensor(x), tg.tensor(y))
     assert out.graph_count == 1 and out.graph_break_count == 0
 
 

@@ -1033,9 +1033,10 @@ class _TailReplay(_Replay):
             self.tv[id(p)] = (p, v)
         self.i = span[1]
 
-    def zero_grads(self, opt, original):
-        with_grad = tuple(id(p) for g in opt.param_groups for p in g["params"]
-                          if p._grad is not None)
+    def zero_grads(self, opt, original, params=None):
+        if params is None:
+            params = [p for g in opt.param_groups for p in g["params"]]
+        with_grad = tuple(id(p) for p in params if p._grad is not None)
         if not with_grad:
             return original(opt, False)  # nothing to zero (none was in the trace either)
         span = self._span("zero_grad")

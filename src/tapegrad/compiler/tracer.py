@@ -902,16 +902,20 @@ class Tracer(DispatchMode):
             self.mutated[id(p)] = p
         return None
 
-    def zero_grads(self, opt, original):
-        """``opt.zero_grad(set_to_none=False)``: each ``.grad`` that exists takes zeros, as
-        a functionalised write (a ``full`` node; a gradient from before the call is written
+    def zero_grads(self, opt, original, params=None):
+        """``opt.zero_grad(set_to_none=False)`` (``params``: ``module.zero_grad(...)``'s, which
+        replaces a gradient with a history by a detached one): each ``.grad`` that exists takes
+        zeros, as a functionalised write (a ``full`` node; a gradient from before the call is written
         back in place at the end, its version bumped, as eager's; it is guarded to exist); a
         gradient that is None stays None. The old values are never read (no graph input)."""
-        owners = [p for g in opt.param_groups for p in g["params"] if p._grad is not None]
+        module = params is not None
+        if params is None:
+            params = [p for g in opt.param_groups for p in g["params"]]
+        owners = [p for p in params if p._grad is not None]
         if self.broken or any(type(p._grad._data) is not np.ndarray for p in owners):
             return original(opt, False)
-        for g in opt.param_groups:  # a gradient that appears later needs its own graph
-            self.guards += [("grad", p, None) for p in g["params"] if p._grad is None]
+        # a gradient that appears later needs its own graph
+        self.guards += [("grad", p, None) for p in params if p._grad is None]
         if not owners:
             return None
         start = len(self.graph.nodes)
@@ -924,15 +928,18 @@ class Tracer(DispatchMode):
                 return original(opt, False)
             (v,) = self.record("full", _full, [], {"shape": d.shape, "fill": 0,
                                                    "dtype": d.dtype}, [np.zeros_like(d)])
+            if module and g.grad_fn is not None:
+                g = g.detach()
             original_one(g)
             self._bind(g, v)
+            if g is not p._grad:
+                p.grad = g
             c = self.census.get(id(g))
             if c is not None and c[0] is g:
                 self.mutated[id(g)] = g
                 self.guards.append(("grad", p, (d.shape, d.dtype)))
         self.spans[start] = ("zero_grad", len(self.graph.nodes), opt,
-                             tuple(id(p) for g in opt.param_groups for p in g["params"]
-                                   if p._grad is not None))
+                             tuple(id(p) for p in params if p._grad is not None))
         return None
 
     def python_effect(self, name, call, args):
@@ -1480,6 +1487,21 @@ def _install():
     zero_grad_hook.__name__ = "zero_grad"
     zero_grad_hook.__wrapped__ = zero_grad
     Optimizer.zero_grad = zero_grad_hook
+    from tapegrad.nn.module import Module
+
+    module_zero = Module.zero_grad
+
+    def module_zero_grad(self, set_to_none=True):
+        tr = (active() or _tail_replay()) if engine.WATCH and grad_state.modes and \
+            not set_to_none else None
+        if tr is None or type(self).zero_grad is not module_zero_grad:
+            return module_zero(self, set_to_none)
+        return tr.zero_grads(self, module_zero, list(self.parameters()))
+
+    module_zero_grad.__doc__ = module_zero.__doc__
+    module_zero_grad.__name__ = "zero_grad"
+    module_zero_grad.__wrapped__ = module_zero
+    Module.zero_grad = module_zero_grad
 
 
 def trace_call(fn, args, kwargs=None, fullgraph=False, joint=False, split_reads=False):
