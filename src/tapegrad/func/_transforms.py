@@ -115,12 +115,15 @@ def _backward(outputs, cotangents, leaves, name):
                               create_graph=create, allow_unused=True)
     else:
         grads = [None] * len(leaves)
+    # one walk over all the gradients' graphs: when none of them reaches an outer leaf, none
+    # does singly (each is detached); only otherwise is each gradient asked on its own
+    some = create and _reaches_outer([g for g in grads if g is not None], leaves)
     out = []
     for g, leaf in zip(grads, leaves):
         if g is None:
             g = zeros_like(leaf)
         elif create:
-            g = _exit(g, _reaches_outer([g], leaves))
+            g = _exit(g, some and _reaches_outer([g], leaves))
         out.append(g)
     return out
 
@@ -140,40 +143,46 @@ def grad_and_value(func, argnums=0, has_aux=False):
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
-        T = _T()
-        nums = _check_argnums(argnums, len(args), "grad_and_value")
-        with enable_grad():
-            diff = tuple(args[i] for i in nums)
-            _tree_check(diff, "grad_and_value")
-
-            def f(*d):
-                full = list(args)
-                for i, x in zip(nums, d):
-                    full[i] = x
-                return func(*full, **kwargs)
-
-            handles, leaves, out, aux = _vjp_core(f, diff, "grad_and_value", has_aux)
-            if not isinstance(out, T):
-                raise RuntimeError("grad_and_value(f)(*args): Expected f(*args) to return a "
-                                   f"Tensor, got {type(out)}")
-            if out.dim() != 0:
-                raise RuntimeError("grad_and_value(f)(*args): Expected f(*args) to return a "
-                                   f"scalar Tensor, got tensor with {out.dim()} dims. Maybe "
-                                   "you wanted to use the vjp or jacrev APIs instead?")
-            grads = _backward([out], [_ones_like(out)], leaves, "grad")
-        _retire(leaves)
-        it = iter(grads)
-        g = _tree.tree_map(lambda x: next(it) if isinstance(x, T) else x, handles)
-        if not isinstance(argnums, tuple):
-            g = g[0]
-        value = _exit(out, _reaches_outer([out], leaves))
-        if has_aux:
-            aux = _tree.tree_map(lambda x: _exit(x, _reaches_outer([x], leaves))
-                                 if isinstance(x, T) else x, aux)
-            return (g, value), aux
-        return g, value
+        return _grad_and_value(func, argnums, has_aux, args, kwargs, True)
 
     return wrapper
+
+
+def _grad_and_value(func, argnums, has_aux, args, kwargs, want_value):
+    """``grad_and_value(func, argnums, has_aux)(*args, **kwargs)``; the value is None unless
+    ``want_value`` (``grad`` drops it: no walk of its graph to decide its detach)."""
+    T = _T()
+    nums = _check_argnums(argnums, len(args), "grad_and_value")
+    with enable_grad():
+        diff = tuple(args[i] for i in nums)
+        _tree_check(diff, "grad_and_value")
+
+        def f(*d):
+            full = list(args)
+            for i, x in zip(nums, d):
+                full[i] = x
+            return func(*full, **kwargs)
+
+        handles, leaves, out, aux = _vjp_core(f, diff, "grad_and_value", has_aux)
+        if not isinstance(out, T):
+            raise RuntimeError("grad_and_value(f)(*args): Expected f(*args) to return a "
+                               f"Tensor, got {type(out)}")
+        if out.dim() != 0:
+            raise RuntimeError("grad_and_value(f)(*args): Expected f(*args) to return a "
+                               f"scalar Tensor, got tensor with {out.dim()} dims. Maybe "
+                               "you wanted to use the vjp or jacrev APIs instead?")
+        grads = _backward([out], [_ones_like(out)], leaves, "grad")
+    _retire(leaves)
+    it = iter(grads)
+    g = _tree.tree_map(lambda x: next(it) if isinstance(x, T) else x, handles)
+    if not isinstance(argnums, tuple):
+        g = g[0]
+    value = _exit(out, _reaches_outer([out], leaves)) if want_value else None
+    if has_aux:
+        aux = _tree.tree_map(lambda x: _exit(x, _reaches_outer([x], leaves))
+                             if isinstance(x, T) else x, aux)
+        return (g, value), aux
+    return g, value
 
 
 def _tree_check(tree, name):
@@ -196,7 +205,8 @@ def grad(func, argnums=0, has_aux=False):
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
-        (g, _), *aux = _split(grad_and_value(func, argnums, has_aux)(*args, **kwargs), has_aux)
+        (g, _), *aux = _split(_grad_and_value(func, argnums, has_aux, args, kwargs, False),
+                              has_aux)
         return (g, aux[0]) if has_aux else g
 
     return wrapper

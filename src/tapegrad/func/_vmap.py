@@ -472,7 +472,7 @@ def _unwrap_out(out, out_dims, level, size):
     T = _Tensor()
     outs, spec = _tree.flatten(out)
     odims = _tree.broadcast_prefix(out_dims, out, "vmap (out_dims)")
-    res = []
+    res, check = [], []
     for o, d in zip(outs, odims):
         if not isinstance(o, T):
             raise ValueError(f"vmap: `{getattr(o, '__name__', o)}` must only return Tensors, "
@@ -495,11 +495,17 @@ def _unwrap_out(out, out_dims, level, size):
             dims.insert(d, b)
             p = REGISTRY["permute"](p, dims=tuple(dims))
         if p._requires_grad:
-            from tapegrad.func._transforms import _reaches_outer
-
-            if not _reaches_outer([p], ()):
-                p = p.detach()
+            check.append(len(res))
         res.append(p)
+    if check:
+        # a result whose graph reaches no leaf of a transform still running leaves detached:
+        # one walk over all of them, each asked on its own only when some graph does reach one
+        from tapegrad.func._transforms import _reaches_outer
+
+        if _reaches_outer([res[i] for i in check], ()):
+            check = [i for i in check if not _reaches_outer([res[i]], ())]
+        for i in check:
+            res[i] = res[i].detach()
     return _tree.unflatten(res, spec)
 
 
