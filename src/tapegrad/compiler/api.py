@@ -7,8 +7,9 @@ state the function reads by reference; non-tensor arguments by value; the shapes
 the graph reads by reference; whether each gradient it reads or writes exists; grad mode;
 the training flags of the modules it can see). A hit runs the generated code; a miss traces
 again (that call runs eagerly while it is recorded, so its result is exact), up to
-``cache_size_limit`` entries per function, then the function runs eagerly with a warning. A call whose trace hits a graph break runs
-to the end eagerly; further calls with the same argument types run eagerly at once.
+``cache_size_limit`` entries per function, then the function runs eagerly with a warning.
+A call whose trace hits a graph break runs to the end eagerly; further calls with the same
+argument types run eagerly at once.
 """
 import os
 import sys
