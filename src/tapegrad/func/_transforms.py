@@ -29,6 +29,12 @@ def _enter(t):
         return REGISTRY["alias"](t)  # keeps the outer level's graph through t
     d = t.detach()  # same array: a forward level's tangent and vmap's batching stay with it
     d.requires_grad_(True)
+    if grad_state.modes:  # a leaf made inside vmap levels: they need no physical tape for it
+        from tapegrad.func._vmap import VmapLevel
+
+        for m in grad_state.modes:
+            if isinstance(m, VmapLevel):
+                m.inner[id(d)] = d
     return d
 
 

@@ -259,9 +259,31 @@ class VmapLevel(DispatchMode):
     def __init__(self, size, randomness="error"):
         self.size = size
         self.randomness = randomness
+        # id -> leaf: the handles that a reverse transform running inside this level made
+        # (func._transforms._enter). Their gradients come from the logical tape this level
+        # records; a physical op whose only operands requiring grad are such leaves needs no
+        # tape of its own (see _tapeless)
+        self.inner = {}
+
+    def _tapeless(self, phys, params):
+        """Whether the physical op on ``phys`` can run without recording: some operand requires
+        grad, and every such one is a leaf of a transform inside this level."""
+        inner = self.inner
+        seen = False
+        for p in phys:
+            if getattr(p, "_requires_grad", False):
+                if inner.get(id(p)) is not p:
+                    return False
+                seen = True
+        for p in params.values():
+            if getattr(p, "_requires_grad", False):
+                if inner.get(id(p)) is not p:
+                    return False
+                seen = True
+        return seen
 
     def interpret(self, op, args, params):
-        T = _Tensor()
+        T = registry.Tensor
         listed = bool(args) and type(args[0]) is list
         flat = args[0] if listed else args
         # one pass: each operand's physical value and batch dim at this level (unwrap inlined)
@@ -306,17 +328,15 @@ class VmapLevel(DispatchMode):
             rule = op.batch_rule
         if rule is None and op.pointwise and not pbdims:
             rule = _pointwise_rule(op)
-        out = None
-        if rule is not None and not pbdims:
-            res = rule(phys, bdims, **pparams)
-            if res is not NotImplemented:
-                out, obd = res
-        elif rule is not None and getattr(rule, "batched_params", False):
-            res = rule(phys, bdims, pbdims=pbdims, **pparams)
-            if res is not NotImplemented:
-                out, obd = res
-        if out is None:
-            out, obd = self._loop(op, listed, phys, bdims, pparams, pbdims)
+        st = grad_state
+        if self.inner and st.enabled and self._tapeless(phys, pparams):
+            st.enabled = False  # the logical Node below is the tape
+            try:
+                out, obd = self._physical(op, listed, rule, phys, bdims, pparams, pbdims)
+            finally:
+                st.enabled = True
+        else:
+            out, obd = self._physical(op, listed, rule, phys, bdims, pparams, pbdims)
         result = wrap(out, obd, self)
         if grad_state.enabled and op.differentiable and result._data.dtype in FLOAT_NP:
             for a in flat:
@@ -325,6 +345,18 @@ class VmapLevel(DispatchMode):
                     result.grad_fn = Node(op, list(flat) if listed else flat, result, params)
                     break
         return result
+
+    def _physical(self, op, listed, rule, phys, bdims, pparams, pbdims):
+        """``(out, bdim)``: the op on the physical values, by its rule or a loop."""
+        if rule is not None and not pbdims:
+            res = rule(phys, bdims, **pparams)
+            if res is not NotImplemented:
+                return res
+        elif rule is not None and getattr(rule, "batched_params", False):
+            res = rule(phys, bdims, pbdims=pbdims, **pparams)
+            if res is not NotImplemented:
+                return res
+        return self._loop(op, listed, phys, bdims, pparams, pbdims)
 
     def _loop(self, op, listed, phys, bdims, params, pbdims):
         if op.name not in _WARNED:
