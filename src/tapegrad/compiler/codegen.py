@@ -188,6 +188,13 @@ def _numba_kernel(w, n, names, kname, vals, out_expr, weak):
     rows = 1
     for d in shape[:-1]:
         rows *= d
+    pre = {}  # numpy's exp/log/tanh of an operand, one more operand (kernels.outside)
+    for k, (nid, (x, fn)) in enumerate(kernels.outside(body, vals, shape, weak).items()):
+        pre[nid] = Value(f"{x.name}_{fn}", x.shape, x.dtype)
+        buf = w.bind(f"prebuf{k}", np.empty(x.shape, x.dtype))
+        names = {**names, id(pre[nid]): f"{w.bind('outside_call', kernels.outside_call)}"
+                 f"({fn!r}, {names[id(x)]}, {buf})"}
+        vals = vals + [pre[nid]]
     mats = kernels.matrices(body, n.meta.get("contract", ()))
     kinds = [kernels.operand_kind(a, shape, weak, mats) for a in vals]
     split = len(shape) - 1  # rows: the dims before ``split``; columns: the rest
@@ -207,7 +214,7 @@ def _numba_kernel(w, n, names, kname, vals, out_expr, weak):
     src, kinds = kernels.numba_source("KERNEL", body, vals, kmain if direct else
                                       Value(main.name, (rows, cols), main.dtype),
                                       len(reduce), weak, con, n.meta.get("store", True),
-                                      kinds)
+                                      kinds, pre)
     # named after its source alone (no shapes, no value names): the same loop nest at other
     # shapes or in other graphs is the same kernel, compiled once per machine
     fname = f"k_{hashlib.sha1(src.encode()).hexdigest()[:12]}"

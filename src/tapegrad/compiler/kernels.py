@@ -26,7 +26,9 @@ numpy ufuncs do; the column sums add rows in order, as numpy's ``add.reduce`` ov
 axis of a C-contiguous array does, so they are bit-identical too. ``exp``/``log``/``tanh``
 call the C library where numpy may use its own SIMD code (AVX512F: float64 exp and log;
 float32; tanh): a group using one of them is compiled only where the two agree (probed once
-per dtype, ``libm_exact``), else it stays numpy's ufunc calls (eager's results);
+per dtype, ``libm_exact``), or where numpy can compute the call before the kernel from one of
+the group's operands (``outside``: gelu_backward's ``exp(-x*x/2)``, ``exp(x)``; the kernel
+reads the result as an operand), else it stays numpy's ufunc calls (eager's results);
 ``TAPEGRAD_COMPILE_LIBM=1`` takes the C library's anyway (within an ulp, not bitwise).
 ``erf`` (and GELU and its gradient, which eager writes with it): in float32 a polynomial
 (``erf32``, no libm call, so the loop vectorises: 1.9 vs 11.5 ns an element measured) taken
@@ -171,12 +173,49 @@ def erf32_source():
             f"    return z * {horner}\n")
 
 
-def _erf_expr(name, args, dt):
+def _erf_expr(name, args, dt, exp=None):
     c = {k: f"{dt}({v!r})" for k, v in (("c05", 0.5), ("c1", 1.0), ("cm05", -0.5),
                                        ("cs", _SQRT1_2), ("cpdf", _INV_SQRT_2PI))}
     x = args[0] if name != "gelu_backward" else args[1]
-    return ERF_OPS[name].format(*args, e0=_erf(args[0], dt),
-                                e1=_erf(f"({x} * {c['cs']})", dt), **c)
+    form = ERF_OPS[name] if exp is None else GELU_BACKWARD_EXP.replace("{e}", exp)
+    return form.format(*args, e0=_erf(args[0], dt), e1=_erf(f"({x} * {c['cs']})", dt), **c)
+
+
+# gelu_backward with ``exp((-0.5 * x) * x)`` computed by numpy before the kernel (``{e}``)
+GELU_BACKWARD_EXP = "({0} * (({c05} * ({c1} + {e1})) + ({1} * ({e} * {cpdf}))))"
+
+
+def outside(body, ins, out_shape, weak=()):
+    """The nodes of a group whose exp/log/tanh numpy computes before the numba kernel, where
+    numba's C-library call is not numpy's ufunc here (``libm_exact``) and the function's
+    argument is cheap to form from a full-shape operand ``x`` of the group: gelu_backward's
+    ``exp((-0.5 * x) * x)`` and ``exp``/``log``/``tanh`` of ``x`` itself. ``{id(node): (x,
+    function)}``; the kernel reads the result as one more full-shape operand (eager's bits:
+    the same ufunc calls on the same values)."""
+    ids = {id(a) for a in ins}
+    found = {}
+    for m in body:
+        if m.name == "gelu_backward":
+            x, fn = m.inputs[1], "gelu_exp"
+        elif m.name in LIBM:
+            x, fn = m.inputs[0], m.name
+        else:
+            continue
+        if isinstance(x, Value) and id(x) in ids and x.dtype == m.outputs[0].dtype and \
+                operand_kind(x, out_shape, weak) == "full" and \
+                not libm_exact("exp" if fn == "gelu_exp" else fn, x.dtype):
+            found[id(m)] = (x, fn)
+    return found
+
+
+def outside_call(fn, x, buf):
+    """numpy's value of ``outside``'s ``fn`` of ``x`` into ``buf`` (the kernel's own array,
+    read by the kernel call that follows): eager's ufunc calls in eager's order."""
+    if fn == "gelu_exp":  # ops.nn.gelu_backward: exp(-0.5 * x * x)
+        np.multiply(-0.5, x, out=buf)
+        np.multiply(buf, x, out=buf)
+        return np.exp(buf, out=buf)
+    return getattr(np, fn)(x, out=buf)
 
 _numba = None
 _loaded = {}  # source hash -> compiled dispatcher (one per process)
@@ -299,7 +338,8 @@ def operand_kind(a, out_shape, weak=(), mats=()):
 
 def supported(body, ins, out_shape, weak=(), contract=()):
     """Whether numba can compile this group exactly: float/bool values, known ops, each op's
-    array operands of its result's dtype (so no mixed-precision promotion is implied)."""
+    array operands of its result's dtype (so no mixed-precision promotion is implied); an
+    exp/log/tanh numba's C library would round otherwise only as ``outside`` computes it."""
     if not out_shape or any(d == 0 for d in out_shape):
         return False
     if contract and (len(out_shape) != 2 or any(
@@ -311,6 +351,7 @@ def supported(body, ins, out_shape, weak=(), contract=()):
         if operand_kind(a, out_shape, weak, mats) is None or a.dtype.kind not in "fb":
             return False
     inputs = {id(a) for a in ins}
+    pre = outside(body, ins, out_shape, weak)
     for m in body:
         out = m.outputs[0]
         if m.params and m.name != "to_dtype" and not (
@@ -329,11 +370,12 @@ def supported(body, ins, out_shape, weak=(), contract=()):
         elif m.name in ERF_OPS:
             if out.dtype not in (np.float32, np.float64):
                 return False
-            if m.name == "gelu_backward" and not libm_exact("exp", out.dtype):
+            if m.name == "gelu_backward" and not libm_exact("exp", out.dtype) and \
+                    id(m) not in pre:
                 return False  # its exp(-x*x/2)
         elif m.name not in BINARY and m.name not in UNARY:
             return False
-        elif m.name in LIBM and not libm_exact(m.name, out.dtype):
+        elif m.name in LIBM and not libm_exact(m.name, out.dtype) and id(m) not in pre:
             return False
         if out.shape not in ((), tuple(out_shape)) or out.dtype.kind not in "fb":
             return False
@@ -356,7 +398,7 @@ def _np_type(dt):
 
 
 def numba_source(fname, body, ins, out_value, n_reduce, weak=(), contract=(), store=True,
-                 kinds=None):
+                 kinds=None, pre=None):
     """The numba source of one kernel (see the module docstring) and the operand kinds.
     ``contract``: ``(matmul, permute, form, wide, narrow)`` accumulated over the rows:
     "left" ``narrow.T @ wide`` (k, C), "right" ``wide.T @ narrow`` (C, k), accumulated
@@ -365,7 +407,10 @@ def numba_source(fname, body, ins, out_value, n_reduce, weak=(), contract=(), st
     Rows are walked one at a time: a row's scalars (a small matmul's left operand, a
     contraction's narrow side) and the rows of the operands are taken once per row, and the
     accumulators are the kernel's own arrays (nothing can alias them), so LLVM vectorises
-    the column loop (1.5x measured on the fused backward kernel)."""
+    the column loop (1.5x measured on the fused backward kernel). ``pre``: ``{id(node):
+    Value}``, the operand (one of ``ins``) holding numpy's exp/log/tanh of that node
+    (``outside``)."""
+    pre = pre or {}
     shape = out_value.shape
     if kinds is None:  # (given when the result was reshaped to (rows, columns))
         kinds = [operand_kind(a, shape, weak, matrices(body, contract)) for a in ins]
@@ -461,10 +506,13 @@ def numba_source(fname, body, ins, out_value, n_reduce, weak=(), contract=(), st
             expr = f"({args[0]} if (({args[0]} >= {z}) | ({args[0]} != {args[0]})) else {z})"
         elif m.name == "to_dtype":
             expr = f"{dt}({args[0]})"
+        elif id(m) in pre and m.name in UNARY:  # numpy's exp/log/tanh, an operand
+            expr = local[id(pre[id(m)])]
         elif m.name in UNARY:
             expr = UNARY[m.name].format(*args)
         elif m.name in ERF_OPS:
-            expr = _erf_expr(m.name, args, dt)
+            expr = _erf_expr(m.name, args, dt,
+                             local[id(pre[id(m)])] if id(m) in pre else None)
         else:
             expr = BINARY[m.name].format(*args)
         t = f"t{j}"

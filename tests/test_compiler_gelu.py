@@ -1,0 +1,198 @@
+"""Compiled GELU and exp/log/tanh groups with numba, bitwise eager's (issue 9).
+
+Where numba's exp/log/tanh (the C library's) are not numpy's ufuncs on this machine
+(``kernels.libm_exact``), a fused group whose only such call is gelu_backward's
+``exp((-0.5 * x) * x)`` or ``exp``/``log``/``tanh`` of one of its full-shape operands gets that
+value from numpy before the kernel (``kernels.outside``) and does the rest in one numba pass:
+eager's bits, float64 and float32.
+"""
+import numpy as np
+import pytest
+
+import tapegrad as tg
+import tapegrad.nn.functional as F
+from tapegrad.compiler import codegen, kernels, passes
+from tapegrad.compiler.ir import Graph, Input, Node, Value
+from tapegrad.ops.registry import REGISTRY
+
+
+@pytest.fixture
+def _numba(monkeypatch):
+    pytest.importorskip("numba")
+    monkeypatch.setenv("TAPEGRAD_COMPILE_KERNELS", "numba")
+    monkeypatch.delenv("TAPEGRAD_COMPILE_LIBM", raising=False)
+
+
+def _node(g, name, ins, **params):
+    op = REGISTRY[name]
+    arrays = [np.ones(a.shape, a.dtype) if isinstance(a, Value) else a for a in ins]
+    out = np.asarray(op.forward(*arrays, **params))
+    v = g.new_value(out.shape, out.dtype)
+    g.nodes.append(Node(op, name, ins, params, [v]))
+    return v
+
+
+def _inputs(g, specs):
+    vs = []
+    for i, (shape, dtype) in enumerate(specs):
+        v = g.new_value(shape, dtype, f"a{i}")
+        g.inputs.append((v, Input("array", index=i)))
+        vs.append(v)
+    return vs
+
+
+def _same_bits(a, w):
+    """Equal as IEEE bit patterns (signs of zeros included); NaN where the other is NaN."""
+    a, w = np.asarray(a), np.asarray(w)
+    assert a.dtype == w.dtype and a.shape == w.shape
+    nan = np.isnan(w)
+    assert np.array_equal(np.isnan(a), nan)
+    it = np.int64 if a.dtype == np.float64 else np.int32
+    return np.array_equal(a[~nan].view(it), w[~nan].view(it))
+
+
+def _values(shape, dtype, seed):
+    """Normal values times 3 with the edge cases written in: signed zeros, infinities, NaN,
+    a subnormal, exp's underflow (|x| 40) and x*x's overflow (1e20, 1e200)."""
+    x = (np.random.default_rng(seed).standard_normal(shape) * 3).astype(dtype)
+    tiny = np.finfo(dtype).smallest_subnormal
+    edge = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, tiny, -tiny, 40.0, -40.0, 1e20,
+                     -1e20, 1e200 if dtype == np.float64 else 3e38], dtype)
+    x.reshape(-1)[:edge.size] = edge
+    return x
+
+
+def _run(g, arrs):
+    out = passes.fuse(g)
+    src, run = codegen.generate(out)
+    with np.errstate(all="ignore"):
+        got = run(arrs, [None] * len(g.outputs), [])
+        want = passes.evaluate(g, arrs)[0]
+    return out, src, got, want
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("shape", [(64, 33), (4, 8, 40), (1000,)])
+def test_gelu_forward_backward_chain_numba_is_eager_bitwise(_numba, dtype, shape):
+    """GELU's forward (with a bias add) and gelu_backward (gradient scaled, a bias added):
+    one numba kernel each; gelu_backward's exp is numpy's (before the kernel) where numba's
+    libm exp differs from it; every value eager's bit for bit, edge values included."""
+    g = Graph()
+    x, gr, b = _inputs(g, [(shape, dtype), (shape, dtype), (shape[-1:], dtype)])
+    ap = {"approximate": "none"}
+    fwd = _node(g, "gelu", [_node(g, "add", [x, b])], **ap)
+    bwd = _node(g, "add", [_node(g, "gelu_backward", [_node(g, "mul", [gr, 0.5]), x], **ap), b])
+    g.outputs = [fwd, bwd]
+    arrs = [_values(shape, dtype, 0), _values(shape, dtype, 1)[::-1].copy(),
+            (np.random.default_rng(2).standard_normal(shape[-1:])).astype(dtype)]
+    out, src, got, want = _run(g, arrs)
+    assert [[m.name for m in n.meta["nodes"]] for n in out.nodes] == [
+        ["add", "gelu"], ["mul", "gelu_backward", "add"]]
+    assert src.count("@njit(error_model") == 2  # both groups are numba kernels
+    outside = "outside_call('gelu_exp', " in src
+    assert outside == (not kernels.libm_exact("exp", dtype))
+    if outside:
+        assert "np.exp(" not in src.split("# mul -> gelu_backward -> add")[0].split(
+            "def k_")[-1]  # the kernel itself calls no exp
+    for a, w in zip(got, want):
+        assert _same_bits(a, w)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("fn", ["exp", "log", "tanh"])
+def test_libm_call_of_an_operand_is_numpys_before_the_kernel(_numba, dtype, fn):
+    """``fn(x) * y + 1``: numpy computes fn(x) (its own SIMD loop where numba's libm differs)
+    and the kernel the rest; bitwise eager's. Where numba's call is numpy's the kernel calls
+    it itself."""
+    g = Graph()
+    x, y = _inputs(g, [((50, 70), dtype), ((50, 70), dtype)])
+    g.outputs = [_node(g, "add", [_node(g, "mul", [_node(g, fn, [x]), y]), 1.0])]
+    xs = _values((50, 70), dtype, 3)
+    if fn == "log":
+        xs = np.abs(xs)
+    arrs = [xs, _values((50, 70), dtype, 4)]
+    out, src, got, want = _run(g, arrs)
+    assert [m.name for m in out.nodes[0].meta["nodes"]] == [fn, "mul", "add"]
+    assert src.count("@njit(error_model") == 1
+    assert (f"outside_call('{fn}', " in src) == (not kernels.libm_exact(fn, dtype))
+    assert _same_bits(got[0], want[0])
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_exp_of_an_intermediate_stays_numpys_ufunc_chain(_numba, dtype):
+    """gelu_backward of a value computed inside the group (x + b) and exp of an intermediate:
+    nothing to hand the kernel, so where numba's exp is not numpy's the group stays numpy's
+    ufunc steps; eager's values either way."""
+    g = Graph()
+    x, gr, b = _inputs(g, [((30, 20), dtype), ((30, 20), dtype), ((20,), dtype)])
+    ap = {"approximate": "none"}
+    gb = _node(g, "gelu_backward", [gr, _node(g, "add", [x, b])], **ap)
+    ex = _node(g, "exp", [_node(g, "neg", [x])])
+    g.outputs = [gb, _node(g, "mul", [ex, gr])]
+    arrs = [_values((30, 20), dtype, 5), _values((30, 20), dtype, 6),
+            np.linspace(-1, 1, 20).astype(dtype)]
+    out, src, got, want = _run(g, arrs)
+    assert "outside_call(" not in src
+    assert src.count("@njit(error_model") == 2 * kernels.libm_exact("exp", dtype)
+    for a, w in zip(got, want):
+        if kernels.libm_exact("exp", dtype):  # numba's exp (probed equal on 4096 values)
+            np.testing.assert_allclose(a, w, rtol=4 * np.finfo(dtype).eps)
+        else:
+            assert _same_bits(a, w)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_compiled_gelu_mlp_step_gradients_are_eager_bitwise(_numba, dtype):
+    """tapegrad.compile of linear -> GELU -> linear -> loss, backward: the compiled loss and
+    gradients equal eager's bit for bit over three calls (trace, then the generated code)."""
+    rng = np.random.default_rng(7)
+    w1, b1, w2 = (tg.tensor(rng.standard_normal(s).astype(dtype) * 0.5, requires_grad=True)
+                  for s in ((48, 16), (48,), (5, 48)))
+
+    def step(x):
+        w1.grad = b1.grad = w2.grad = None
+        loss = (F.linear(F.gelu(F.linear(x, w1, b1)), w2) ** 2).mean()
+        loss.backward()
+        return loss
+
+    comp = tg.compile(step)
+    for k in range(3):
+        x = tg.tensor((rng.standard_normal((6, 10, 16)) * 2).astype(dtype))
+        w1.grad = b1.grad = w2.grad = None  # (as at the trace: one guard set)
+        lc = comp(x).detach().numpy()
+        gc = [p.grad.numpy().copy() for p in (w1, b1, w2)]
+        le = step(x).detach().numpy()
+        assert _same_bits(lc, le), k
+        for a, p in zip(gc, (w1, b1, w2)):
+            assert _same_bits(a, p.grad.numpy()), k
+    assert not comp.breaks and comp.n_hits == 2
+
+
+def test_numba_compiled_gpt_step_gradients_equal_eager_float32(_numba):
+    """The char-GPT step (forward, cross-entropy, backward) compiled with numba in float32:
+    loss and every gradient eager's bitwise (gelu_backward's exp numpy's own float32 exp)."""
+    from tapegrad.bench import models as M
+
+    state, batches = M.initial_state("gpt"), M.make_data("gpt", 2)
+
+    def make():
+        S = M.Step(tg, "gpt", state, batches, np.float32)
+
+        def step(x, y):
+            loss = S.F.cross_entropy(S.model(x).view(-1, S.vocab), y)
+            S.opt.zero_grad()
+            loss.backward()
+            return loss
+        return S, step
+
+    eager, estep = make()
+    comp, cstep = make()
+    compiled = tg.compile(cstep)
+    for _ in range(4):
+        x, y = eager._batch()
+        comp._batch()
+        assert estep(x, y).item() == compiled(x, y).item()
+        ge = dict(eager.model.named_parameters())
+        for name, p in comp.model.named_parameters():
+            assert _same_bits(p.grad.numpy(), ge[name].grad.numpy()), name
+    assert not compiled.breaks and compiled.n_hits == 2
