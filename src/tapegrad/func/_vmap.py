@@ -12,8 +12,8 @@ Reverse mode inside vmap (``vmap(grad(f))``) is recorded at the logical level: t
 records a Node whose inputs are the logical Tensors, and the gradient rules, run as ops on
 Tensors, are batched in turn. A physical op whose only operands requiring grad are leaves
 made by such a transform inside the level runs untaped (``VmapLevel.inner``): nothing reads a
-physical tape there; an outer transform's leaves keep it. Nested vmaps are levels on the stack: an inner level's physical
-value is the outer level's logical one.
+physical tape there; an outer transform's leaves keep it. Nested vmaps are levels on the
+stack: an inner level's physical value is the outer level's logical one.
 
 The placeholder holds no values: computing on it (a ufunc, ``np.nonzero``) raises, as reading
 it does. Code that picks something from the values in Python (sort's order, a gradient rule's
