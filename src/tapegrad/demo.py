@@ -325,7 +325,7 @@ def roofline_table(steps=5):
     h = tapegrad.tensor(np.random.default_rng(0).standard_normal((512, 256)),
                         dtype=tapegrad.float32)
     ok = bool(spiral.rows) and bool(gpt.rows)
-    moved = []
+    moved, gained = [], False
     for name, fn, fargs in (("spiral step", trainer.step, ()), ("char-GPT step", step, args),
                             ("nanoGPT's new_gelu on (512, 256) float32", _new_gelu, (h,))):
         g = compiler.trace(fn, *fargs)
@@ -333,17 +333,18 @@ def roofline_table(steps=5):
         H.out(f"{name}: {len(g.nodes)} graph nodes, {len(kernels)} fused kernels")
         H.out(graph.fusion_table(kernels))
         # a kernel of several ops drops intermediates' bytes; a one-op kernel (a GELU the
-        # numba backend compiles on its own) keeps its intensity
+        # numba backend compiles on its own: the char-GPT's multi-op groups are now the
+        # dedicated layer-norm/softmax-backward nodes) keeps its intensity
         ok = ok and bool(kernels) and all(k.fused_intensity >= k.unfused_intensity
-                                          for k in kernels) \
-            and any(k.fused_intensity > k.unfused_intensity for k in kernels)
+                                          for k in kernels)
+        gained = gained or any(k.fused_intensity > k.unfused_intensity for k in kernels)
         moved += [f"{k.name} in the {name} ({k.unfused_bound} -> {k.fused_bound})"
                   for k in kernels if k.moved]
     H.out(f"fusion keeps the FLOPs and drops the intermediates' bytes, so intensity rises; a "
           f"kernel changes bound when it crosses the ridge ({ceilings.ridge('float64'):.2f} "
           f"FLOP/B float64, {ceilings.ridge('float32'):.2f} float32 here) or a roof call's "
           "time passes one dispatch. Moved here: " + ("; ".join(dict.fromkeys(moved)) or "none"))
-    return ok
+    return ok and gained
 
 
 def _new_gelu(x):
