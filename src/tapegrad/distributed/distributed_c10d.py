@@ -376,6 +376,10 @@ def _excepthook(exc_type, exc, tb):
                          f"{exc.failed_rank} failed\n")
         sys.stderr.flush()
         comm.Isend([b"", _MPI.BYTE], exc.failed_rank, _REPORTED_TAG)
+        # the failed rank ends the job once every rank has reported: an abort from here could
+        # kill the launcher's forwarding of what this rank just wrote; abort ourselves only if
+        # that does not come (bounded)
+        time.sleep(10.0)
     else:
         text = "".join(traceback.format_exception_only(exc_type, exc)).strip()
         text = text if len(text) <= 300 else text[:300] + " ..."
@@ -396,6 +400,7 @@ def _excepthook(exc_type, exc, tb):
                 waiting -= 1
             else:
                 time.sleep(1e-3)
+        time.sleep(0.5)  # the launcher forwards what the reporting ranks wrote before the abort
     sys.stderr.flush()
     sys.stdout.flush()
     _MPI.COMM_WORLD.Abort(1)
