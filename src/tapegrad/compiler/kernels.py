@@ -566,17 +566,9 @@ def load(fname, source):
 
 
 
-# --- softmax cross-entropy with class indices: loss, gradient and its column sums ---------
-# eager's arithmetic, op for op: numpy takes the row max, exp and log (its own SIMD loops, so
-# the values are eager's on every CPU); the kernel sums each row of exp in numpy's pairwise
-# order (``pairwise_sum``: add.reduce over a contiguous axis: 8 accumulators up to 128
-# elements, halves above), and writes the gradient ``(e / sum * keep - onehot) * (g * scale)``
-# and its column sums (rows in order, as add.reduce over axis 0) in the same pass.
-CROSS_ENTROPY = '''import numpy as np
-from numba import njit
-
-
-@njit(error_model="numpy", cache=True)
+# --- numpy's pairwise sum ------------------------------------------------------------------
+# numpy's pairwise sum as numba source, shared by the kernel modules that sum rows as eager does
+PAIRWISE = '''@njit(error_model="numpy", cache=True)
 def pairwise_block(a, lo, n):
     if n < 8:
         res = a.dtype.type(0)
@@ -633,7 +625,19 @@ def pairwise_sum(a, lo, n):
             t_lo[nt + 2], t_n[nt + 2], t_join[nt + 2] = l, m2, False
             nt += 3
     return vals[0]
+'''
 
+# --- softmax cross-entropy with class indices: loss, gradient and its column sums ---------
+# eager's arithmetic, op for op: numpy takes the row max, exp and log (its own SIMD loops, so
+# the values are eager's on every CPU); the kernel sums each row of exp in numpy's pairwise
+# order (``pairwise_sum``: add.reduce over a contiguous axis: 8 accumulators up to 128
+# elements, halves above), and writes the gradient ``(e / sum * keep - onehot) * (g * scale)``
+# and its column sums (rows in order, as add.reduce over axis 0) in the same pass.
+CROSS_ENTROPY = '''import numpy as np
+from numba import njit
+
+
+''' + PAIRWISE + '''
 
 @njit(error_model="numpy", cache=True)
 def cross_entropy_kernel(e, t, ignore_index, gs, grad, se, red, n_red):

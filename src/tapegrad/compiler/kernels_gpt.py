@@ -37,7 +37,7 @@ recursive functions: a segfault).
 """
 import numpy as np
 
-from tapegrad.compiler import op_kernels
+from tapegrad.compiler import kernels, op_kernels
 from tapegrad.compiler.ir import Value
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -63,84 +63,7 @@ SOURCE = '''import numpy as np
 from numba import njit
 
 
-@njit(error_model="numpy", cache=True)
-def _block_sum(a, lo, n):
-    """numpy's pairwise_sum (umath loops_utils) of a[lo:lo + n], n <= 128: 8 partial sums."""
-    res = a[lo]
-    if n < 8:  # (numpy starts from 0.0: only an all -0.0 run differs, in its sign)
-        for i in range(1, n):
-            res += a[lo + i]
-        return res
-    r0 = a[lo]
-    r1 = a[lo + 1]
-    r2 = a[lo + 2]
-    r3 = a[lo + 3]
-    r4 = a[lo + 4]
-    r5 = a[lo + 5]
-    r6 = a[lo + 6]
-    r7 = a[lo + 7]
-    i = 8
-    while i < n - (n % 8):
-        r0 += a[lo + i]
-        r1 += a[lo + i + 1]
-        r2 += a[lo + i + 2]
-        r3 += a[lo + i + 3]
-        r4 += a[lo + i + 4]
-        r5 += a[lo + i + 5]
-        r6 += a[lo + i + 6]
-        r7 += a[lo + i + 7]
-        i += 8
-    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
-    while i < n:
-        res += a[lo + i]
-        i += 1
-    return res
-
-
-@njit(error_model="numpy", cache=True)
-def pairwise_sum(a, lo, n):
-    """numpy's pairwise_sum of a[lo:lo + n]: above 128, the halves (the first a multiple of
-    8) summed alike and added. Its recursion walked with explicit stacks (numba's cache
-    does not load recursive functions)."""
-    if n <= 128:
-        return _block_sum(a, lo, n)
-    f_lo = np.empty(64, np.int64)
-    f_n = np.empty(64, np.int64)
-    f_st = np.empty(64, np.int64)
-    vals = np.empty(64, a.dtype)
-    sp = 1
-    vp = 0
-    f_lo[0] = lo
-    f_n[0] = n
-    f_st[0] = 0
-    while sp > 0:
-        t = sp - 1
-        m = f_n[t]
-        if m <= 128:
-            vals[vp] = _block_sum(a, f_lo[t], m)
-            vp += 1
-            sp -= 1
-            continue
-        n2 = m // 2
-        n2 -= n2 % 8
-        if f_st[t] == 0:
-            f_st[t] = 1
-            f_lo[sp] = f_lo[t]
-            f_n[sp] = n2
-            f_st[sp] = 0
-            sp += 1
-        elif f_st[t] == 1:
-            f_st[t] = 2
-            f_lo[sp] = f_lo[t] + n2
-            f_n[sp] = m - n2
-            f_st[sp] = 0
-            sp += 1
-        else:
-            vals[vp - 2] = vals[vp - 2] + vals[vp - 1]
-            vp -= 1
-            sp -= 1
-    return vals[0]
-
+''' + kernels.PAIRWISE + '''
 
 @njit(error_model="numpy", cache=True)
 def layer_norm_rows(x, w, b, eps, has_w, has_b, out, xc):
