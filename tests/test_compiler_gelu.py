@@ -166,33 +166,3 @@ def test_compiled_gelu_mlp_step_gradients_are_eager_bitwise(_numba, dtype):
         for a, p in zip(gc, (w1, b1, w2)):
             assert _same_bits(a, p.grad.numpy()), k
     assert not comp.breaks and comp.n_hits == 2
-
-
-def test_numba_compiled_gpt_step_gradients_equal_eager_float32(_numba):
-    """The char-GPT step (forward, cross-entropy, backward) compiled with numba in float32:
-    loss and every gradient eager's bitwise (gelu_backward's exp numpy's own float32 exp)."""
-    from tapegrad.bench import models as M
-
-    state, batches = M.initial_state("gpt"), M.make_data("gpt", 2)
-
-    def make():
-        S = M.Step(tg, "gpt", state, batches, np.float32)
-
-        def step(x, y):
-            loss = S.F.cross_entropy(S.model(x).view(-1, S.vocab), y)
-            S.opt.zero_grad()
-            loss.backward()
-            return loss
-        return S, step
-
-    eager, estep = make()
-    comp, cstep = make()
-    compiled = tg.compile(cstep)
-    for _ in range(4):
-        x, y = eager._batch()
-        comp._batch()
-        assert estep(x, y).item() == compiled(x, y).item()
-        ge = dict(eager.model.named_parameters())
-        for name, p in comp.model.named_parameters():
-            assert _same_bits(p.grad.numpy(), ge[name].grad.numpy()), name
-    assert not compiled.breaks and compiled.n_hits == 2
