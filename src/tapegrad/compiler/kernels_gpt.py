@@ -37,7 +37,7 @@ recursive functions: a segfault).
 """
 import numpy as np
 
-from tapegrad.compiler import kernels, op_kernels
+from tapegrad.compiler import kernels, op_kernels, passes
 from tapegrad.compiler.ir import Value
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -647,11 +647,7 @@ def fuse_layer_norm_backward(graph):
                      meta={"nodes": nodes})
         replace[id(nodes[-1])] = fused
         drop.update(id(m) for m in nodes[:-1])
-    if not replace:
-        return graph
-    g2 = graph.copy()
-    g2.nodes = [replace.get(id(n), n) for n in graph.nodes if id(n) not in drop]
-    return g2
+    return passes.replace_nodes(graph, replace, drop)
 
 
 @op_kernels.register("layer_norm_backward")
@@ -765,11 +761,7 @@ def fuse_softmax_backward(graph):
                                impl=_softmax_backward_impl(group, gp, p, out),
                                meta={"nodes": group})
         drop.update(id(m) for m in group[:-1])
-    if not replace:
-        return graph
-    g2 = graph.copy()
-    g2.nodes = [replace.get(id(n), n) for n in graph.nodes if id(n) not in drop]
-    return g2
+    return passes.replace_nodes(graph, replace, drop)
 
 
 @op_kernels.register("softmax_backward")
@@ -883,11 +875,7 @@ def share_attention_probabilities(graph):
                               impl=_attention_probs_impl(f, found, p_val),
                               meta={"forward": f, "nodes": found})
         drop.update(id(m) for m in found[1:])  # the permute stays (other readers, a view)
-    if not replace:
-        return graph
-    g2 = graph.copy()
-    g2.nodes = [replace.get(id(n), n) for n in graph.nodes if id(n) not in drop]
-    return g2
+    return passes.replace_nodes(graph, replace, drop)
 
 
 @op_kernels.register("scaled_dot_product_attention_probs")
@@ -1010,8 +998,4 @@ def merge_split_gradients(graph):
         replace[id(a2)] = Node(None, "concatenate_gradients", gs, {}, [out],
                                impl=_concat_impl(axis, order), meta={"nodes": group})
         drop.update(id(m) for m in group[:-1])
-    if not replace:
-        return graph
-    g2 = graph.copy()
-    g2.nodes = [replace.get(id(n), n) for n in graph.nodes if id(n) not in drop]
-    return g2
+    return passes.replace_nodes(graph, replace, drop)

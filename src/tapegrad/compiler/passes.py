@@ -407,6 +407,12 @@ def fuse_cross_entropy(graph):
         replace[id(f)] = fused
         drop.add(id(n))
         drop.update(id(m) for m in sums)
+    return replace_nodes(graph, replace, drop)
+
+
+def replace_nodes(graph, replace, drop):
+    """``graph`` with each node whose id is in ``replace`` swapped for its new node and the
+    nodes in ``drop`` gone (a fusing pass's last step); ``graph`` itself if nothing changes."""
     if not replace:
         return graph
     g = graph.copy()
