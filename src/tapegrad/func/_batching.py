@@ -732,36 +732,32 @@ def _merge_front(t):
     return R["reshape"](t, shape=(shape[0] * shape[1],) + shape[2:])
 
 
+def _conv_with_weight(name, args, bdims, groups, kw):
+    """conv2d / conv2d_input of an image-like ``a`` and weights ``w``: an unbatched ``w``
+    folds the batch into N; per-example weights go into channel groups."""
+    a, w = args
+    ba, bw = bdims
+    if bw is None:
+        a = move_to_front(a, ba)
+        b = a.shape[0]
+        return _unfold(R[name](_fold(a, b), w, groups=groups, **kw), b), 0
+    b = w.shape[bw]
+    a = move_to_front(a, ba) if ba is not None else expand_batch(a, b)
+    out = R[name](_into_channels(a, b), _merge_front(move_to_front(w, bw)),
+                  groups=groups * b, **kw)
+    return _from_channels(out, b), 1
+
+
 @R["conv2d"].batch
 def _(args, bdims, stride, padding, dilation, groups, out_size=None):
-    x, w = args
-    bx, bw = bdims
-    kw = dict(stride=stride, padding=padding, dilation=dilation, out_size=out_size)
-    if bw is None:
-        x = move_to_front(x, bx)
-        size = x.shape[0]
-        return _unfold(R["conv2d"](_fold(x, size), w, groups=groups, **kw), size), 0
-    size = w.shape[bw]
-    x = move_to_front(x, bx) if bx is not None else expand_batch(x, size)
-    out = R["conv2d"](_into_channels(x, size), _merge_front(move_to_front(w, bw)),
-                      groups=groups * size, **kw)
-    return _from_channels(out, size), 1
+    return _conv_with_weight("conv2d", args, bdims, groups, dict(
+        stride=stride, padding=padding, dilation=dilation, out_size=out_size))
 
 
 @R["conv2d_input"].batch
 def _(args, bdims, size, stride, padding, dilation, groups):
-    g, w = args
-    bg, bw = bdims
-    kw = dict(size=size, stride=stride, padding=padding, dilation=dilation)
-    if bw is None:
-        g = move_to_front(g, bg)
-        b = g.shape[0]
-        return _unfold(R["conv2d_input"](_fold(g, b), w, groups=groups, **kw), b), 0
-    b = w.shape[bw]
-    g = move_to_front(g, bg) if bg is not None else expand_batch(g, b)
-    out = R["conv2d_input"](_into_channels(g, b), _merge_front(move_to_front(w, bw)),
-                            groups=groups * b, **kw)
-    return _from_channels(out, b), 1
+    return _conv_with_weight("conv2d_input", args, bdims, groups, dict(
+        size=size, stride=stride, padding=padding, dilation=dilation))
 
 
 @R["conv2d_weight"].batch
