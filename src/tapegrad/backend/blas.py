@@ -10,9 +10,11 @@ opened with ``RTLD_NOLOAD``: a library numpy has not loaded is never loaded here
 such library is found (numpy on MKL or Accelerate) the calls below do nothing and say so.
 
 ``matmul`` is ``xp.matmul`` with PyTorch's intra-op grain size: a product too small to
-gain from a second thread runs with the BLAS at one thread (see ``SERIAL_WORK``).
+gain from a second thread runs with the BLAS at one thread (see ``SERIAL_WORK``); a stack
+of matrices times one matrix is one GEMM over the stack's rows.
 """
 import ctypes
+import math
 import os
 import threading
 
@@ -145,6 +147,13 @@ def matmul(a, b):
         # bfloat16/float16: a float32 GEMM rounded once, as PyTorch's CPU kernels accumulate
         # (numpy's bfloat16 matmul returns float32; its float16 one has no BLAS)
         return matmul(a.astype(xp.float32), b.astype(xp.float32)).astype(a.dtype)
+    if a.ndim > 2 and b.ndim == 2:
+        # one 2-D GEMM over the leading dims: numpy runs a stacked product as one GEMM per
+        # leading index (at (16, 32, 256) @ (256, 64): 1.25x slower in float64, 1.7x in
+        # float32); the same bits, each output row being the same dot products
+        lead = a.shape[:-1]
+        rows = a.reshape(math.prod(lead), a.shape[-1])
+        return matmul(rows, b).reshape(*lead, b.shape[-1])
     # a.size * n bounds the per-product work from above: the common tiny product pays one
     # multiply, not _work's shape reads
     if a.size * b.shape[-1] <= OPENBLAS_SERIAL_WORK or LIBRARY is None \

@@ -33,11 +33,7 @@ def _mean_keep(a, dims, n):
 @op(flops=2, needs=True, fused=True, uses=((1,), (0,), ()))
 def linear(x, w, b=None):
     """``x @ w.T + b``; fused so the rule needs no transposed copy and sums the bias once."""
-    if x.ndim > 2:  # one 2-D GEMM: numpy's stacked matmul against w.T is 2-5x slower
-        lead = x.shape[:-1]
-        out = blas_matmul(x.reshape(math.prod(lead), x.shape[-1]), w.T).reshape(*lead, w.shape[0])
-    else:
-        out = blas_matmul(x, w.T)
+    out = blas_matmul(x, w.T)  # a stack of rows: one 2-D GEMM (backend.blas.matmul)
     if b is not None:
         out += b
     return out
