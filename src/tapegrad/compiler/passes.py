@@ -20,8 +20,8 @@ POINTWISE = frozenset(set(UFUNCS) | set(UNARY_WITH_CONST) | {
     "erf", "softplus", "silu", "gelu", "gelu_backward", "square"})
 
 
-# kept as a one-node kernel even when nothing fuses with them: numba's ``math.erf`` loop
-# beats eager's (GELU between two linears in the char GPT)
+# kept as a one-node kernel even when nothing fuses with them: numba's erf loop beats
+# eager's (GELU between two linears in the char GPT)
 ALONE = frozenset({"erf", "gelu", "gelu_backward"})
 
 
@@ -175,6 +175,16 @@ def small_k_matmul(n):
             and a.dtype.kind == "f")
 
 
+def _erf64_argument(m):
+    """The Value a float64 erf (GELU, its gradient) of a numba kernel takes erf of: the
+    kernel reads numpy's ``exp`` of it computed before the kernel from an operand
+    (``kernels.outside``), so it is a group's input, never a value made inside the group."""
+    if m.name not in ("erf", "gelu", "gelu_backward") or m.outputs[0].dtype != np.float64 \
+            or kernels.backend() != "numba":
+        return None
+    return m.inputs[1] if m.name == "gelu_backward" else m.inputs[0]
+
+
 def fuse(graph):
     """Fusion of pointwise chains (and trees) into single kernels: a pointwise node whose only
     reader is the next pointwise node of the same shape joins that node's group, unless an
@@ -207,7 +217,7 @@ def fuse(graph):
         m = reader.get(id(out))
         if m is None or uses.get(id(out), 0) != 1 or not pointwise(m) or m.name == "matmul":
             continue  # a matmul reads whole rows and columns: only its own inputs feed it
-        if m.outputs[0].shape != out.shape:
+        if m.outputs[0].shape != out.shape or _erf64_argument(m) is out:
             continue
         lo, hi = pos[id(n)], pos[id(m)]
         if any(lo < e < hi for e in effects):

@@ -12,13 +12,8 @@ from tapegrad import dtypes
 from tapegrad.ops import registry
 from tapegrad.ops.registry import op, xp
 from tapegrad.backend import DEVICE_TYPES, backend_of
+from tapegrad.ops.error_function import erf64
 
-try:  # scipy is an optional speed-up for erf, never a run-time dependency
-    from scipy.special import erf as _erf_array
-except ImportError:  # pragma: no cover - exercised by tests that hide scipy
-    _erf_array = None
-
-_math_erf = xp.frompyfunc(math.erf, 1, 1)
 
 
 def np_dtype(d):
@@ -413,18 +408,14 @@ def _(g, out, a):
     return g * out * (1 - out)
 
 
-def _erf_fallback(a):
-    return _math_erf(a).astype(xp.float64)
-
-
 @op(flops=20, float_only=True, pointwise=True)
 def erf(a):
-    """As ``torch.erf``: the error function (scipy when importable, else ``math.erf``)."""
+    """As ``torch.erf``: tapegrad's float64 error function (``ops.error_function``: Cephes'
+    formulas as array operations), rounded once to the input's dtype."""
     a = _floating(a)
     if type(a) is not xp.ndarray and a.dtype.kind == "f" and type(a) in DEVICE_TYPES:
         return backend_of(a).special.erf(a).astype(a.dtype, copy=False)  # cupyx.scipy.special
-    out = _erf_array(a) if _erf_array is not None else _erf_fallback(a)
-    return xp.asarray(out).astype(a.dtype, copy=False)
+    return erf64(a).astype(a.dtype, copy=False)
 
 
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
