@@ -11,7 +11,7 @@ such library is found (numpy on MKL or Accelerate) the calls below do nothing an
 
 ``matmul`` is ``xp.matmul`` with PyTorch's intra-op grain size: a product too small to
 gain from a second thread runs with the BLAS at one thread (see ``SERIAL_WORK``); a stack
-of matrices times one matrix is one GEMM over the stack's rows.
+of matrices times one transposed matrix is one GEMM over the stack's rows.
 """
 import ctypes
 import math
@@ -147,10 +147,13 @@ def matmul(a, b):
         # bfloat16/float16: a float32 GEMM rounded once, as PyTorch's CPU kernels accumulate
         # (numpy's bfloat16 matmul returns float32; its float16 one has no BLAS)
         return matmul(a.astype(xp.float32), b.astype(xp.float32)).astype(a.dtype)
-    if a.ndim > 2 and b.ndim == 2:
-        # one 2-D GEMM over the leading dims: numpy runs a stacked product as one GEMM per
-        # leading index (at (16, 32, 256) @ (256, 64): 1.25x slower in float64, 1.7x in
-        # float32); the same bits, each output row being the same dot products
+    if a.ndim > 2 and b.ndim == 2 and not b.flags.c_contiguous:
+        # a stack times a transposed matrix (linear's x @ w.T): one 2-D GEMM over the
+        # stack's rows. numpy's stacked product against a non-contiguous matrix is 1.2-1.7x
+        # slower (float64/float32, (16, 32, K) @ (K, N) for K, N in 64..256), while against
+        # a contiguous one its GEMM per leading index is 1.1-1.2x *faster* than the single
+        # GEMM here (OpenBLAS 0.3.31), so that case is left to numpy. The same bits either
+        # way: each output row is the same dot products
         lead = a.shape[:-1]
         rows = a.reshape(math.prod(lead), a.shape[-1])
         return matmul(rows, b).reshape(*lead, b.shape[-1])
