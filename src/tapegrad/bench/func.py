@@ -5,7 +5,8 @@
    against ``torch.func.vmap(torch.func.grad)`` (targets: >= 20x the loop, >= 1x torch.func).
 2. ``jvp`` of the MLP's forward against the forward alone (target: <= 1.5x), two ways: a
    tangent for every weight, and the common directional derivative (a tangent for the input
-   only); PyTorch's ratios; tapegrad's ``jvp`` under ``tapegrad.compile``; and the same
+   only); PyTorch's ratios; tapegrad's ``jvp`` under ``tapegrad.compile``, against the
+   forward under ``tapegrad.compile`` (and against the eager forward); and the same
    arithmetic written by hand in numpy (the floor: what the tangent's own matmuls cost).
 3. ``hvp`` (forward-over-reverse, ``jvp(grad(loss))``) against one gradient
    (target: <= 3x), and PyTorch's ratio (torch.func.jvp over torch.func.grad).
@@ -161,16 +162,27 @@ def run(batch=256, rounds=15, threads=None, parts=("vmap", "jvp")):
         fn, out, out_x = s["fn"], s["out"], s["out_x"]
         compiled = tapegrad.compile(lambda p, v: fn.jvp(out, (p,), (v,)))
         compiled_x = tapegrad.compile(lambda x, t: fn.jvp(out_x, (x,), (t,)))
+        # the compiled forward each compiled jvp is set against (the same function, traced)
+        compiled_fwd = tapegrad.compile(lambda p: out(p))
+        compiled_fwd_x = tapegrad.compile(lambda x: out_x(x))
         eager = fn.jvp(out, (s["params"],), (s["v"],))[1]
         eager_x = fn.jvp(out_x, (s["xf"],), (s["vx"],))[1]
+        forward = out(s["params"])
         for _ in range(2):  # the second call replays the traced graph
             checks["compile(jvp) vs jvp"] = _max_diff(compiled(s["params"], s["v"])[1], eager)
             checks["compile(jvp input) vs jvp"] = _max_diff(compiled_x(s["xf"], s["vx"])[1],
                                                             eager_x)
+            checks["compile(forward) vs forward"] = max(
+                _max_diff(compiled_fwd(s["params"]), forward),
+                _max_diff(compiled_fwd_x(s["xf"]), forward))
         cases[("tapegrad", "compile jvp")] = H.Case(
             "tapegrad compile(jvp)", lambda: compiled(s["params"], s["v"]), 1)
         cases[("tapegrad", "compile jvp input")] = H.Case(
             "tapegrad compile(jvp input)", lambda: compiled_x(s["xf"], s["vx"]), 1)
+        cases[("tapegrad", "compile forward")] = H.Case(
+            "tapegrad compile(forward)", lambda: compiled_fwd(s["params"]), 1)
+        cases[("tapegrad", "compile forward input")] = H.Case(
+            "tapegrad compile(forward), input", lambda: compiled_fwd_x(s["xf"]), 1)
         arrays = {k: t.numpy() for k, t in s["params"].items()}
         tangents = {k: t.numpy() for k, t in s["v"].items()}
         np_forward, np_jvp, np_jvp_x = numpy_fns(X, arrays, tangents, s["vx"].numpy())
@@ -224,11 +236,16 @@ def report(med, checks, with_torch, batch):
         for case, what in (("jvp", "every weight"), ("jvp input", "the input only")):
             for compiled in ((False, True) if name == "tapegrad" else (False,)):
                 key = (name, "compile " + case if compiled else case)
+                # compiled: against compile(forward) of the same function (and, last column,
+                # against the eager forward); eager: against the eager forward
+                fwd = (name, {"jvp": "compile forward", "jvp input": "compile forward input"}[
+                    case] if compiled else "forward")
                 rows.append([f"{label}{' compile(jvp)' if compiled else ''}, {what}",
-                             _us(med, (name, "forward")), _us(med, key),
+                             f"{'compile ' if compiled else ''}{_us(med, fwd)}",
+                             _us(med, key), f"{med[key] / med[fwd]:.2f}x",
                              f"{med[key] / med[(name, 'forward')]:.2f}x"])
     lines.append(H.table(rows, ["jvp, spiral MLP, 512 points: tangent for", "forward us",
-                                "jvp us", "jvp/forward"]))
+                                "jvp us", "jvp/forward", "jvp/eager forward"]))
     lines.append("")
     rows = []
     for name in ("tapegrad", "torch") if with_torch else ("tapegrad",):
