@@ -136,16 +136,33 @@ class ForwardLevel(DispatchMode):
         finally:
             st.modes = modes
 
+    def _tangents(self, flat):
+        """``[self.tangent(a) for a in flat]``, or None when no input has a tangent."""
+        found = None
+        get = self.tangents.get
+        for i, a in enumerate(flat):
+            if isinstance(a, Tensor):
+                e = get(id(a._data))
+                if e is not None and e[0] is a._data:
+                    t = e[1] if e[2][0] == e[3] else self._refreshed(a)
+                    if t is not None:
+                        if found is None:
+                            found = [None] * len(flat)
+                        found[i] = t
+        return found
+
     def interpret(self, op, args, params):
         listed = bool(args) and type(args[0]) is list
         flat = args[0] if listed else args
-        tangents = [self.tangent(a) for a in flat]
-        if not op.differentiable or all(t is None for t in tangents):
+        tangents = self._tangents(flat)
+        # no mode below, no watcher (WATCH holding this level alone is the common case)
+        alone = not grad_state.modes and (len(WATCH) == 1 or not _watched())
+        if tangents is None or not op.differentiable:
             if not self.outer and grad_state.enabled:
                 for a in flat:  # its output counts as inside only if its inputs do
                     if isinstance(a, Tensor) and a._requires_grad and not self._inner(a):
                         break
-            return op(*args, **params)
+            return _eager(op, args, params) if alone else op(*args, **params)
         if op.elementwise and not listed and not (
                 len(flat) == 2 and isinstance(flat[0], Tensor) and isinstance(flat[1], Tensor)
                 and flat[0]._data.dtype is flat[1]._data.dtype
@@ -161,7 +178,6 @@ class ForwardLevel(DispatchMode):
             finally:
                 st.modes = modes
             tangents = [self.tangent(a) for a in flat]
-        alone = not grad_state.modes and not _watched()  # no mode below, no watcher
         out = _eager(op, args, params) if alone else op(*args, **params)
         if not isinstance(out, Tensor) or out._data.dtype not in FLOAT_NP:
             return out

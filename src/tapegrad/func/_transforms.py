@@ -13,14 +13,12 @@ import weakref
 from tapegrad.autograd.engine import leaves_below
 from tapegrad.autograd.grad_mode import enable_grad, state as grad_state
 from tapegrad.func import _tree
-from tapegrad.func._forward import ForwardLevel, aliases
+from tapegrad.func._forward import ForwardLevel, _tensor_cls, aliases
 from tapegrad.ops.registry import REGISTRY
 
 
 def _T():
-    from tapegrad.tensor import Tensor
-
-    return Tensor
+    return _tensor_cls()  # tapegrad.tensor.Tensor (an import cycle), imported once
 
 
 def _enter(t):
@@ -266,8 +264,8 @@ def jvp(func, primals, tangents, *, strict=False, has_aux=False):
     if not isinstance(primals, tuple) or not isinstance(tangents, tuple):
         raise RuntimeError("jvp(f, primals, tangents): Expected primals and tangents to be "
                            "tuples")
-    p_flat, p_spec = _tree.flatten(primals)
-    t_flat, t_spec = _tree.flatten(tangents)
+    p_flat, p_spec = _flatten_args(primals, T)
+    t_flat, _ = _flatten_args(tangents, T)
     if len(p_flat) != len(t_flat):
         raise RuntimeError("jvp(f, primals, tangents): Expected primals and tangents to have "
                            "the same python structure")
@@ -279,20 +277,20 @@ def jvp(func, primals, tangents, *, strict=False, has_aux=False):
             raise RuntimeError(f"jvp(f, primals, tangents): Expected primals and tangents to "
                                f"have the same shape, got {tuple(p.shape)} and "
                                f"{tuple(t.shape)}")
+    duals = aliases(p_flat)  # by the mode below: the level is not open yet
     level = ForwardLevel(private=True)  # its tangents are seen only when it returns
     with level:
-        duals = level.below(aliases, p_flat)
         for d, p, t in zip(duals, p_flat, t_flat):
             level.set_tangent(d, t.to(p.dtype) if t._data.dtype != p._data.dtype else t)
         level.seal()
-        out = func(*_tree.unflatten(duals, p_spec))
+        out = func(*(duals if p_spec is None else _tree.unflatten(duals, p_spec)))
         aux = None
         if has_aux:
             if not (isinstance(out, tuple) and len(out) == 2):
                 raise RuntimeError("jvp(f, primals, tangents): output of function f should be "
                                    "a tuple: (output, aux) if has_aux is True")
             out, aux = out
-        outs, spec = _tree.flatten(out)
+        outs, spec = ([out], None) if isinstance(out, T) else _tree.flatten(out)
         touts = []
         for o in outs:
             if not isinstance(o, T):
@@ -303,8 +301,20 @@ def jvp(func, primals, tangents, *, strict=False, has_aux=False):
     level.tangents.clear()
     outs = [_exit(o, o._requires_grad and _reaches_outer([o], ())) for o in outs]
     touts = [_exit(t, t._requires_grad and _reaches_outer([t], ())) for t in touts]
-    res = (_tree.unflatten(outs, spec), _tree.unflatten(touts, spec))
+    if spec is None:  # one Tensor out (what _tree.unflatten gives back for it)
+        res = (outs[0], touts[0])
+    else:
+        res = (_tree.unflatten(outs, spec), _tree.unflatten(touts, spec))
     return res + (aux,) if has_aux else res
+
+
+def _flatten_args(args, T):
+    """``_tree.flatten(args)`` of a tuple; ``(list(args), None)`` when it holds only Tensors
+    (the same leaves, no walk: the call takes them as they are)."""
+    for a in args:
+        if not isinstance(a, T):
+            return _tree.flatten(args)
+    return list(args), None
 
 
 def _zeros_like(t):
