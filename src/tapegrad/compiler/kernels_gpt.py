@@ -54,7 +54,8 @@ def _kernels():
         mod = sys.modules[kernels.load("attention_shift", SOURCE).py_func.__module__]
         for name in ("layer_norm_rows", "softmax_shift", "softmax_norm", "attention_shift",
                      "adam_update", "embedding_rows", "layer_norm_backward_rows",
-                     "softmax_backward_rows"):
+                     "softmax_backward_rows", "adam_count_steps", "adam_params",
+                     "clip_grads"):
             _K[name] = getattr(mod, name)
     return _K
 
@@ -176,6 +177,64 @@ def adam_update(p, g, m, v, c, flags):
         p[i] = pi + (mi * neg_step) / d
         m[i] = mi
         v[i] = vi
+
+
+@njit(error_model="numpy", cache=True)
+def adam_count_steps(steps, out, ps, gs):
+    """steps[i] += 1 in its own dtype (eager's ``step_t += 1`` on each 0-d step); out[i]:
+    the new count, as a float64. First: the index of a gradient whose size is not its
+    parameter's (nothing counted), else -1."""
+    for i in range(len(ps)):
+        if gs[i].shape[0] != ps[i].shape[0]:
+            return i
+    for i in range(len(steps)):
+        s = steps[i]
+        s[()] = s[()] + s.dtype.type(1)
+        out[i] = s[()]
+    return -1
+
+
+@njit(error_model="numpy", cache=True)
+def adam_params(ps, gs, ms, vs, rows, c, flags):
+    """adam_update over every parameter of one call (tuples of flat C-contiguous arrays of
+    one dtype); parameter i takes the constants of its group and step, c[rows[i]] and
+    flags[rows[i]]."""
+    for i in range(len(ps)):
+        r = rows[i]
+        adam_update(ps[i], gs[i], ms[i], vs[i], c[r], flags[r])
+
+
+@njit(error_model="numpy", cache=True)
+def clip_grads(gs, outs, max_norm, tiny, total):
+    """clip_grad_norm_ (2-norm) over flat C-contiguous gradients of one dtype: each one's
+    norm (the square root of numpy's pairwise sum of its squares, as eager's
+    ``sqrt((a * a).sum())``), the norm of those norms, coef = min(max_norm / (total + tiny),
+    1) (numpy's minimum: NaN wins), outs[i] = gs[i] * coef; total[()] = the total norm."""
+    n = len(gs)
+    size = n
+    for i in range(n):
+        size = max(size, gs[i].shape[0])
+    sq = np.empty(size, total.dtype)
+    norms = np.empty(n, total.dtype)
+    for i in range(n):
+        g = gs[i]
+        k = g.shape[0]
+        for j in range(k):
+            sq[j] = g[j] * g[j]
+        norms[i] = np.sqrt(pairwise_sum(sq, 0, k))
+    for i in range(n):
+        sq[i] = norms[i] * norms[i]
+    t = np.sqrt(pairwise_sum(sq, 0, n))
+    total[()] = t
+    coef = max_norm / (t + tiny)
+    one = total.dtype.type(1)
+    if not (coef <= one or coef != coef):
+        coef = one
+    for i in range(n):
+        g = gs[i]
+        o = outs[i]
+        for j in range(g.shape[0]):
+            o[j] = g[j] * coef
 
 
 @njit(error_model="numpy", cache=True)
@@ -390,61 +449,102 @@ def adam_factory(node):
         if not isinstance(a, Value) or not isinstance(gv, Value) or \
                 np.dtype(a.dtype) not in _FLOATS or gv.dtype != a.dtype or gv.shape != a.shape:
             return None
-    update = _kernels()["adam_update"]
+    count, update = _kernels()["adam_count_steps"], _kernels()["adam_params"]
     impl = node.impl
-    owner = {}  # id(param array) -> (param, group), rebuilt when a parameter array is new
+    plan = [None]
 
-    def _lookup(arrays):
-        found = []
-        for a in arrays:
+    def _build(arrays):
+        """The call's parameters, state arrays and groups, checked once (the kernel's
+        conditions) and kept while they stay the same objects, or None where the kernel
+        does not serve the call. The parameters go in buckets of one dtype (parameter's,
+        step's), each one numba call over tuples of flat views."""
+        owner = {id(p._data): (p, gi) for gi, g in enumerate(opt.param_groups)
+                 for p in g["params"]}
+        entries, buckets = [], {}
+        for i, a in enumerate(arrays):
             hit = owner.get(id(a))
             if hit is None or hit[0]._data is not a:
-                owner.clear()
-                owner.update({id(p._data): (p, g) for g in opt.param_groups
-                              for p in g["params"]})
-                hit = owner.get(id(a))
-                if hit is None or hit[0]._data is not a:
-                    return None
-            found.append(hit)
-        return found
+                return None
+            p, gi = hit
+            st = opt.state.get(p)
+            if not st or set(st) != {"step", "exp_avg", "exp_avg_sq"}:
+                return None
+            m, v, s = st["exp_avg"]._data, st["exp_avg_sq"]._data, st["step"]._data
+            if a.dtype not in _FLOATS or not all(
+                    x.dtype == a.dtype and x.flags.c_contiguous and x.shape == a.shape
+                    for x in (a, m, v)) or s.shape != () or s.dtype not in _FLOATS:
+                return None
+            entries.append((p, st, m, v, s))
+            buckets.setdefault((a.dtype, s.dtype), []).append((i, gi))
+        groups = list(opt.param_groups)
+        made = []
+        for (dt, _), members in buckets.items():
+            idx = [i for i, _ in members]
+            gis = [gi for _, gi in members]
+            used = sorted(set(gis))  # the bucket's groups, a row of constants each
+            local = [used.index(gi) for gi in gis]
+            made.append((dt, idx, tuple(entries[i][0]._data.reshape(-1) for i in idx),
+                         tuple(entries[i][2].reshape(-1) for i in idx),
+                         tuple(entries[i][3].reshape(-1) for i in idx),
+                         tuple(entries[i][4] for i in idx), [groups[gi] for gi in used],
+                         local, np.array(local, np.int64)))
+        return (tuple(arrays), groups, entries, made,
+                tuple(e[0] for e in entries), len(made) == 1 and made[0][1] == list(
+                    range(len(arrays))))
+
+    def _valid(pl, arrays):
+        if pl is None or any(a is not b for a, b in zip(arrays, pl[0])):
+            return False
+        groups = opt.param_groups
+        if len(groups) != len(pl[1]) or any(g is not h for g, h in zip(groups, pl[1])) or any(
+                g["amsgrad"] or g.get("capturable") or g.get("differentiable") for g in groups):
+            return False
+        get = opt.state.get
+        return all(get(p) is st and st["exp_avg"]._data is m and st["exp_avg_sq"]._data is v
+                   and st["step"]._data is s for p, st, m, v, s in pl[2])
+
+    def _constants(group, step):
+        """Parameter-dtype constants and flags of ``adam_update`` for one group and step:
+        eager's Python-float arithmetic (optim/adam.py), rounded once to the dtype as
+        numpy's weak scalars are."""
+        beta1, beta2 = group["betas"]
+        lr, wd = group["lr"], group["weight_decay"]
+        step_size = lr / (1 - beta1 ** step)
+        bc2s = (1 - beta2 ** step) ** 0.5
+        w1 = 1 - beta1
+        mode = 0 if wd == 0 else 1 if group.get("decoupled_weight_decay") else 2
+        return ([1 - lr * wd, wd, w1, 1 - w1, beta2, 1 - beta2, bc2s, group["eps"],
+                 -step_size], [abs(w1) < 0.5, group["maximize"], mode])
 
     def optimizer_step_kernel(*arrays, optimizer=None):
-        found = _lookup(arrays[:n])
-        if found is None:
-            return impl(*arrays, optimizer=optimizer)
-        work = []
-        for (p, group), grad in zip(found, arrays[n:]):
-            st = opt.state.get(p)
-            d = p._data
-            if not st or set(st) != {"step", "exp_avg", "exp_avg_sq"} or group["amsgrad"] \
-                    or group.get("capturable") or group.get("differentiable") \
-                    or not d.flags.c_contiguous or d.dtype not in _FLOATS \
-                    or grad.dtype != d.dtype:
+        pl = plan[0]
+        if not _valid(pl, arrays[:n]):
+            pl = plan[0] = _build(arrays[:n])
+            if not _valid(pl, arrays[:n]):
                 return impl(*arrays, optimizer=optimizer)
-            m, v = st["exp_avg"]._data, st["exp_avg_sq"]._data
-            if m.dtype != d.dtype or v.dtype != d.dtype or not m.flags.c_contiguous or \
-                    not v.flags.c_contiguous or m.shape != d.shape or v.shape != d.shape:
-                return impl(*arrays, optimizer=optimizer)
-            work.append((p, group, grad, st, m, v))
-        for p, group, grad, st, m, v in work:
-            dt = p._data.dtype
-            beta1, beta2 = group["betas"]
-            lr, wd = group["lr"], group["weight_decay"]
-            step_t = st["step"]._data
-            step_t += 1
-            step = float(step_t)
-            step_size = lr / (1 - beta1 ** step)
-            bc2s = (1 - beta2 ** step) ** 0.5
-            w1 = 1 - beta1
-            mode = 0 if wd == 0 else 1 if group.get("decoupled_weight_decay") else 2
-            # Python floats rounded once to the dtype, as numpy's weak scalars are
-            c = np.array([1 - lr * wd, wd, w1, 1 - w1, beta2, 1 - beta2, bc2s, group["eps"],
-                          -step_size], dt)
-            flags = np.array([abs(w1) < 0.5, group["maximize"], mode], np.int8)
-            update(p._data.reshape(-1), np.ascontiguousarray(grad).reshape(-1),
-                   m.reshape(-1), v.reshape(-1), c, flags)
+        grads = arrays[n:]
+        flat = [tuple(g.reshape(-1) if g.flags.c_contiguous else
+                      np.ascontiguousarray(g).reshape(-1)
+                      for g in (grads if pl[5] else [grads[i] for i in b[1]])) for b in pl[3]]
+        if len(flat) > 1 and any(g.size != a.size for g, a in zip(grads, arrays)):
+            return impl(*arrays, optimizer=optimizer)  # (eager's error)
+        for (dt, idx, ps, ms, vs, steps, groups, local, rows), gs in zip(pl[3], flat):
+            counts = np.empty(len(steps))
+            if count(steps, counts, ps, gs) >= 0:  # every step += 1, as eager's step_t += 1
+                return impl(*arrays, optimizer=optimizer)  # a gradient of another size
+            counts = counts.tolist()
+            if counts.count(counts[0]) == len(counts):  # one step count (the usual case)
+                table = [_constants(g, counts[0]) for g in groups]
+            else:
+                keys = {}
+                rows = np.array([keys.setdefault((gi, s), len(keys))
+                                 for gi, s in zip(local, counts)], np.int64)
+                table = [_constants(groups[gi], s) for gi, s in keys]
+            update(ps, gs, ms, vs, rows, np.array([t[0] for t in table], dt),
+                   np.array([t[1] for t in table], np.int8))
+        for p in pl[4]:
             p._version[0] += 1
-        return tuple(p._data for p, *_ in work)
+        return pl[0]
 
     return optimizer_step_kernel
 
@@ -463,17 +563,18 @@ def clip_grad_norm_factory(node):
     dt = _floats(*grads)
     if dt is None:
         return None
-    tiny, one = dt.type(1e-6), dt.type(1.0)
+    tiny = dt.type(1e-6)
+    clip = _kernels()["clip_grads"]
 
     def clip_grad_norm_kernel(*grads, max_norm, norm_type, error_if_nonfinite):
-        norms = np.empty(len(grads), dt)
-        for i, g in enumerate(grads):
-            a = g.ravel()
-            norms[i] = np.sqrt(np.add.reduce(a * a))
-        total = np.sqrt(np.add.reduce(norms * norms))
-        with np.errstate(invalid="ignore", over="ignore"):
-            coef = np.minimum(dt.type(max_norm) / (total + tiny), one)
-            return (np.asarray(total, dt),) + tuple(g * coef for g in grads)
+        # one numba call for every gradient (a tuple of flat C-contiguous views: a strided
+        # one is copied in C order, the order eager's ravel sums in)
+        flat = tuple(g.reshape(-1) if g.flags.c_contiguous else
+                     np.ascontiguousarray(g).reshape(-1) for g in grads)
+        outs = [np.empty(g.shape, dt) for g in grads]
+        total = np.empty((), dt)
+        clip(flat, tuple(o.reshape(-1) for o in outs), dt.type(max_norm), tiny, total)
+        return (total, *outs)
 
     return clip_grad_norm_kernel
 
