@@ -678,6 +678,101 @@ def _freeze_params(params):
     return tuple(out)
 
 
+def _same_params(params, want):
+    """``_freeze_params(params) == freeze(node params)`` without building the frozen form:
+    ``want`` maps each of the node's keys to its frozen value. A plain value is its own
+    frozen form; so is a hashable tuple (no list, dict, array, or slice before Python 3.12,
+    inside), else it is frozen here (and a tuple that differs as it is, as a hashable slice
+    of Python 3.12 does from its frozen form)."""
+    if type(params) is not dict:
+        return _freeze_params(params) == tuple(sorted(want.items()))
+    if len(params) != len(want):
+        return False
+    for k, v in params.items():
+        w = want.get(k, _want_missing)
+        if w is _want_missing:
+            return False
+        if v is w:
+            continue
+        t = type(v)
+        if t in _PLAIN:
+            if not v == w:
+                return False
+            continue
+        if t is tuple:
+            try:
+                hash(v)
+            except TypeError:
+                pass
+            else:
+                if v == w:
+                    continue
+        if freeze(v) != w:
+            return False
+    return True
+
+
+_want_missing = object()
+
+
+# what a replay compares per traced node input: a tensor standing for this Value / a constant
+# Value (any unknown tensor, as the trace's fresh constant) / a SplitEntry slot / a literal
+_IN_VALUE, _IN_CONST, _IN_SLOT, _IN_LIT = 0, 1, 2, 3
+_new_tensor = object.__new__  # a placeholder: a traced-class Tensor, slots set by hand
+_ELEMENTWISE_PLAIN = {}  # (numpy dtype, float_only) -> whether _prepare_elementwise keeps it
+
+
+def _elementwise_plain(args, float_only):
+    """Whether ``_prepare_elementwise(o, args)`` would return ``args`` as they are (no
+    to_dtype, no broadcast_to): all Tensors of one dtype and shape, the dtype its own
+    promotion (a native dtype), allowed by a float-only op. The replay then skips it."""
+    first = args[0]
+    if not isinstance(first, Tensor):
+        return False
+    d = first._data.dtype
+    shape = first._data.shape
+    for a in args[1:]:
+        if not isinstance(a, Tensor) or a._data.dtype is not d or a._data.shape != shape:
+            return False
+    ok = _ELEMENTWISE_PLAIN.get((d, float_only))
+    if ok is None:
+        from tapegrad import dtypes
+
+        td = dtypes._FROM_NP.get(d)
+        ok = _ELEMENTWISE_PLAIN[(d, float_only)] = td is not None and td.np is d and (
+            not float_only or td.category == dtypes.FLOAT)
+    return ok
+
+
+def _replay_plan(entry, nodes):
+    """Per traced node, once per entry: ``(node, number of inputs, inputs as (want, kind,
+    frozen literal), frozen params, runs at issue when its inputs are known (a view, an
+    integer/bool result), outputs as (Value, shape, dtype, needs a stand-in grad_fn), no
+    slot input, frozen params by key)``: what ``_Replay._match``/``_issue`` compare and make, so a call's match
+    builds no lists or frozen forms of the trace."""
+    consts = {id(v) for v in entry.graph.consts}
+    slots = entry.slot_values
+    rg = getattr(entry, "rg_values", ())
+    plan = []
+    for n in nodes:
+        ins = []
+        for w in n.inputs:
+            if isinstance(w, Value):
+                ins.append((w, _IN_SLOT if id(w) in slots else
+                            _IN_CONST if id(w) in consts else _IN_VALUE, None))
+            else:
+                ins.append((w, _IN_LIT, freeze(w)))
+        real = n.op is not None and (n.op.view or all(v.dtype.kind in "iub"
+                                                      for v in n.outputs))
+        outs = tuple((v, v.shape, v.dtype, id(v) in rg) for v in n.outputs)
+        if any(r for _, _, _, r in outs):
+            _placeholder_node()
+        plan.append((n, len(ins), tuple(ins), freeze(n.params), real, outs,
+                     all(k != _IN_SLOT for _, k, _ in ins),
+                     {k: freeze(v) for k, v in n.params.items()}))
+    return plan
+
+
 class _Replay(DispatchMode):
     """Runs a SplitEntry's function again, issuing its ops lazily into compiled pieces."""
 
@@ -704,7 +799,12 @@ class _Replay(DispatchMode):
             self.env[id(v)] = t._data
         for v, a in entry.graph.consts.items():
             self.env[id(v)] = a
-        self.consts = {id(v) for v in entry.graph.consts}
+        got = entry.__dict__.get("_replay_plan")
+        if got is None or got[0] is not self.nodes:  # once per entry (its nodes are fixed)
+            got = entry._replay_plan = (self.nodes, _replay_plan(entry, self.nodes),
+                                        {id(v) for v in entry.graph.consts})
+        self.plan, self.consts = got[1], got[2]
+        self._tc = _traced_class(Tensor)
         # a new Tensor over a known array (a detach, a re-wrap inside F.embedding, an index
         # param's array) stands for the same Value, as in the tracer's value_of
         self.av = {id(t._data): (t._data, v) for t, v in self.tv.values()}
@@ -743,31 +843,48 @@ class _Replay(DispatchMode):
             return dispatch(n.meta["op"], args, params)
         return self._issue(n)[0]
 
+    def _plan_of(self, n):
+        """The plan of ``n``: the node being matched is the replay's next one."""
+        p = self.plan[self.i]
+        return p if p[0] is n else _replay_plan(self.e, [n])[0]
+
     def _node_params(self, n):
         """``freeze(n.params)``, once per entry (a traced node's params never change)."""
-        fz = self.e.__dict__.get("_frozen_params")
-        if fz is None:
-            fz = self.e._frozen_params = {}  # id(Node) -> (Node, frozen): the entry holds it
-        got = fz.get(id(n))
-        if got is None or got[0] is not n:
-            got = fz[id(n)] = (n, freeze(n.params))
-        return got[1]
-
-    def _node_real(self, n):
-        """Whether ``n`` runs at issue when its inputs are known (a view, an integer/bool
-        result), once per entry."""
-        fz = self.e.__dict__.get("_real_nodes")
-        if fz is None:
-            fz = self.e._real_nodes = {}  # id(Node) -> (Node, bool): the entry holds it
-        got = fz.get(id(n))
-        if got is None or got[0] is not n:
-            got = fz[id(n)] = (n, n.op is not None and (
-                n.op.view or all(v.dtype.kind in "iub" for v in n.outputs)))
-        return got[1]
+        return self._plan_of(n)[3]
 
     def _match(self, n, flat, params):
+        return self._match_plan(self._plan_of(n), flat, params)
+
+    def _match_plan(self, p, flat, params):
+        """Whether the call's inputs and params are the traced node's: each tensor stands
+        for the node's input Value (a known tensor, or a new one over a known array), an
+        unknown tensor only for a constant, literals and params equal in frozen form."""
+        n, n_in, ins, frozen, _, _, simple, want_params = p
+        if not simple:  # a SplitEntry slot among the inputs (a Python number after a read)
+            return self._match_slots(n, flat, params, frozen)
+        if len(flat) != n_in or not (not want_params and type(params) is dict and
+                                     not params or _same_params(params, want_params)):
+            return False
+        tv = self.tv
+        for a, (want, kind, lit) in zip(flat, ins):
+            if isinstance(a, Tensor):
+                got = tv.get(id(a))
+                if got is None:  # a new Tensor over a known array stands for its Value
+                    known = self.av.get(id(a._data))
+                    if known is not None and known[0] is a._data:
+                        got = tv[id(a)] = (a, known[1])
+                if got is not None and got[0] is a:
+                    if got[1] is not want:
+                        return False
+                elif kind != _IN_CONST:
+                    return False
+            elif kind != _IN_LIT or (a != lit if type(a) in _PLAIN else freeze(a) != lit):
+                return False
+        return True
+
+    def _match_slots(self, n, flat, params, frozen):
         self._match_values(flat)
-        if len(flat) != len(n.inputs) or _freeze_params(params) != self._node_params(n):
+        if len(flat) != len(n.inputs) or _freeze_params(params) != frozen:
             return False
         for a, want in zip(flat, n.inputs):
             if isinstance(a, Tensor):
@@ -789,17 +906,35 @@ class _Replay(DispatchMode):
         return True
 
     def _issue(self, n):
-        real = self._node_real(n)
+        return self._issue_plan(self._plan_of(n))
+
+    def _issue_plan(self, p):
+        """The node's outputs as placeholders (of the traced class, as the trace's tensors;
+        a stand-in grad_fn where the trace had a non-leaf), registered for later matches."""
+        n, _, _, _, real, spec, _, _ = p
         if real:  # (index arithmetic on arguments: cheap)
-            ins = [self.env.get(id(a)) if isinstance(a, Value) else a for a in n.inputs]
-            real = all(a is not None for a in ins)
+            env = self.env
+            for a in n.inputs:
+                if isinstance(a, Value) and env.get(id(a)) is None:
+                    real = False  # (an input is a placeholder: the common case)
+                    break
+            else:
+                ins = [env.get(id(a)) if isinstance(a, Value) else a for a in n.inputs]
+        tv, av, placeholders, tc = self.tv, self.av, self.placeholders, self._tc
         outs = []  # a view of known arrays (``i[:2]`` of an argument) is real at once: an
-        for v, a in zip(n.outputs, call_node(n, ins) if real else [None] * len(n.outputs)):
-            t = Tensor._make(np.empty(v.shape, v.dtype) if a is None else a)  # index's
-            t.__class__ = _traced_class(Tensor)  # bounds check may read it
-            self.tv[id(t)] = (t, v)
-            self.av[id(t._data)] = (t._data, v)
-            self.placeholders.append((t, v))
+        for (v, shape, dtype, rg), a in zip(spec, call_node(n, ins) if real else  # index's
+                                            [None] * len(spec)):  # bounds check may read it
+            t = _new_tensor(tc)
+            t._data = d = np.empty(shape, dtype) if a is None else a
+            t._grad = t._hooks = None
+            t._version = [0]
+            if rg:  # a non-leaf, as in the trace (in-place checks)
+                t.grad_fn, t._requires_grad = _PLACEHOLDER_NODE[0], True
+            else:
+                t.grad_fn, t._requires_grad = None, False
+            tv[id(t)] = pair = (t, v)
+            av[id(d)] = (d, v)
+            placeholders.append(pair)
             if a is not None:
                 self.env[id(v)] = a
                 self.filled.add(id(t))
@@ -812,7 +947,7 @@ class _Replay(DispatchMode):
     def interpret(self, o, args, params):
         if self.fallen:
             return dispatch(o, args, params)
-        if o.elementwise:
+        if o.elementwise and not _elementwise_plain(args, o.float_only):
             modes = grad_state.modes
             grad_state.modes = modes + [self]
             try:
@@ -821,14 +956,18 @@ class _Replay(DispatchMode):
                 grad_state.modes = modes
             if self.fallen:
                 return dispatch(o, args, params)
-        n = self.nodes[self.i] if self.i < len(self.nodes) else None
-        if n is not None and n.op is None and n.meta and n.meta.get("op") is o:
-            return self._slotted(n, args, params)
-        flat = args[0] if args and type(args[0]) is list else args
-        if n is None or n.op is not o or not self._match(n, flat, params):
-            self._fall()
-            return dispatch(o, args, params)
-        return self._issue(n)[0]
+        plan = self.plan
+        if self.i < len(plan):
+            p = plan[self.i]
+            n = p[0]
+            if n.op is o:
+                if self._match_plan(p, args[0] if args and type(args[0]) is list else args,
+                                    params):
+                    return self._issue_plan(p)[0]
+            elif n.op is None and n.meta and n.meta.get("op") is o:
+                return self._slotted(n, args, params)
+        self._fall()
+        return dispatch(o, args, params)
 
     def array_fn(self, name, fn, tensors, params, random=False):
         n = self.nodes[self.i] if self.i < len(self.nodes) else None
@@ -995,13 +1134,6 @@ class _TailReplay(_Replay):
         self.done = False
         self.grads_set = []  # (leaf, its .grad before a skipped backward): undone on divergence
 
-    def _issue(self, n):
-        outs = super()._issue(n)
-        for t, v in zip(outs, n.outputs):
-            if id(v) in self.e.rg_values:  # a non-leaf, as in the trace (in-place checks)
-                t.grad_fn, t._requires_grad = _placeholder_node(), True
-        return outs
-
     def _span(self, kind):
         span = self.e.spans.get(self.i)
         if self.done or self.fallen or span is None or span[0] != kind:
@@ -1015,13 +1147,17 @@ class _TailReplay(_Replay):
                 tuple(self._value(g) if isinstance(g, Tensor) else None
                       for g in root_grads) != want_grads:
             self._fall()
+        places, tc, tv = self.e.arg_places, self._tc, self.tv
         for t, v in made:
-            t = self.e.here(t, self.args, self.kwargs)  # (a fresh leaf argument)
-            ph = Tensor._make(np.empty(v.shape, v.dtype))
-            ph.__class__ = _traced_class(Tensor)
-            self.tv[id(ph)] = (ph, v)
+            if id(t) in places:
+                t = self.e.here(t, self.args, self.kwargs)  # (a fresh leaf argument)
+            ph = _new_tensor(tc)
+            ph._data = np.empty(v.shape, v.dtype)
+            ph._grad = ph._hooks = ph.grad_fn = None
+            ph._version, ph._requires_grad = [0], False
+            tv[id(ph)] = (ph, v)
             self.placeholders.append((ph, v))
-            self.grads_set.append((t, t.grad))
+            self.grads_set.append((t, t._grad))
             t.grad = ph
         self.i = end
         return None
@@ -1123,9 +1259,10 @@ class _TailReplay(_Replay):
             self._flush()
 
     def restore(self):
-        super().restore()
+        stand_in = _placeholder_node()
         for t, _ in self.placeholders:  # plain tensors, as a compiled step's outputs are
-            if t.grad_fn is _PLACEHOLDER_NODE[0]:
+            t.__class__ = Tensor
+            if t.grad_fn is stand_in:
                 t.grad_fn, t._requires_grad = None, False
 
 
