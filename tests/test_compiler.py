@@ -465,9 +465,9 @@ def test_explain_reports_graphs_breaks_and_passes():
     assert out.graph_count == 1 and out.graph_break_count == 0
     names = [name for name, _, _ in out.pass_log]
     assert names == [name for name, _ in passes.PASSES]
-    assert names[-7:] == ["split_linear", "fuse_cross_entropy", "fuse_layer_norm_backward",
+    assert names[-8:] == ["split_linear", "fuse_cross_entropy", "fuse_layer_norm_backward",
                           "fuse_softmax_backward", "share_attention_probabilities",
-                          "merge_split_gradients", "fuse"]
+                          "merge_split_gradients", "share_gelu_erf", "fuse"]
     assert "Graph Count: 1" in str(out)
 
     def bad(x):

@@ -178,3 +178,40 @@ def test_compiled_gelu_mlp_step_gradients_are_eager_bitwise(_numba, dtype):
         for a, p in zip(gc, (w1, b1, w2)):
             assert _same_bits(a, p.grad.numpy()), k
     assert not comp.breaks and comp.n_hits == 2
+
+
+@pytest.mark.parametrize("kernels_", ["numba", "numpy"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_gelu_and_its_gradient_share_one_erf(monkeypatch, kernels_, dtype):
+    """share_gelu_erf: gelu(x) and gelu_backward(g, x) of the same x become gelu_with_cdf
+    (the result and 1 + erf(x / sqrt 2)) and gelu_backward_from_cdf reading it; a
+    gelu_backward of another value, and the tanh form, are left alone. Eager's bits, edge
+    values included, with the numba kernels and without."""
+    if kernels_ == "numba":
+        pytest.importorskip("numba")
+    monkeypatch.setenv("TAPEGRAD_COMPILE_KERNELS", kernels_)
+    shape = (16, 8, 40)
+    g = Graph()
+    x, gr, y = _inputs(g, [(shape, dtype), (shape, dtype), (shape, dtype)])
+    ap, tanh = {"approximate": "none"}, {"approximate": "tanh"}
+    fwd = _node(g, "gelu", [x], **ap)
+    bwd = _node(g, "gelu_backward", [gr, x], **ap)
+    other = _node(g, "gelu_backward", [gr, y], **ap)  # no forward of y: stays
+    t_fwd = _node(g, "gelu", [y], **tanh)
+    t_bwd = _node(g, "gelu_backward", [gr, y], **tanh)
+    g.outputs = [fwd, bwd, other, t_fwd, t_bwd]
+    out = passes.optimize(g)
+    names = [n.name for n in out.nodes]
+    assert names.count("gelu_with_cdf") == 1 and names.count("gelu_backward_from_cdf") == 1
+    shared = next(n for n in out.nodes if n.name == "gelu_with_cdf")
+    reader = next(n for n in out.nodes if n.name == "gelu_backward_from_cdf")
+    assert reader.inputs[2] is shared.outputs[1] and reader.inputs[1] is x
+    arrs = [_values(shape, dtype, 7), _values(shape, dtype, 8)[::-1].copy(),
+            _values(shape, dtype, 9)]
+    src, run = codegen.generate(out)
+    assert ("gelu_with_cdf_kernel" in src) == (kernels_ == "numba")
+    with np.errstate(all="ignore"):
+        got = run(arrs, [None] * len(g.outputs), [])
+        want = passes.evaluate(g, arrs)[0]
+    for a, w in zip(got, want):
+        assert _same_bits(a, w)

@@ -31,6 +31,7 @@ def _load():
 
 _MODULES = ["tapegrad.compiler.kernels_conv"]  # kernel modules, imported on the first lookup
 _MODULES.append("tapegrad.compiler.kernels_gpt")  # GPT: LayerNorm, softmax, attention
+_MODULES.append("tapegrad.compiler.kernels_gelu")  # GELU and its gradient sharing one erf
 
 
 def lookup(node):

@@ -470,13 +470,22 @@ def merge_split_gradients(graph):
     return merge(graph)
 
 
+def share_gelu_erf(graph):
+    """GELU's forward returns ``1 + erf(x / sqrt 2)`` for its gradient on the same value
+    (compiler/kernels_gelu.py)."""
+    from tapegrad.compiler.kernels_gelu import share_gelu_erf as share
+
+    return share(graph)
+
+
 PASSES = (("simplify", simplify), ("cse", cse), ("fold_constants", fold_constants),
           ("dce", dce), ("split_linear", split_linear),
           ("fuse_cross_entropy", fuse_cross_entropy),
           ("fuse_layer_norm_backward", fuse_layer_norm_backward),
           ("fuse_softmax_backward", fuse_softmax_backward),
           ("share_attention_probabilities", share_attention_probabilities),
-          ("merge_split_gradients", merge_split_gradients), ("fuse", fuse))
+          ("merge_split_gradients", merge_split_gradients),
+          ("share_gelu_erf", share_gelu_erf), ("fuse", fuse))
 
 
 def _observed(graph, arrays):
