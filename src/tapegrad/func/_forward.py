@@ -156,7 +156,8 @@ class ForwardLevel(DispatchMode):
         flat = args[0] if listed else args
         tangents = self._tangents(flat)
         # no mode below, no watcher (WATCH holding this level alone is the common case)
-        alone = not grad_state.modes and (len(WATCH) == 1 or not _watched())
+        alone = not grad_state.modes and (
+            (len(WATCH) == 1 and WATCH[0][1] is self) or not _watched())
         if tangents is None or not op.differentiable:
             if not self.outer and grad_state.enabled:
                 for a in flat:  # its output counts as inside only if its inputs do
@@ -343,7 +344,8 @@ def _array_jvp(op, od, flat, tangents, params, listed):
             if t is None:
                 continue
             t = _fit_array(t, od, op)
-            gi = _call_rule(op, t, saved_out, inputs, params, [j == i for j in range(n)])[i]
+            wanted = op.needs and [j == i for j in range(n)]  # read by a rule with needs only
+            gi = _call_rule(op, t, saved_out, inputs, params, wanted)[i]
             if gi is None:
                 continue
             total = gi if total is None else total + gi
@@ -432,7 +434,8 @@ def _pointwise_jvp(op, out, flat, tangents, params):
         if t is None:
             continue
         t = _fit(t, out, op)
-        gi = _call_rule(op, t, saved_out, inputs, params, [j == i for j in range(n)])[i]
+        wanted = op.needs and [j == i for j in range(n)]  # read by a rule with needs only
+        gi = _call_rule(op, t, saved_out, inputs, params, wanted)[i]
         if gi is None:
             continue
         total = gi if total is None else total + gi
