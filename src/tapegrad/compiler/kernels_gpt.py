@@ -35,6 +35,8 @@ them (tests/test_compiler_kernels_gpt.py checks each). numba's ``cache=True`` ke
 machine code between processes; the loops hold no recursion (numba's cache cannot load
 recursive functions: a segfault).
 """
+import operator
+
 import numpy as np
 
 from tapegrad.compiler import kernels, op_kernels, passes
@@ -54,8 +56,7 @@ def _kernels():
         mod = sys.modules[kernels.load("attention_shift", SOURCE).py_func.__module__]
         for name in ("layer_norm_rows", "softmax_shift", "softmax_norm", "attention_shift",
                      "adam_update", "embedding_rows", "layer_norm_backward_rows",
-                     "softmax_backward_rows", "adam_count_steps", "adam_params",
-                     "clip_grads"):
+                     "softmax_backward_rows", "adam_params", "clip_grads"):
             _K[name] = getattr(mod, name)
     return _K
 
@@ -180,28 +181,22 @@ def adam_update(p, g, m, v, c, flags):
 
 
 @njit(error_model="numpy", cache=True)
-def adam_count_steps(steps, out, ps, gs):
-    """steps[i] += 1 in its own dtype (eager's ``step_t += 1`` on each 0-d step); out[i]:
-    the new count, as a float64. First: the index of a gradient whose size is not its
-    parameter's (nothing counted), else -1."""
+def adam_params(ps, gs, ms, vs, steps, rows, c, flags):
+    """One Adam/AdamW step of every parameter of a call (tuples of flat C-contiguous arrays
+    of one dtype, 0-d steps of one dtype): each step += 1 in its own dtype (eager's
+    ``step_t += 1``), then adam_update with the constants of the parameter's group and new
+    step, c[rows[i]] and flags[rows[i]]. Returns -1, or (nothing done) the index of a
+    gradient whose size is not its parameter's."""
     for i in range(len(ps)):
         if gs[i].shape[0] != ps[i].shape[0]:
             return i
     for i in range(len(steps)):
         s = steps[i]
         s[()] = s[()] + s.dtype.type(1)
-        out[i] = s[()]
-    return -1
-
-
-@njit(error_model="numpy", cache=True)
-def adam_params(ps, gs, ms, vs, rows, c, flags):
-    """adam_update over every parameter of one call (tuples of flat C-contiguous arrays of
-    one dtype); parameter i takes the constants of its group and step, c[rows[i]] and
-    flags[rows[i]]."""
     for i in range(len(ps)):
         r = rows[i]
         adam_update(ps[i], gs[i], ms[i], vs[i], c[r], flags[r])
+    return -1
 
 
 @njit(error_model="numpy", cache=True)
@@ -449,59 +444,67 @@ def adam_factory(node):
         if not isinstance(a, Value) or not isinstance(gv, Value) or \
                 np.dtype(a.dtype) not in _FLOATS or gv.dtype != a.dtype or gv.shape != a.shape:
             return None
-    count, update = _kernels()["adam_count_steps"], _kernels()["adam_params"]
+    update = _kernels()["adam_params"]
     impl = node.impl
     plan = [None]
 
-    def _build(arrays):
-        """The call's parameters, state arrays and groups, checked once (the kernel's
-        conditions) and kept while they stay the same objects, or None where the kernel
-        does not serve the call. The parameters go in buckets of one dtype (parameter's,
-        step's), each one numba call over tuples of flat views."""
-        owner = {id(p._data): (p, gi) for gi, g in enumerate(opt.param_groups)
-                 for p in g["params"]}
-        entries, buckets = [], {}
-        for i, a in enumerate(arrays):
-            hit = owner.get(id(a))
-            if hit is None or hit[0]._data is not a:
-                return None
-            p, gi = hit
-            st = opt.state.get(p)
-            if not st or set(st) != {"step", "exp_avg", "exp_avg_sq"}:
-                return None
-            m, v, s = st["exp_avg"]._data, st["exp_avg_sq"]._data, st["step"]._data
-            if a.dtype not in _FLOATS or not all(
-                    x.dtype == a.dtype and x.flags.c_contiguous and x.shape == a.shape
-                    for x in (a, m, v)) or s.shape != () or s.dtype not in _FLOATS:
-                return None
-            entries.append((p, st, m, v, s))
-            buckets.setdefault((a.dtype, s.dtype), []).append((i, gi))
-        groups = list(opt.param_groups)
-        made = []
-        for (dt, _), members in buckets.items():
-            idx = [i for i, _ in members]
-            gis = [gi for _, gi in members]
-            used = sorted(set(gis))  # the bucket's groups, a row of constants each
-            local = [used.index(gi) for gi in gis]
-            made.append((dt, idx, tuple(entries[i][0]._data.reshape(-1) for i in idx),
-                         tuple(entries[i][2].reshape(-1) for i in idx),
-                         tuple(entries[i][3].reshape(-1) for i in idx),
-                         tuple(entries[i][4] for i in idx), [groups[gi] for gi in used],
-                         local, np.array(local, np.int64)))
-        return (tuple(arrays), groups, entries, made,
-                tuple(e[0] for e in entries), len(made) == 1 and made[0][1] == list(
-                    range(len(arrays))))
+    class _Plan:
+        """The call's parameters, state and groups, checked once (the kernel's conditions)
+        and kept while they stay the same objects; the parameters in buckets of one dtype
+        (parameter's, step's), each one numba call over tuples of flat views."""
 
-    def _valid(pl, arrays):
-        if pl is None or any(a is not b for a, b in zip(arrays, pl[0])):
-            return False
-        groups = opt.param_groups
-        if len(groups) != len(pl[1]) or any(g is not h for g, h in zip(groups, pl[1])) or any(
-                g["amsgrad"] or g.get("capturable") or g.get("differentiable") for g in groups):
-            return False
-        get = opt.state.get
-        return all(get(p) is st and st["exp_avg"]._data is m and st["exp_avg_sq"]._data is v
-                   and st["step"]._data is s for p, st, m, v, s in pl[2])
+        def __init__(self, arrays):
+            owner = {id(p._data): (p, gi) for gi, g in enumerate(opt.param_groups)
+                     for p in g["params"]}
+            self.ok = False
+            entries, members = [], {}
+            for i, a in enumerate(arrays):
+                hit = owner.get(id(a))
+                if hit is None or hit[0]._data is not a:
+                    return
+                p, gi = hit
+                st = opt.state.get(p)
+                if not st or set(st) != {"step", "exp_avg", "exp_avg_sq"}:
+                    return
+                m, v, s = st["exp_avg"]._data, st["exp_avg_sq"]._data, st["step"]._data
+                if a.dtype not in _FLOATS or not all(
+                        x.dtype == a.dtype and x.flags.c_contiguous and x.shape == a.shape
+                        for x in (a, m, v)) or s.shape != () or s.dtype not in _FLOATS:
+                    return
+                entries.append((st, m, v, s))
+                members.setdefault((a.dtype, s.dtype), []).append((i, gi, p))
+            self.arrays, self.groups = tuple(arrays), list(opt.param_groups)
+            self.state, self.values = opt.state, tuple(opt.state.values())
+            self.entries = entries
+            self.params = [p for ms in members.values() for _, _, p in ms]
+            self.buckets = []
+            for (dt, sdt), ms in members.items():
+                idx = [i for i, _, _ in ms]
+                used = sorted({gi for _, gi, _ in ms})  # its groups: a row of constants each
+                local = [used.index(gi) for _, gi, _ in ms]
+                flat = [tuple(entries[i][k].reshape(-1) for i in idx) for k in (1, 2)]
+                self.buckets.append((dt, sdt, idx, tuple(arrays[i].reshape(-1) for i in idx),
+                                     *flat,
+                                     tuple(entries[i][3] for i in idx),
+                                     [self.groups[gi] for gi in used], local,
+                                     np.array(local, np.int64)))
+            self.whole = len(self.buckets) == 1  # one bucket, the call's order
+            self.ok = True
+
+        def valid(self, arrays):
+            if not self.ok or any(a is not b for a, b in zip(arrays, self.arrays)):
+                return False
+            groups = opt.param_groups
+            if len(groups) != len(self.groups) or any(
+                    g is not h for g, h in zip(groups, self.groups)) or any(
+                    g["amsgrad"] or g.get("capturable") or g.get("differentiable")
+                    for g in groups):
+                return False
+            state = opt.state  # the same entries (no Tensor hashing), the same arrays
+            return state is self.state and len(state) == len(self.values) and all(
+                map(operator.is_, state.values(), self.values)) and all(
+                st["exp_avg"]._data is m and st["exp_avg_sq"]._data is v and
+                st["step"]._data is s for st, m, v, s in self.entries)
 
     def _constants(group, step):
         """Parameter-dtype constants and flags of ``adam_update`` for one group and step:
@@ -518,33 +521,35 @@ def adam_factory(node):
 
     def optimizer_step_kernel(*arrays, optimizer=None):
         pl = plan[0]
-        if not _valid(pl, arrays[:n]):
-            pl = plan[0] = _build(arrays[:n])
-            if not _valid(pl, arrays[:n]):
+        if pl is None or not pl.valid(arrays[:n]):
+            pl = plan[0] = _Plan(arrays[:n])
+            if not pl.valid(arrays[:n]):
                 return impl(*arrays, optimizer=optimizer)
         grads = arrays[n:]
         flat = [tuple(g.reshape(-1) if g.flags.c_contiguous else
                       np.ascontiguousarray(g).reshape(-1)
-                      for g in (grads if pl[5] else [grads[i] for i in b[1]])) for b in pl[3]]
-        if len(flat) > 1 and any(g.size != a.size for g, a in zip(grads, arrays)):
+                      for g in (grads if pl.whole else [grads[i] for i in b[2]]))
+                for b in pl.buckets]
+        if not pl.whole and any(g.size != a.size for g, a in zip(grads, arrays)):
             return impl(*arrays, optimizer=optimizer)  # (eager's error)
-        for (dt, idx, ps, ms, vs, steps, groups, local, rows), gs in zip(pl[3], flat):
-            counts = np.empty(len(steps))
-            if count(steps, counts, ps, gs) >= 0:  # every step += 1, as eager's step_t += 1
-                return impl(*arrays, optimizer=optimizer)  # a gradient of another size
-            counts = counts.tolist()
-            if counts.count(counts[0]) == len(counts):  # one step count (the usual case)
-                table = [_constants(g, counts[0]) for g in groups]
+        for (dt, sdt, idx, ps, ms, vs, steps, groups, local, rows), gs in zip(pl.buckets,
+                                                                               flat):
+            # the counts after eager's ``step_t += 1`` (in the step's dtype): the kernel
+            # makes the same increment
+            old = list(map(float, steps))
+            if old.count(old[0]) == len(old):  # one step count (the usual case)
+                table = [_constants(g, float(sdt.type(old[0] + 1.0))) for g in groups]
             else:
                 keys = {}
                 rows = np.array([keys.setdefault((gi, s), len(keys))
-                                 for gi, s in zip(local, counts)], np.int64)
-                table = [_constants(groups[gi], s) for gi, s in keys]
-            update(ps, gs, ms, vs, rows, np.array([t[0] for t in table], dt),
-                   np.array([t[1] for t in table], np.int8))
-        for p in pl[4]:
+                                 for gi, s in zip(local, old)], np.int64)
+                table = [_constants(groups[gi], float(sdt.type(s + 1.0))) for gi, s in keys]
+            if update(ps, gs, ms, vs, steps, rows, np.array([t[0] for t in table], dt),
+                      np.array([t[1] for t in table], np.int8)) >= 0:
+                return impl(*arrays, optimizer=optimizer)  # a gradient of another size
+        for p in pl.params:
             p._version[0] += 1
-        return pl[0]
+        return pl.arrays
 
     return optimizer_step_kernel
 
