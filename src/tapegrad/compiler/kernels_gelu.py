@@ -9,14 +9,18 @@ graph has both on the same value the pass ``share_gelu_erf`` makes the forward r
 (``gelu_backward_from_cdf``): one array of the input's size kept from forward to backward,
 one erf less per GELU per step, the same bits (the same operations on the same values).
 
-Each node has a numpy body (eager's own ops, used without numba and as the reference) and a
-numba kernel (one pass; float64 erf reads numpy's ``exp`` computed before it, float32 erf is
-``erf32``, as ``kernels.py``'s fused GELU kernels do).
+Each node has a numpy body (eager's own ops, used without numba and as the reference) and
+numba kernels: float32 erf is ``erf32`` (as ``kernels.py``'s fused GELU kernels), float64 erf
+is eager's ``erf64`` run as eager runs it (the few lanes with |u| > 1 gathered, numpy's ``exp``
+of theirs only), and the gradient's ``exp(-x*x/2)`` is numpy's of an argument a numba pass
+forms.
 """
 import numpy as np
 
 from tapegrad.compiler import kernels, op_kernels, passes
 from tapegrad.compiler.ir import Node, Value
+from tapegrad.compiler.kernels import _polevl
+from tapegrad.ops.error_function import CEPHES, CLAMP
 from tapegrad.ops.nn import _INV_SQRT_2PI, _SQRT1_2
 
 
@@ -70,27 +74,76 @@ def share_gelu_erf(graph):
     return passes.replace_nodes(graph, replace, set())
 
 
-def _source(name, dtype):
-    """The numba source of the two kernels for one dtype (flat, C-contiguous operands)."""
-    f64 = dtype == np.float64
-    t = "np.float64" if f64 else "np.float32"
-    erf = "erf64(u, e[i])" if f64 else "np.float32(erf32(np.float64(u)))"
-    head = ["import math", "import numpy as np", "from numba import njit", "",
-            kernels.erf64_source() if f64 else kernels.erf32_source(), ""]
-    if name == "forward":
-        body = [f"def gelu_with_cdf_{t[3:]}(x, e, out, w):",
-                "    for i in range(x.size):",
-                "        xi = x[i]",
-                f"        u = xi * {t}({_SQRT1_2!r})",
-                f"        wi = {t}(1.0) + {erf}",
-                "        w[i] = wi",
-                f"        out[i] = (xi * {t}(0.5)) * wi"]
-    else:
-        body = [f"def gelu_backward_from_cdf_{t[3:]}(g, x, w, p, out):",
-                "    for i in range(x.size):",
-                f"        out[i] = g[i] * (({t}(0.5) * w[i]) + (x[i] * (p[i] * "
-                f"{t}({_INV_SQRT_2PI!r}))))"]
-    return "\n".join(head + ['@njit(error_model="numpy", cache=True)'] + body) + "\n"
+def _src(lines, erf=""):
+    return "\n".join(["import math", "import numpy as np", "from numba import njit", "",
+                      erf, "", '@njit(error_model="numpy", cache=True)'] + lines) + "\n"
+
+
+def _forward32():
+    """float32: one pass, erf by ``erf32`` (in float64, rounded once)."""
+    return _src(["def gelu_with_cdf_float32(x, out, w):",
+                 "    for i in range(x.size):",
+                 "        xi = x[i]",
+                 f"        u = xi * np.float32({_SQRT1_2!r})",
+                 "        wi = np.float32(1.0) + np.float32(erf32(np.float64(u)))",
+                 "        w[i] = wi",
+                 "        out[i] = (xi * np.float32(0.5)) * wi"], kernels.erf32_source())
+
+
+# float64, eager's erf64 (ops.error_function) in three steps, as eager runs it: the lanes
+# with |u| > 1 (~2% of a GPT's GELU arguments) gathered with their exp argument; numpy's exp
+# of those; the first formula over every lane and the second over the gathered ones, each a
+# vectorised loop, the second's values scattered back. The same operations per element as
+# eager's (and as kernels.erf64), so the same bits.
+_GATHER64 = _src([
+    "def gelu_cdf_gather_float64(x, ub, arg, idx):",
+    "    m = 0",
+    "    for i in range(x.size):",
+    f"        u = x[i] * {_SQRT1_2!r}",
+    "        a = abs(u)",
+    "        if a > 1.0:",
+    "            idx[m] = i",
+    "            ub[m] = u",
+    f"            b = a if a <= {CLAMP!r} else {CLAMP!r}",
+    "            arg[m] = (-b) * b",
+    "            m += 1",
+    "    return m"])
+
+
+def _finish64():
+    c = CEPHES
+    return _src([
+        "def gelu_cdf_finish_float64(x, out, w, ub, e, idx, m):",
+        "    for i in range(x.size):",
+        "        xi = x[i]",
+        f"        u = xi * {_SQRT1_2!r}",
+        "        z = u * u",
+        f"        wi = 1.0 + u * {_polevl('z', c['T'])} / {_polevl('z', c['U'], True)}",
+        "        w[i] = wi",
+        "        out[i] = (xi * 0.5) * wi",
+        "    for k in range(m):",
+        "        u = ub[k]",
+        "        a = abs(u)",
+        f"        b = a if a <= {CLAMP!r} else {CLAMP!r}",
+        f"        ub[k] = math.copysign(1.0 - (e[k] * {_polevl('b', c['P'])}) / "
+        f"{_polevl('b', c['Q'], True)}, u)",
+        "    for k in range(m):",
+        "        i = idx[k]",
+        "        wi = 1.0 + ub[k]",
+        "        w[i] = wi",
+        "        out[i] = (x[i] * 0.5) * wi"])
+
+
+def _backward(dtype):
+    """``g * (0.5 w + x pdf)``; first the argument of pdf's exp, ``(-0.5 x) x``."""
+    t = f"np.{np.dtype(dtype).name}"
+    return (_src([f"def gelu_pdf_argument_{t[3:]}(x, out):",
+                  "    for i in range(x.size):",
+                  f"        out[i] = ({t}(-0.5) * x[i]) * x[i]"]),
+            _src([f"def gelu_backward_from_cdf_{t[3:]}(g, x, w, p, out):",
+                  "    for i in range(x.size):",
+                  f"        out[i] = g[i] * (({t}(0.5) * w[i]) + (x[i] * (p[i] * "
+                  f"{t}({_INV_SQRT_2PI!r}))))"]))
 
 
 def _flat(a):
@@ -101,16 +154,27 @@ def _flat(a):
 def gelu_with_cdf_factory(node):
     x = node.inputs[0]
     dt = np.dtype(x.dtype)
-    fn = kernels.load(f"gelu_with_cdf_{dt.name}", _source("forward", dt))
-    # float64 erf's exp(-min(|u|, 6)^2), numpy's, as eager (kernels.outside_call), into a
-    # scratch array of this node's (as the generated code's planned buffers: one per entry)
-    scratch = np.empty(int(np.prod(x.shape)), dt) if dt == np.float64 else None
+    if dt == np.float32:
+        fn = kernels.load("gelu_with_cdf_float32", _forward32())
+
+        def gelu_with_cdf_kernel(xa):
+            out, w = np.empty(xa.shape, dt), np.empty(xa.shape, dt)
+            fn(_flat(xa), out.reshape(-1), w.reshape(-1))
+            return out, w
+
+        return gelu_with_cdf_kernel
+    gather = kernels.load("gelu_cdf_gather_float64", _GATHER64)
+    finish = kernels.load("gelu_cdf_finish_float64", _finish64())
+    n = int(np.prod(x.shape))
+    # scratch arrays of this node's (as the generated code's planned buffers: one per entry)
+    ub, arg, idx = np.empty(n), np.empty(n), np.empty(n, np.int64)
 
     def gelu_with_cdf_kernel(xa):
         out, w = np.empty(xa.shape, dt), np.empty(xa.shape, dt)
         xf = _flat(xa)
-        e = xf if scratch is None else kernels.outside_call("gelu_erf_exp", xf, scratch)
-        fn(xf, e, out.reshape(-1), w.reshape(-1))
+        m = gather(xf, ub, arg, idx)
+        e = np.exp(arg[:m], out=arg[:m])  # numpy's exp, as eager's erf64
+        finish(xf, out.reshape(-1), w.reshape(-1), ub, e, idx, m)
         return out, w
 
     return gelu_with_cdf_kernel
@@ -122,14 +186,16 @@ def gelu_backward_from_cdf_factory(node):
     if not (g.dtype == x.dtype == w.dtype) or not (g.shape == x.shape == w.shape):
         return None
     dt = np.dtype(x.dtype)
-    fn = kernels.load(f"gelu_backward_from_cdf_{dt.name}", _source("backward", dt))
-    scratch = np.empty(int(np.prod(x.shape)), dt)  # exp(-0.5 x x), numpy's (eager's order)
+    arg_src, src = _backward(dt)
+    argument = kernels.load(f"gelu_pdf_argument_{dt.name}", arg_src)
+    fn = kernels.load(f"gelu_backward_from_cdf_{dt.name}", src)
+    p = np.empty(int(np.prod(x.shape)), dt)  # exp(-0.5 x x): numpy's exp, as eager
 
     def gelu_backward_from_cdf_kernel(ga, xa, wa):
         out = np.empty(xa.shape, dt)
         xf = _flat(xa)
-        fn(_flat(ga), xf, _flat(wa), kernels.outside_call("gelu_exp", xf, scratch),
-           out.reshape(-1))
+        argument(xf, p)
+        fn(_flat(ga), xf, _flat(wa), np.exp(p, out=p), out.reshape(-1))
         return out
 
     return gelu_backward_from_cdf_kernel
