@@ -56,7 +56,7 @@ def _kernels():
         mod = sys.modules[kernels.load("attention_shift", SOURCE).py_func.__module__]
         for name in ("layer_norm_rows", "softmax_shift", "softmax_norm", "attention_shift",
                      "adam_update", "embedding_rows", "layer_norm_backward_rows",
-                     "softmax_backward_rows", "adam_params", "clip_grads"):
+                     "softmax_backward_rows", "adam_params", "clip_grads", "scaled_copy"):
             _K[name] = getattr(mod, name)
     return _K
 
@@ -230,6 +230,26 @@ def clip_grads(gs, outs, max_norm, tiny, total):
         o = outs[i]
         for j in range(g.shape[0]):
             o[j] = g[j] * coef
+
+
+@njit(error_model="numpy", cache=True)
+def scaled_copy(src, dst, scale, has_scale):
+    """dst = src * scale + 0.0 (without a scale: src + 0.0) over two 4-D arrays of one
+    shape (any strides): eager's product by a Python number, then its adds of zeros (-0.0
+    becomes +0.0)."""
+    A, B, C, D = src.shape
+    zero = dst.dtype.type(0)
+    for a in range(A):
+        for b in range(B):
+            for c in range(C):
+                s = src[a, b, c]
+                d = dst[a, b, c]
+                if has_scale:
+                    for k in range(D):
+                        d[k] = s[k] * scale + zero
+                else:
+                    for k in range(D):
+                        d[k] = s[k] + zero
 
 
 @njit(error_model="numpy", cache=True)
@@ -1051,8 +1071,45 @@ def _slice_of(index, shape):
     return axis
 
 
-def _concat_impl(axis, order):
-    def concatenate_gradients(*gs):
+def _split_source(g, producer, uses):
+    """``g = reshape(permute(x))`` or ``reshape(permute(mul(x, c)))`` (a Python number c),
+    each intermediate read by the next node only and ``g`` by its ``index_backward`` only
+    (a head's q/k/v gradient put back into (B, T, H D)): ``(nodes, x, c or None, dims)``,
+    else None."""
+    r = producer.get(id(g))
+    if r is None or r.name != "reshape" or r.op is None or len(uses.get(id(g), ())) != 1:
+        return None
+    pm = producer.get(id(r.inputs[0]))
+    if pm is None or pm.name != "permute" or pm.op is None or \
+            len(uses.get(id(pm.outputs[0]), ())) != 1:
+        return None
+    x = pm.inputs[0]
+    dims = tuple(pm.params.get("dims", ()))
+    if not isinstance(x, Value) or x.dtype != g.dtype or not 1 <= len(x.shape) <= 4 or \
+            sorted(dims) != list(range(len(x.shape))):
+        return None
+    nodes, scale = [pm, r], None
+    mm = producer.get(id(x))
+    if mm is not None and mm.name == "mul" and mm.op is not None and len(mm.inputs) == 2 \
+            and isinstance(mm.inputs[0], Value) and type(mm.inputs[1]) in (int, float) \
+            and len(uses.get(id(x), ())) == 1 and mm.inputs[0].dtype == x.dtype \
+            and tuple(mm.inputs[0].shape) == tuple(x.shape):
+        nodes.insert(0, mm)
+        x, scale = mm.inputs[0], mm.inputs[1]
+    return nodes, x, scale, dims
+
+
+def _concat_impl(axis, order, chains):
+    """The node's numpy body: each absorbed chain's own nodes (eager's operations), then
+    the concatenation and + 0.0."""
+    from tapegrad.compiler.ir import call_node
+
+    def concatenate_gradients(*xs):
+        gs = []
+        for x, ch in zip(xs, chains):
+            for m in ch[0] if ch is not None else ():
+                x = call_node(m, [x if isinstance(a, Value) else a for a in m.inputs])[0]
+            gs.append(x)
         out = np.concatenate([gs[i] for i in order], axis=axis)
         np.add(out, out.dtype.type(0), out=out)  # (v + 0) + 0: -0.0 becomes +0.0, as eager
         return out
@@ -1065,7 +1122,11 @@ def merge_split_gradients(graph):
     gradient put into zeros, accumulate=False) whose slices along one axis cover it exactly
     (a q/k/v split's gradient) becomes one ``concatenate_gradients`` node: the slices
     concatenated, plus 0.0 (eager's (v + 0) + 0 turns -0.0 into +0.0; nothing else changes):
-    the same bits without three zero-filled arrays and two full-size adds."""
+    the same bits without three zero-filled arrays and two full-size adds. A gradient made
+    by ``reshape(permute(x))`` or ``reshape(permute(mul(x, c)))`` read by nothing else (the
+    heads' q/k/v gradients, q and k scaled) is read as x, its nodes absorbed: numba's kernel
+    (``concatenate_gradients_factory``) writes ``x * c + 0.0`` through the permutation
+    straight into the output's slice, without the reshape's copy and the product's array."""
     from tapegrad.compiler.ir import Node
 
     uses = _uses_of(graph)
@@ -1102,7 +1163,9 @@ def merge_split_gradients(graph):
         if not all(isinstance(g, Value) and g.dtype == out.dtype and tuple(g.shape) ==
                    shape[:axis] + (c[2] - c[1],) + shape[axis + 1:] for g, c in zip(gs, cuts)):
             continue
-        group = ibs + [a1, a2]
+        # each gradient made by reshape(permute(mul(x, c)))? the node reads x instead
+        chains = [_split_source(g, producer, uses) for g in gs]
+        group = [m for ch in chains if ch is not None for m in ch[0]] + ibs + [a1, a2]
         if any(id(m) in drop or id(m) in replace for m in group):
             continue
         first = min(pos[id(m)] for m in group)
@@ -1111,7 +1174,55 @@ def merge_split_gradients(graph):
         if any(isinstance(x, Value) and id(x) in made for n in graph.nodes[first:pos[id(a2)]]
                if id(n) not in inside for x in n.inputs):
             continue
-        replace[id(a2)] = Node(None, "concatenate_gradients", gs, {}, [out],
-                               impl=_concat_impl(axis, order), meta={"nodes": group})
+        srcs = [g if ch is None else ch[1] for g, ch in zip(gs, chains)]
+        replace[id(a2)] = Node(None, "concatenate_gradients", srcs, {}, [out],
+                               impl=_concat_impl(axis, order, chains),
+                               meta={"nodes": group, "axis": axis, "cuts": cuts,
+                                     "chains": [None if ch is None else ch[2:]
+                                                for ch in chains]})
         drop.update(id(m) for m in group[:-1])
     return passes.replace_nodes(graph, replace, drop)
+
+
+@op_kernels.register("concatenate_gradients")
+def concatenate_gradients_factory(node):
+    """The merged split gradient (``merge_split_gradients``) over float32/float64 as one
+    numba pass per slice: each source read through its permutation (a view), times its
+    scale, plus 0.0, written into the output's slice seen in the source's shape (a view,
+    checked here once on an empty output); bitwise the node's numpy body. None (the body
+    runs) where a slice's view would need a copy or a source has more than 4 dims."""
+    meta = node.meta or {}
+    chains, cuts = meta.get("chains"), meta.get("cuts")
+    out = node.outputs[0]
+    if chains is None or cuts is None or len(node.inputs) != len(chains) or not all(
+            isinstance(a, Value) for a in node.inputs):
+        return None
+    dt = _floats(out, *node.inputs)
+    shape = tuple(out.shape)
+    if dt is None or any(d == 0 for d in shape):
+        return None
+    probe = np.empty(shape, dt)
+    plan = []
+    for x, ch, (axis, start, stop) in zip(node.inputs, chains, cuts):
+        scale, dims = ch if ch is not None else (None, None)
+        xs = tuple(x.shape)
+        seen = xs if dims is None else tuple(xs[d] for d in dims)
+        if len(seen) > 4:
+            return None
+        sl = (slice(None),) * axis + (slice(start, stop),)
+        view = probe[sl].reshape(seen)
+        if view.base is not probe and view is not probe:
+            return None  # the slice seen in the source's shape would be a copy
+        lead = (1,) * (4 - len(seen))
+        plan.append((sl, dims, lead + seen, dt.type(0 if scale is None else scale),
+                     scale is not None))
+    copy = _kernels()["scaled_copy"]
+
+    def concatenate_gradients_kernel(*xs):
+        res = np.empty(shape, dt)
+        for x, (sl, dims, seen4, sc, has) in zip(xs, plan):
+            src = x if dims is None else x.transpose(dims)
+            copy(src.reshape(seen4), res[sl].reshape(seen4), sc, has)
+        return res
+
+    return concatenate_gradients_kernel
