@@ -287,3 +287,37 @@ def test_promotion_and_broadcast_in_a_replayed_step_are_still_traced_ops():
     assert "broadcast_to" in names and "to_dtype" in names
     assert sum(e.n_replays for e in comp.entries) == 4
     assert not any(e.n_fallbacks for e in comp.entries)
+
+
+@pytest.mark.parametrize("on", ["loss", "hidden"])
+def test_ops_after_the_read_run_eagerly_on_filled_values_only(on):
+    """Python that, on one call only, computes after the read (the graph already ran): an
+    op on the read loss (filled) runs eagerly; one on an intermediate the graph did not
+    keep raises, naming the op. Calls after it replay again."""
+    model, opt = _model_and_opt()
+
+    def step(x, y):
+        h = model[0](x)
+        loss = F.cross_entropy(model[2](model[1](h)), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        value = loss.item()
+        if CALL["i"] == 3:
+            return value, (loss if on == "loss" else h) * 2.0
+        return value, None
+
+    comp = tg.compile(step)
+    for i, args in enumerate(_calls()()):
+        CALL["i"] = i
+        if i == 3 and on == "hidden":
+            with pytest.raises(RuntimeError, match="mul after the compiled step read an "
+                                                   "intermediate the graph did not keep"):
+                comp(*args)
+            continue
+        value, extra = comp(*args)
+        if i == 3:
+            assert type(extra) is tg.Tensor and extra.item() == pytest.approx(2 * value,
+                                                                             rel=1e-15)
+    assert sum(e.n_replays for e in comp.entries) == 4 - (on == "hidden")
+    assert not any(e.n_fallbacks for e in comp.entries)

@@ -744,12 +744,18 @@ def _elementwise_plain(args, float_only):
     return ok
 
 
+def _plain(v):
+    """Whether ``v`` is its own frozen form: a plain value, or a tuple of them."""
+    return type(v) in _PLAIN or type(v) is tuple and all(_plain(x) for x in v)
+
+
 def _replay_plan(entry, nodes):
     """Per traced node, once per entry: ``(node, number of inputs, inputs as (want, kind,
-    frozen literal), frozen params, runs at issue when its inputs are known (a view, an
-    integer/bool result), outputs as (Value, shape, dtype, needs a stand-in grad_fn), no
-    slot input, frozen params by key)``: what ``_Replay._match``/``_issue`` compare and make, so a call's match
-    builds no lists or frozen forms of the trace."""
+    frozen literal), frozen params, its Value inputs when it runs at issue once they are
+    known (a view, an integer/bool result; else None), outputs as (Value, shape, dtype,
+    needs a stand-in grad_fn), no slot input, frozen params by key, the params when they
+    are their own frozen form (else None))``: what ``_Replay._match_plan``/``_issue_plan``
+    compare and make, so a call's match builds no lists or frozen forms of the trace."""
     consts = {id(v) for v in entry.graph.consts}
     slots = entry.slot_values
     rg = getattr(entry, "rg_values", ())
@@ -763,13 +769,16 @@ def _replay_plan(entry, nodes):
             else:
                 ins.append((w, _IN_LIT, freeze(w)))
         real = n.op is not None and (n.op.view or all(v.dtype.kind in "iub"
-                                                      for v in n.outputs))
+                                                      for v in n.outputs)) and \
+            not any(w is None for w in n.inputs)  # (a None literal: never run at issue)
         outs = tuple((v, v.shape, v.dtype, id(v) in rg) for v in n.outputs)
         if any(r for _, _, _, r in outs):
             _placeholder_node()
-        plan.append((n, len(ins), tuple(ins), freeze(n.params), real, outs,
-                     all(k != _IN_SLOT for _, k, _ in ins),
-                     {k: freeze(v) for k, v in n.params.items()}))
+        plan.append((n, len(ins), tuple(ins), freeze(n.params),
+                     tuple(w for w in n.inputs if isinstance(w, Value)) if real else None,
+                     outs, all(k != _IN_SLOT for _, k, _ in ins),
+                     {k: freeze(v) for k, v in n.params.items()},
+                     n.params if all(_plain(v) for v in n.params.values()) else None))
     return plan
 
 
@@ -789,22 +798,28 @@ class _Replay(DispatchMode):
         self.slots = entry.slots
         self.bound = entry.bind(args, kwargs)  # (at the start: gradients as eager sees them)
         refs = self.bound[0]
-        for i, (v, src) in enumerate(entry.graph.inputs):
-            if src.kind == "hyper":
-                self.env[id(v)] = src.ref[src.label]
-                continue
-            t = (args[src.index] if src.kind == "arg" else
-                 refs[i] if src.kind == "ref" else refs[i].grad)
-            self.tv[id(t)] = (t, v)
-            self.env[id(v)] = t._data
-        for v, a in entry.graph.consts.items():
-            self.env[id(v)] = a
+        inputs = entry.graph.inputs
         got = entry.__dict__.get("_replay_plan")
-        if got is None or got[0] is not self.nodes:  # once per entry (its nodes are fixed)
-            got = entry._replay_plan = (self.nodes, _replay_plan(entry, self.nodes),
-                                        {id(v) for v in entry.graph.consts})
+        if got is None or got[0] is not self.nodes or got[3] is not inputs or \
+                len(got[4]) != len(inputs):  # once per entry (its nodes are fixed)
+            got = entry._replay_plan = (
+                self.nodes, _replay_plan(entry, self.nodes),
+                {id(v) for v in entry.graph.consts}, inputs,
+                [(i, src.kind, src.index, v, id(v), src.ref, src.label)
+                 for i, (v, src) in enumerate(inputs)])
         self.plan, self.consts = got[1], got[2]
+        env, tv = self.env, self.tv
+        for i, kind, index, v, vid, ref, label in got[4]:
+            if kind == "hyper":
+                env[vid] = ref[label]
+                continue
+            t = args[index] if kind == "arg" else refs[i] if kind == "ref" else refs[i].grad
+            tv[id(t)] = (t, v)
+            env[vid] = t._data
+        for v, a in entry.graph.consts.items():
+            env[id(v)] = a
         self._tc = _traced_class(Tensor)
+        self._ends = entry.ends
         # a new Tensor over a known array (a detach, a re-wrap inside F.embedding, an index
         # param's array) stands for the same Value, as in the tracer's value_of
         self.av = {id(t._data): (t._data, v) for t, v in self.tv.values()}
@@ -859,11 +874,23 @@ class _Replay(DispatchMode):
         """Whether the call's inputs and params are the traced node's: each tensor stands
         for the node's input Value (a known tensor, or a new one over a known array), an
         unknown tensor only for a constant, literals and params equal in frozen form."""
-        n, n_in, ins, frozen, _, _, simple, want_params = p
+        n, n_in, ins, frozen, _, _, simple, want_params, plain_params = p
         if not simple:  # a SplitEntry slot among the inputs (a Python number after a read)
             return self._match_slots(n, flat, params, frozen)
-        if len(flat) != n_in or not (not want_params and type(params) is dict and
-                                     not params or _same_params(params, want_params)):
+        if len(flat) != n_in:
+            return False
+        if plain_params is not None and type(params) is dict:
+            # the node's params are their own frozen form: so are the call's when hashable
+            # (no list, array, dict, slice inside), and then frozen equality is equality
+            try:
+                hash(tuple(params.values()))
+            except TypeError:
+                if not _same_params(params, want_params):
+                    return False
+            else:
+                if not (params == plain_params or _same_params(params, want_params)):
+                    return False
+        elif not _same_params(params, want_params):
             return False
         tv = self.tv
         for a, (want, kind, lit) in zip(flat, ins):
@@ -911,21 +938,19 @@ class _Replay(DispatchMode):
     def _issue_plan(self, p):
         """The node's outputs as placeholders (of the traced class, as the trace's tensors;
         a stand-in grad_fn where the trace had a non-leaf), registered for later matches."""
-        n, _, _, _, real, spec, _, _ = p
-        if real:  # (index arithmetic on arguments: cheap)
+        n, _, _, _, real, spec, _, _, _ = p
+        if real is not None:  # (index arithmetic on arguments: cheap)
             env = self.env
-            for a in n.inputs:
-                if isinstance(a, Value) and env.get(id(a)) is None:
-                    real = False  # (an input is a placeholder: the common case)
-                    break
+            for a in real:
+                if env.get(id(a)) is None:
+                    break  # (an input is a placeholder: the common case)
             else:
-                ins = [env.get(id(a)) if isinstance(a, Value) else a for a in n.inputs]
+                return self._issue_real(n, spec)
         tv, av, placeholders, tc = self.tv, self.av, self.placeholders, self._tc
-        outs = []  # a view of known arrays (``i[:2]`` of an argument) is real at once: an
-        for (v, shape, dtype, rg), a in zip(spec, call_node(n, ins) if real else  # index's
-                                            [None] * len(spec)):  # bounds check may read it
+        outs = []
+        for v, shape, dtype, rg in spec:
             t = _new_tensor(tc)
-            t._data = d = np.empty(shape, dtype) if a is None else a
+            t._data = d = np.empty(shape, dtype)
             t._grad = t._hooks = None
             t._version = [0]
             if rg:  # a non-leaf, as in the trace (in-place checks)
@@ -935,12 +960,38 @@ class _Replay(DispatchMode):
             tv[id(t)] = pair = (t, v)
             av[id(d)] = (d, v)
             placeholders.append(pair)
+            outs.append(t)
+        self.i += 1
+        if self.i in self._ends:
+            self._flush()
+        return outs
+
+    def _issue_real(self, n, spec):
+        """A view of known arrays (``i[:2]`` of an argument) or an integer/bool result of
+        them is real at once: an index's bounds check may read it."""
+        env = self.env
+        arrays = call_node(n, [env.get(id(a)) if isinstance(a, Value) else a
+                               for a in n.inputs])
+        tv, av, placeholders, tc = self.tv, self.av, self.placeholders, self._tc
+        outs = []
+        for (v, shape, dtype, rg), a in zip(spec, arrays):
+            t = _new_tensor(tc)
+            t._data = d = np.empty(shape, dtype) if a is None else a
+            t._grad = t._hooks = None
+            t._version = [0]
+            if rg:
+                t.grad_fn, t._requires_grad = _PLACEHOLDER_NODE[0], True
+            else:
+                t.grad_fn, t._requires_grad = None, False
+            tv[id(t)] = pair = (t, v)
+            av[id(d)] = (d, v)
+            placeholders.append(pair)
             if a is not None:
-                self.env[id(v)] = a
+                env[id(v)] = a
                 self.filled.add(id(t))
             outs.append(t)
         self.i += 1
-        if self.i in self.e.ends:
+        if self.i in self._ends:
             self._flush()
         return outs
 
@@ -1211,16 +1262,16 @@ class _TailReplay(_Replay):
         self.tv[id(t)] = (t, v)
         return t
 
-    def interpret(self, o, args, params):
-        if self.done:  # after the graph ran: eager, on filled values only
-            flat = args[0] if args and type(args[0]) is list else args
-            if any(isinstance(a, Tensor) and self._value(a) is not None and
-                   id(a) not in self.filled and any(a is p for p, _ in self.placeholders)
-                   for a in flat):
-                raise RuntimeError(f"tapegrad.compile: {o.name} after the compiled step read "
-                                   "an intermediate the graph did not keep")
-            return dispatch(o, args, params)
-        return super().interpret(o, args, params)
+    def _interpret_done(self, o, args, params):
+        """``interpret`` once the graph ran (``_flush`` sets it on the instance, so the ops
+        before it pay no check): eager, on filled values only."""
+        flat = args[0] if args and type(args[0]) is list else args
+        if any(isinstance(a, Tensor) and self._value(a) is not None and
+               id(a) not in self.filled and any(a is p for p, _ in self.placeholders)
+               for a in flat):
+            raise RuntimeError(f"tapegrad.compile: {o.name} after the compiled step read "
+                               "an intermediate the graph did not keep")
+        return dispatch(o, args, params)
 
     def on_read(self, t):
         if self.done:
@@ -1244,6 +1295,7 @@ class _TailReplay(_Replay):
                 np.copyto(t._data, a)
                 self.filled.add(id(t))
         self.done = True
+        self.interpret = self._interpret_done  # (dropped by restore: no cycle left)
 
     def _fall(self):
         if not self.done:
@@ -1259,6 +1311,7 @@ class _TailReplay(_Replay):
             self._flush()
 
     def restore(self):
+        self.__dict__.pop("interpret", None)
         stand_in = _placeholder_node()
         for t, _ in self.placeholders:  # plain tensors, as a compiled step's outputs are
             t.__class__ = Tensor
