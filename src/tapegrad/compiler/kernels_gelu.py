@@ -74,20 +74,24 @@ def share_gelu_erf(graph):
     return passes.replace_nodes(graph, replace, set())
 
 
-def _src(lines, erf=""):
+def _src(lines, erf="", flags=""):
     return "\n".join(["import math", "import numpy as np", "from numba import njit", "",
-                      erf, "", '@njit(error_model="numpy", cache=True)'] + lines) + "\n"
+                      erf, "", f'@njit(error_model="numpy", cache=True{flags})'] + lines) + "\n"
 
 
 def _forward32():
-    """float32: one pass, erf by ``erf32`` (in float64, rounded once)."""
+    """float32: one pass, erf by ``erf32`` (in float64, rounded once). Multiply-adds may
+    contract to FMAs: the only adds are erf32's polynomial (not bitwise by design; the same
+    float32 results as without FMAs on 3e7 inputs, 1.2x faster) and ``1 + erf``, whose
+    operand is the float32 rounding, which LLVM cannot contract across."""
     return _src(["def gelu_with_cdf_float32(x, out, w):",
                  "    for i in range(x.size):",
                  "        xi = x[i]",
                  f"        u = xi * np.float32({_SQRT1_2!r})",
                  "        wi = np.float32(1.0) + np.float32(erf32(np.float64(u)))",
                  "        w[i] = wi",
-                 "        out[i] = (xi * np.float32(0.5)) * wi"], kernels.erf32_source())
+                 "        out[i] = (xi * np.float32(0.5)) * wi"], kernels.erf32_source(),
+                ', fastmath={"contract"}')
 
 
 # float64, eager's erf64 (ops.error_function) in three steps, as eager runs it: the lanes
