@@ -1210,6 +1210,8 @@ def concatenate_gradients_factory(node):
         if len(seen) > 4:
             return None
         sl = (slice(None),) * axis + (slice(start, stop),)
+        if probe[sl].size != int(np.prod(seen, dtype=np.int64)):
+            return None
         view = probe[sl].reshape(seen)
         if view.base is not probe and view is not probe:
             return None  # the slice seen in the source's shape would be a copy
