@@ -29,7 +29,7 @@ from tapegrad.autograd.engine import WATCH, DispatchMode, Meta, _next_seq
 from tapegrad.autograd.grad_mode import state as grad_state
 from tapegrad.dtypes import FLOAT_NP
 from tapegrad.ops import registry
-from tapegrad.ops.registry import REGISTRY
+from tapegrad.ops.registry import REGISTRY, ndarray
 
 Tensor = None  # tapegrad.tensor.Tensor, set lazily (import cycle)
 
@@ -137,11 +137,17 @@ class ForwardLevel(DispatchMode):
             st.modes = modes
 
     def _tangents(self, flat):
-        """``[self.tangent(a) for a in flat]``, or None when no input has a tangent."""
+        """``([self.tangent(a) for a in flat], taped)``, the list None when no input has a
+        tangent; ``taped``: in grad mode, whether an input or a tangent requires grad (only
+        then can the tape see this op's tangent: ``_raw`` is asked)."""
         found = None
+        taped = False
+        enabled = grad_state.enabled
         get = self.tangents.get
         for i, a in enumerate(flat):
             if isinstance(a, Tensor):
+                if enabled and a._requires_grad:
+                    taped = True
                 e = get(id(a._data))
                 if e is not None and e[0] is a._data:
                     t = e[1] if e[2][0] == e[3] else self._refreshed(a)
@@ -149,17 +155,19 @@ class ForwardLevel(DispatchMode):
                         if found is None:
                             found = [None] * len(flat)
                         found[i] = t
-        return found
+                        if enabled and t._requires_grad:
+                            taped = True
+        return found, taped
 
     def interpret(self, op, args, params):
         listed = bool(args) and type(args[0]) is list
         flat = args[0] if listed else args
-        tangents = self._tangents(flat)
+        tangents, taped = self._tangents(flat)
         # no mode below, no watcher (WATCH holding this level alone is the common case)
         alone = not grad_state.modes and (
             (len(WATCH) == 1 and WATCH[0][1] is self) or not _watched())
         if tangents is None or not op.differentiable:
-            if not self.outer and grad_state.enabled:
+            if taped and not self.outer:
                 for a in flat:  # its output counts as inside only if its inputs do
                     if isinstance(a, Tensor) and a._requires_grad and not self._inner(a):
                         break
@@ -180,13 +188,18 @@ class ForwardLevel(DispatchMode):
                 st.modes = modes
             tangents = [self.tangent(a) for a in flat]
         out = _eager(op, args, params) if alone else op(*args, **params)
-        if not isinstance(out, Tensor) or out._data.dtype not in FLOAT_NP:
+        if not isinstance(out, Tensor):
             return out
-        if alone and out._data.dtype in _RAW_DTYPES and self._raw(flat, tangents):
-            t = _array_jvp(op, out._data, flat, tangents, params, listed)
+        od = out._data
+        if od.dtype not in FLOAT_NP:
+            return out
+        if alone and od.dtype in _RAW_DTYPES and (not taped or self._raw(flat, tangents)):
+            t = _array_jvp(op, od, flat, tangents, params, listed)
             if t is not _ON_TENSORS:
                 if t is not None:
-                    self.set_tangent(out, Tensor._make(_fit_array(t, out._data, op)))
+                    if type(t) is not ndarray or t.dtype is not od.dtype or t.shape != od.shape:
+                        t = _fit_array(t, od, op)
+                    self.set_tangent(out, Tensor._make(t))
                 return out
         t = jvp_of(op, out, flat, tangents, params, listed)
         if t is not None:
