@@ -546,9 +546,8 @@ def adam_factory(node):
             if not pl.valid(arrays[:n]):
                 return impl(*arrays, optimizer=optimizer)
         grads = arrays[n:]
-        flat = [tuple(g.reshape(-1) if g.flags.c_contiguous else
-                      np.ascontiguousarray(g).reshape(-1)
-                      for g in (grads if pl.whole else [grads[i] for i in b[2]]))
+        # (ravel: a flat view, or a C-order copy of a strided gradient)
+        flat = [tuple(g.ravel() for g in (grads if pl.whole else [grads[i] for i in b[2]]))
                 for b in pl.buckets]
         if not pl.whole and any(g.size != a.size for g, a in zip(grads, arrays)):
             return impl(*arrays, optimizer=optimizer)  # (eager's error)
@@ -592,13 +591,12 @@ def clip_grad_norm_factory(node):
     clip = _kernels()["clip_grads"]
 
     def clip_grad_norm_kernel(*grads, max_norm, norm_type, error_if_nonfinite):
-        # one numba call for every gradient (a tuple of flat C-contiguous views: a strided
-        # one is copied in C order, the order eager's ravel sums in)
-        flat = tuple(g.reshape(-1) if g.flags.c_contiguous else
-                     np.ascontiguousarray(g).reshape(-1) for g in grads)
+        # one numba call for every gradient (a tuple of flat C-contiguous views: ravel
+        # copies a strided one in C order, the order eager's ravel sums in)
         outs = [np.empty(g.shape, dt) for g in grads]
         total = np.empty((), dt)
-        clip(flat, tuple(o.reshape(-1) for o in outs), dt.type(max_norm), tiny, total)
+        clip(tuple(g.ravel() for g in grads), tuple(o.ravel() for o in outs),
+             dt.type(max_norm), tiny, total)
         return (total, *outs)
 
     return clip_grad_norm_kernel
