@@ -321,3 +321,83 @@ def test_ops_after_the_read_run_eagerly_on_filled_values_only(on):
                                                                              rel=1e-15)
     assert sum(e.n_replays for e in comp.entries) == 4 - (on == "hidden")
     assert not any(e.n_fallbacks for e in comp.entries)
+
+
+def _storing_step(store, when):
+    model, opt = _model_and_opt()
+
+    def step(x, y):
+        h = model[0](x)
+        if when(CALL["i"]):
+            store[CALL["i"]] = h  # an intermediate kept past the call (not returned)
+        loss = F.cross_entropy(model[2](model[1](h)), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.item()
+    return step, model
+
+
+def test_an_intermediate_the_function_stores_away_holds_its_values():
+    """A step that stores an intermediate outside (as the traced call did): the replay sees
+    it alive from the trace and makes it an output of the graph, so every replayed call's
+    stored tensor holds eager's values (it held uninitialised memory before)."""
+    stores = [{}, {}]
+    runs = []
+    for compiled, store in zip((False, True), stores):
+        step, model = _storing_step(store, lambda i: True)
+        call = tg.compile(step) if compiled else step
+        for i, args in enumerate(_calls()()):
+            CALL["i"] = i
+            call(*args)
+        runs.append(call)
+    comp = runs[1]
+    assert sum(e.n_replays for e in comp.entries) == 4
+    assert [len(e.kept) for e in comp.entries] == [0, 1]
+    for i in range(6):
+        a, b = stores[0][i], stores[1][i]
+        assert type(b) is tg.Tensor and (i < 2 or b.grad_fn is None)  # (0, 1: the traces)
+        np.testing.assert_allclose(b.detach().numpy(), a.detach().numpy(), rtol=1e-12,
+                                   atol=1e-15)
+
+
+def test_an_intermediate_stored_only_on_a_later_call_is_nan_then_kept():
+    """An intermediate stored away first on a replayed call (the trace did not store it)
+    has no value that call: NaN with a warning naming the function, never uninitialised
+    memory; from the next call on the graph outputs it and the stored values are eager's."""
+    stores = [{}, {}]
+    runs = []
+    for compiled, store in zip((False, True), stores):
+        step, model = _storing_step(store, lambda i: i >= 3)
+        call = tg.compile(step) if compiled else step
+        for i, args in enumerate(_calls()()):
+            CALL["i"] = i
+            if compiled and i == 3:
+                with pytest.warns(RuntimeWarning, match="step kept 1 intermediate tensor"):
+                    call(*args)
+            else:
+                call(*args)
+        runs.append(call)
+    comp = runs[1]
+    assert sum(e.n_replays for e in comp.entries) == 4 and not comp.entries[0].kept
+    assert np.isnan(stores[1][3].detach().numpy()).all()
+    for i in (4, 5):
+        np.testing.assert_allclose(stores[1][i].detach().numpy(),
+                                   stores[0][i].detach().numpy(), rtol=1e-12, atol=1e-15)
+    assert len(comp.entries[1].kept) == 1
+
+
+def test_a_step_that_stores_nothing_keeps_nothing(recwarn):
+    """No false alarms: the char-GPT step (AdamW, clipping, a scheduler; the optimizer's
+    new parameter values are write-backs, the gradients outputs) keeps no intermediate."""
+    from tapegrad.bench import models as M, compile as B
+
+    state, batches = M.initial_state("gpt"), M.make_data("gpt", 2)
+    comp = M.Step(tg, "gpt", state, batches, np.dtype("float32"))
+    f = tg.compile(B._model_step(comp))
+    for _ in range(4):
+        f(*comp._batch())
+    assert sum(e.n_replays for e in f.entries) == 2 and not any(e.n_fallbacks
+                                                                for e in f.entries)
+    assert not any(e.kept for e in f.entries)
+    assert not [w for w in recwarn if "intermediate" in str(w.message)]

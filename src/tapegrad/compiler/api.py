@@ -11,6 +11,7 @@ again (that call runs eagerly while it is recorded, so its result is exact), up 
 A call whose trace hits a graph break runs to the end eagerly; further calls with the same
 argument types run eagerly at once.
 """
+import operator
 import os
 import sys
 import time
@@ -1132,15 +1133,52 @@ class TailEntry(Entry):
         self.run_graph = passes.optimize(full, passes_, log=self.log)
         self.source, self.run = codegen.generate(self.run_graph, name)
         self.n_replays = self.n_fallbacks = 0
+        self._passes, self._name = passes_, name
+        self.kept = []  # intermediates the function stores away: outputs of the run too
+        # the tensors the traced call made (not its arguments, state or write-back targets)
+        # that are not outputs: one still alive at the first replay (the tracer is gone by
+        # then) is held by something the function stored it in (a dict, an attribute)
+        made = {id(v) for n in graph.nodes for v in n.outputs}
+        outs = {id(v) for v in self.out_values if isinstance(v, Value)}
+        before = {id(src.ref) for _, src in graph.inputs if src.kind in ("ref", "grad")}
+        before |= {id(t) for _, t, _, _ in graph.writes}
+        before |= {id(a) for a in (*tracer.args, *getattr(tracer, "kwargs", {}).values())
+                   if isinstance(a, Tensor)}
+        self._traced = [(weakref.ref(t), v) for t, v, _ in tracer.tmap.values()
+                        if id(v) in made and id(v) not in outs and id(t) not in before]
+
+    def keep(self, values):
+        """Make ``values`` (intermediates the function stores away, where eager would leave
+        them computed) outputs of the run graph too: each call fills their placeholders."""
+        have = {id(v) for v in self.out_values if isinstance(v, Value)}
+        extra = []
+        for v in values:
+            if id(v) not in have:
+                have.add(id(v))
+                extra.append(v)
+        if not extra:
+            return
+        outs = list(self.out_values) + extra
+        full = self.graph.copy()
+        full.outputs = list(outs)
+        self.run_graph = passes.optimize(full, self._passes, log=self.log)
+        self.source, self.run = codegen.generate(self.run_graph, self._name)
+        self.out_values = outs
+        self.kept += extra
 
     def replay(self, fn, args, kwargs=None):
         kwargs = kwargs or {}
+        if self._traced is not None:  # the first replay: what the traced call stored away
+            alive = [v for r, v in self._traced if r() is not None]
+            self._traced = None
+            self.keep(alive)
         mode = _TailReplay(self, args, kwargs)
         try:
             try:
                 with mode:
                     result = fn(*args, **kwargs)
                 mode.flush_end()
+                mode.check_kept()
             finally:
                 mode.restore()
         except _Diverged:
@@ -1159,6 +1197,12 @@ class TailEntry(Entry):
         return result
 
 
+def _refcounts(pairs, _first=operator.itemgetter(0)):
+    """The reference counts of the tensors of ``(tensor, value)`` pairs (``check_kept``)."""
+    return list(map(sys.getrefcount, map(_first, pairs)))
+
+
+_REFS_OWN = _refcounts([(object(), None)])[0]  # held only by its pair (in the list)
 _PLACEHOLDER_NODE = []
 
 
@@ -1309,6 +1353,27 @@ class _TailReplay(_Replay):
             if self.i != len(self.nodes):
                 self._fall()  # fewer ops than traced
             self._flush()
+
+    def check_kept(self):
+        """After the call: a placeholder the graph did not fill that something outside the
+        call still holds (an intermediate the function stored away, which the traced call
+        did not) has no value: it is NaN, with a warning, and the entry outputs its Value
+        from the next call on (``TailEntry.keep``)."""
+        self.tv = self.grads_set = None  # (the replay's own references: one pair each left)
+        filled = self.filled
+        held = [p for p, n in zip(self.placeholders, _refcounts(self.placeholders))
+                if n > _REFS_OWN and id(p[0]) not in filled]
+        if not held:
+            return
+        for t, _ in held:
+            if t._data.dtype.kind in "fc":
+                t._data.fill(np.nan)
+        warnings.warn(
+            f"tapegrad.compile: {self.e._name} kept {len(held)} intermediate tensor(s) "
+            f"(shapes {[tuple(t._data.shape) for t, _ in held][:4]}) that its compiled graph "
+            "did not output; their values for this call are unknown (NaN); later calls "
+            "output them", RuntimeWarning, stacklevel=4)
+        self.e.keep([v for _, v in held])
 
     def restore(self):
         self.__dict__.pop("interpret", None)
