@@ -342,6 +342,13 @@ def _array_jvp(op, od, flat, tangents, params, listed):
         if op.rule is None:
             return None
         shape = od.shape
+        if len(flat) == 1:  # unary (relu, exp, ...): its one input carries the tangent
+            x = xs[0]
+            if op.elementwise and x.shape != shape:
+                x = _broadcast_to(x, shape=shape)
+            return _call_rule(op, _fit_array(ts[0], od, op), od if op.save_out else None,
+                              [x if op.save_inputs else Meta(x)], params,
+                              op.needs and [True])[0]
         inputs = []
         for a, x in zip(flat, xs):
             if isinstance(a, Tensor):
