@@ -289,11 +289,12 @@ def test_promotion_and_broadcast_in_a_replayed_step_are_still_traced_ops():
     assert not any(e.n_fallbacks for e in comp.entries)
 
 
-@pytest.mark.parametrize("on", ["loss", "hidden"])
+@pytest.mark.parametrize("on", ["loss", "hidden", "dropout"])
 def test_ops_after_the_read_run_eagerly_on_filled_values_only(on):
     """Python that, on one call only, computes after the read (the graph already ran): an
-    op on the read loss (filled) runs eagerly; one on an intermediate the graph did not
-    keep raises, naming the op. Calls after it replay again."""
+    op on the read loss (filled) runs eagerly, array code outside ops too (dropout's mask);
+    one on an intermediate the graph did not keep raises, naming the op. Calls after it
+    replay again."""
     model, opt = _model_and_opt()
 
     def step(x, y):
@@ -303,6 +304,8 @@ def test_ops_after_the_read_run_eagerly_on_filled_values_only(on):
         loss.backward()
         opt.step()
         value = loss.item()
+        if CALL["i"] == 3 and on == "dropout":
+            return value, F.dropout(loss.reshape(1).expand(64), 0.5, training=True)
         if CALL["i"] == 3:
             return value, (loss if on == "loss" else h) * 2.0
         return value, None
@@ -316,7 +319,11 @@ def test_ops_after_the_read_run_eagerly_on_filled_values_only(on):
                 comp(*args)
             continue
         value, extra = comp(*args)
-        if i == 3:
+        if i == 3 and on == "dropout":  # each element dropped or scaled by 2
+            got = extra.detach().numpy()
+            assert got.shape == (64,) and 0 < (got == 0).sum() < 64
+            np.testing.assert_allclose(got[got != 0], 2 * value, rtol=1e-15)
+        elif i == 3:
             assert type(extra) is tg.Tensor and extra.item() == pytest.approx(2 * value,
                                                                              rel=1e-15)
     assert sum(e.n_replays for e in comp.entries) == 4 - (on == "hidden")
@@ -373,8 +380,10 @@ def test_an_intermediate_stored_only_on_a_later_call_is_nan_then_kept():
         for i, args in enumerate(_calls()()):
             CALL["i"] = i
             if compiled and i == 3:
-                with pytest.warns(RuntimeWarning, match="step kept 1 intermediate tensor"):
+                with pytest.warns(RuntimeWarning, match="step kept 1 intermediate tensor") \
+                        as caught:
                     call(*args)
+                assert caught[0].filename == __file__  # (the caller's line)
             else:
                 call(*args)
         runs.append(call)

@@ -1286,8 +1286,10 @@ class _TailReplay(_Replay):
         self.i = span[1]
 
     def array_fn(self, name, fn, tensors, params, random=False):
+        if self.done:  # after the graph ran: eager, on filled values (as interpret)
+            return _Replay.array_fn(self, name, fn, tensors, params, random)
         n = self.nodes[self.i] if self.i < len(self.nodes) else None
-        if self.done or n is None or n.op is not None or n.name != name or \
+        if n is None or n.op is not None or n.name != name or \
                 bool(n.effect) != bool(random) or not self._match(n, list(tensors), params):
             self._fall()
         outs = self._issue(n)
@@ -1372,7 +1374,7 @@ class _TailReplay(_Replay):
             f"tapegrad.compile: {self.e._name} kept {len(held)} intermediate tensor(s) "
             f"(shapes {[tuple(t._data.shape) for t, _ in held][:4]}) that its compiled graph "
             "did not output; their values for this call are unknown (NaN); later calls "
-            "output them", RuntimeWarning, stacklevel=4)
+            "output them", RuntimeWarning, stacklevel=5)  # (the compiled function's caller)
         self.e.keep([v for _, v in held])
 
     def restore(self):
