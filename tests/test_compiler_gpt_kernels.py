@@ -132,6 +132,21 @@ def test_optimizer_kernel_follows_a_loaded_state(monkeypatch):
     _run_both(monkeypatch, OPTIMIZERS["adamw_groups"], between)
 
 
+def test_optimizer_kernel_follows_state_tensors_replaced_in_their_dicts(monkeypatch):
+    """A moment replaced by a new tensor in the same state dict, another's array replaced
+    through ``.data``: the plan sees both (identity of each tensor and of its array)."""
+    def between(i, opt):
+        ps = opt.param_groups[0]["params"]
+        if i == 2:
+            st = opt.state[ps[0]]
+            st["exp_avg"] = tapegrad.ones_like(st["exp_avg"]) * 0.01
+        if i == 4:
+            t = opt.state[ps[1]]["exp_avg_sq"]
+            t.data = tapegrad.full_like(t, 0.5)
+
+    _run_both(monkeypatch, OPTIMIZERS["adamw_groups"], between)
+
+
 def test_optimizer_kernel_step_count_rounds_as_float32(monkeypatch):
     """A float32 step count past 2**24: + 1 rounds to even (eager's float32 step_t += 1);
     the kernel's constants use the same rounded count (beta2 near 1: 1 - beta2 ** step

@@ -36,6 +36,7 @@ machine code between processes; the loops hold no recursion (numba's cache canno
 recursive functions: a segfault).
 """
 import operator
+from itertools import chain
 
 import numpy as np
 
@@ -43,6 +44,7 @@ from tapegrad.compiler import kernels, op_kernels, passes
 from tapegrad.compiler.ir import Value
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_data_of = operator.attrgetter("_data")
 _K = {}
 
 
@@ -504,6 +506,11 @@ def adam_factory(node):
             self.arrays, self.groups = tuple(arrays), list(opt.param_groups)
             self.state, self.values = opt.state, tuple(opt.state.values())
             self.entries = entries
+            # what valid() compares by identity, in C loops: the state dicts' tensors (in
+            # their order) and those tensors' arrays
+            self.sts = [st for st, *_ in entries]
+            self.tensors = list(chain.from_iterable(map(dict.values, self.sts)))
+            self.datas = list(map(_data_of, self.tensors))
             self.params = [p for ms in members.values() for _, _, p in ms]
             self.buckets = []
             for (dt, sdt), ms in members.items():
@@ -520,7 +527,7 @@ def adam_factory(node):
             self.ok = True
 
         def valid(self, arrays):
-            if not self.ok or any(a is not b for a, b in zip(arrays, self.arrays)):
+            if not self.ok or not all(map(operator.is_, arrays, self.arrays)):
                 return False
             groups = opt.param_groups
             if len(groups) != len(self.groups) or any(
@@ -528,11 +535,14 @@ def adam_factory(node):
                     g["amsgrad"] or g.get("capturable") or g.get("differentiable")
                     for g in groups):
                 return False
-            state = opt.state  # the same entries (no Tensor hashing), the same arrays
-            return state is self.state and len(state) == len(self.values) and all(
-                map(operator.is_, state.values(), self.values)) and all(
-                st["exp_avg"]._data is m and st["exp_avg_sq"]._data is v and
-                st["step"]._data is s for st, m, v, s in self.entries)
+            state = opt.state  # the same entries (no Tensor hashing), tensors and arrays
+            if state is not self.state or len(state) != len(self.values) or not all(
+                    map(operator.is_, state.values(), self.values)):
+                return False
+            now = list(chain.from_iterable(map(dict.values, self.sts)))
+            return len(now) == len(self.tensors) and all(
+                map(operator.is_, now, self.tensors)) and all(
+                map(operator.is_, map(_data_of, now), self.datas))
 
     def _constants(group, step):
         """Parameter-dtype constants and flags of ``adam_update`` for one group and step:
