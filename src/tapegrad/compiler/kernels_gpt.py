@@ -21,19 +21,24 @@ the op's numpy forward runs):
 * ``scaled_dot_product_attention_probs``: the pass ``share_attention_probabilities`` makes
   the forward return the probabilities its traced rule would recompute (the rule's own
   q k^T, scale, bias and softmax nodes, on the same arrays: the same bits).
-* ``concatenate_gradients`` (numpy, no kernel): the pass ``merge_split_gradients`` turns a
-  split's three slice gradients put into zeros and added into one concatenation.
-* ``optimizer_step`` of Adam/AdamW: one numba pass per parameter (eager's dozen numpy
-  passes), ``clip_grad_norm`` (2-norm) without eager's wrappers and copies, and
-  ``embedding_backward`` as one loop instead of ``np.add.at``: the same operations in the
-  same order, bitwise eager's.
+* ``concatenate_gradients``: the pass ``merge_split_gradients`` turns a split's three slice
+  gradients put into zeros and added into one concatenation, reading each gradient's
+  ``reshape(permute(mul(x, c)))`` chain (the heads' q/k/v gradients) from x; numba writes
+  ``x * c + 0.0`` through the permutation into the output's slices (one pass, no copies).
+* ``optimizer_step`` of Adam/AdamW: one numba call for all parameters (tuples of flat
+  views; each element read and written once instead of eager's dozen numpy passes; the
+  parameters, state and groups checked into a plan kept while they stay the same objects),
+  ``clip_grad_norm`` (2-norm) as one numba call (every norm, the total, the scaling)
+  without eager's wrappers and copies, and ``embedding_backward`` as one loop instead of
+  ``np.add.at``: the same operations in the same order, bitwise eager's.
 
 float32 and float64 (the result's dtype is the input's; float32 arithmetic stays float32,
 as numpy's with a Python-float constant does). Every kernel is bitwise eager's: the same
 IEEE operations in the same order, numpy's own ``exp`` and BLAS calls where eager uses
-them (tests/test_compiler_kernels_gpt.py checks each). numba's ``cache=True`` keeps the
-machine code between processes; the loops hold no recursion (numba's cache cannot load
-recursive functions: a segfault).
+them (tests/test_compiler_kernels_gpt.py and test_compiler_gpt_kernels.py check each; a
+kernel taking a tuple of arrays compiles once per tuple length). numba's ``cache=True``
+keeps the machine code between processes; the loops hold no recursion (numba's cache
+cannot load recursive functions: a segfault).
 """
 import operator
 from itertools import chain
@@ -458,11 +463,12 @@ def attention_factory(node):
 
 @op_kernels.register("optimizer_step")
 def adam_factory(node):
-    """Adam/AdamW (not AMSGrad, capturable or differentiable) as one numba loop per
-    parameter instead of eager's dozen numpy passes: bitwise eager's (the same IEEE
-    operations, Python-float hyperparameters rounded to the parameter's dtype as numpy
-    does). A call whose parameters, state or options the kernel does not serve (a parameter
-    without state yet, a non-contiguous array, another dtype) runs the node's own step."""
+    """Adam/AdamW (not AMSGrad, capturable or differentiable) as one numba call over all
+    parameters (a loop each) instead of eager's dozen numpy passes: bitwise eager's (the
+    same IEEE operations, Python-float hyperparameters rounded to the parameter's dtype as
+    numpy does). A call whose parameters, state or options the kernel does not serve (a
+    parameter without state yet, a non-contiguous array, another dtype) runs the node's own
+    step."""
     from tapegrad.optim.adam import Adam
     from tapegrad.optim.adamw import AdamW
 
@@ -594,9 +600,9 @@ def adam_factory(node):
 @op_kernels.register("clip_grad_norm")
 def clip_grad_norm_factory(node):
     """clip_grad_norm_ (2-norm, no error on a non-finite norm) over gradients of one float
-    dtype, without eager's Tensor wrappers, copies and abs: each gradient's sum of squares
-    (numpy's pairwise sum of the raveled squares, as eager's), the total, the coefficient
-    and one multiply per gradient: bitwise eager's."""
+    dtype as one numba call, without eager's Tensor wrappers, copies and abs: each
+    gradient's sum of squares (numpy's pairwise sum of the raveled squares, as eager's),
+    the total, the coefficient and one multiply per gradient: bitwise eager's."""
     p = node.params
     grads = node.inputs
     if p.get("norm_type") != 2.0 or p.get("error_if_nonfinite") or not grads or \
