@@ -703,13 +703,35 @@ def _same_params(params, want):
         if t is tuple:
             try:
                 hash(v)
-            except TypeError:
-                pass
+            except TypeError:  # an index: slices (frozen as tuples) among plain values
+                same = _same_index(v, w)
+                if same is not None:
+                    if not same:
+                        return False
+                    continue
             else:
                 if v == w:
                     continue
         if freeze(v) != w:
             return False
+    return True
+
+
+def _same_index(v, w):
+    """``freeze(v) == w`` for a tuple of plain values, Ellipsis and slices (a getitem
+    index), element by element without building the frozen tuple; None for other tuples."""
+    if type(w) is not tuple or len(v) != len(w):
+        return None
+    for x, y in zip(v, w):
+        tx = type(x)
+        if tx is slice:
+            if ("slice", x.start, x.stop, x.step) != y:
+                return False
+        elif tx in _PLAIN or x is Ellipsis:
+            if not (x is y or x == y):
+                return False
+        else:
+            return None
     return True
 
 
@@ -720,6 +742,7 @@ _want_missing = object()
 # Value (any unknown tensor, as the trace's fresh constant) / a SplitEntry slot / a literal
 _IN_VALUE, _IN_CONST, _IN_SLOT, _IN_LIT = 0, 1, 2, 3
 _new_tensor = object.__new__  # a placeholder: a traced-class Tensor, slots set by hand
+_TENSOR_GRAD = Tensor.grad  # the ``.grad`` property (a subclass may define its own)
 _ELEMENTWISE_PLAIN = {}  # (numpy dtype, float_only) -> whether _prepare_elementwise keeps it
 
 
@@ -1250,10 +1273,13 @@ class _TailReplay(_Replay):
             ph._data = np.empty(v.shape, v.dtype)
             ph._grad = ph._hooks = ph.grad_fn = None
             ph._version, ph._requires_grad = [0], False
-            tv[id(ph)] = (ph, v)
-            self.placeholders.append((ph, v))
+            tv[id(ph)] = pair = (ph, v)
+            self.placeholders.append(pair)
             self.grads_set.append((t, t._grad))
-            t.grad = ph
+            if type(t).grad is _TENSOR_GRAD:  # (the setter's checks hold: v is the traced
+                t._grad = ph  # gradient of a tensor guarded to the traced shape and dtype)
+            else:
+                t.grad = ph
         self.i = end
         return None
 
