@@ -30,11 +30,14 @@ def _node(name, inputs, params, dtype, out_shape=None):
 
 
 # --- the optimizer step: one numba call over all parameters ---------------------------------
-def _two_dtype_step(make_opt, clip):
-    """A float64 and a float32 layer trained by one optimizer: two buckets of the kernel."""
+def _two_dtype_step(make_opt, clip, depth=1):
+    """A float64 and a float32 layer trained by one optimizer: two buckets of the kernel
+    (``depth``: float64 layers; over 4, more parameters than one chunk of the kernels)."""
     tapegrad.manual_seed(0)
     nn = tapegrad.nn
-    a = nn.Linear(5, 7).to(tapegrad.float64)
+    a = nn.Sequential(nn.Linear(5, 7), *[m for _ in range(depth - 1)
+                                         for m in (nn.ReLU(), nn.Linear(7, 7))])
+    a = a.to(tapegrad.float64)
     b = nn.Linear(7, 3).to(tapegrad.float32)
     params = list(a.parameters()) + list(b.parameters())
     opt = make_opt(a, b)
@@ -52,17 +55,25 @@ def _two_dtype_step(make_opt, clip):
     return step, params, opt
 
 
+def _weights(*ms):
+    return [p for m in ms for n, p in m.named_parameters() if n.endswith("weight")]
+
+
+def _biases(*ms):
+    return [p for m in ms for n, p in m.named_parameters() if n.endswith("bias")]
+
+
 OPTIMIZERS = {
     "adamw_groups": lambda a, b: tapegrad.optim.AdamW(
-        [{"params": [a.weight, b.weight], "weight_decay": 0.1},
-         {"params": [a.bias, b.bias], "weight_decay": 0.0, "betas": (0.3, 0.9)}], lr=3e-2),
+        [{"params": _weights(a, b), "weight_decay": 0.1},
+         {"params": _biases(a, b), "weight_decay": 0.0, "betas": (0.3, 0.9)}], lr=3e-2),
     "adam_maximize": lambda a, b: tapegrad.optim.Adam(
         list(a.parameters()) + list(b.parameters()), lr=1e-2, weight_decay=0.05,
         maximize=True),
 }
 
 
-def _run_both(monkeypatch, make_opt, between=None, n=6, clip=True):
+def _run_both(monkeypatch, make_opt, between=None, n=6, clip=True, depth=1):
     """The same compiled step with the two kernels and without them (the node's own
     optimizer step and clip: eager's code): losses, parameters, gradients, state and
     versions, bitwise. ``between(i, opt)`` runs on both optimizers before call i."""
@@ -71,7 +82,7 @@ def _run_both(monkeypatch, make_opt, between=None, n=6, clip=True):
     data = [(tapegrad.tensor(rng.standard_normal((8, 5))),
              tapegrad.tensor(rng.standard_normal((8, 3)).astype(np.float32)))
             for _ in range(n)]
-    raw_e, ep, eo = _two_dtype_step(make_opt, clip)
+    raw_e, ep, eo = _two_dtype_step(make_opt, clip, depth)
     with monkeypatch.context() as m:
         for name in ("optimizer_step", "clip_grad_norm"):
             m.setitem(op_kernels._FACTORIES, name, [])
@@ -82,7 +93,7 @@ def _run_both(monkeypatch, make_opt, between=None, n=6, clip=True):
                 between(i, eo)
             want.append(plain(x, y))
     assert "optimizer_step_kernel(" not in plain.entries[-1].source
-    raw, cp, co = _two_dtype_step(make_opt, clip)
+    raw, cp, co = _two_dtype_step(make_opt, clip, depth)
     comp = tapegrad.compile(raw)
     got = []
     for i, (x, y) in enumerate(data):
@@ -103,19 +114,21 @@ def _run_both(monkeypatch, make_opt, between=None, n=6, clip=True):
 
 
 @pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
-def test_optimizer_kernel_serves_two_dtypes_in_one_call(monkeypatch, kind):
-    _run_both(monkeypatch, OPTIMIZERS[kind])
+@pytest.mark.parametrize("depth", [1, 6])
+def test_optimizer_kernel_serves_two_dtypes_in_one_call(monkeypatch, kind, depth):
+    _run_both(monkeypatch, OPTIMIZERS[kind], depth=depth)
 
 
-def test_optimizer_kernel_with_uneven_step_counts(monkeypatch):
-    """One parameter's step count set apart (in place: the kernel's plan stays): its
+@pytest.mark.parametrize("depth", [1, 6])
+def test_optimizer_kernel_with_uneven_step_counts(monkeypatch, depth):
+    """A parameter's step count set apart (in place: the kernel's plan stays): its
     constants are its own, the others' are shared, as eager's per-parameter step."""
     def between(i, opt):
         if i == 3:
-            p = opt.param_groups[0]["params"][1]
-            opt.state[p]["step"]._data[...] = 40.0
+            for p in opt.param_groups[0]["params"][1::3]:
+                opt.state[p]["step"]._data[...] = 40.0
 
-    _run_both(monkeypatch, OPTIMIZERS["adamw_groups"], between)
+    _run_both(monkeypatch, OPTIMIZERS["adamw_groups"], between, depth=depth)
 
 
 def test_optimizer_kernel_follows_a_loaded_state(monkeypatch):
@@ -188,9 +201,12 @@ def _clip_case(dtype, kind):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("kind", ["plain", "nan", "inf", "small", "negzero"])
+@pytest.mark.parametrize("kind", ["plain", "nan", "inf", "small", "negzero", "many"])
 def test_clip_kernel_is_eager_bitwise(dtype, kind):
     grads = _clip_case(dtype, kind)
+    if kind == "many":  # three chunks of the kernels
+        grads = grads + [np.asarray(g * 2) for g in grads] + [np.asarray(g * 0.5)
+                                                              for g in grads[:5]]
     params = {"max_norm": 0.5, "norm_type": 2.0, "error_if_nonfinite": False}
     fn = kernels_gpt.clip_grad_norm_factory(_node("clip_grad_norm", grads, params, dtype))
     assert fn is not None

@@ -50,6 +50,22 @@ from tapegrad.compiler.ir import Value
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _data_of = operator.attrgetter("_data")
+_size_of = operator.attrgetter("size")
+# The optimizer's and the clip's kernels take their arrays as tuples of CHUNK (the last one
+# padded): numba compiles a kernel once per tuple length, and LLVM's time grows with it
+# (a 28-tuple, the char GPT's: 5.5 s for adam_params and 4.3 s for the clip; 8: ~1 s),
+# while numba's call costs the same per array.
+CHUNK = 8
+
+
+def _chunks(arrays, pad):
+    """(start, count, tuple of CHUNK arrays) for each run of CHUNK arrays, the last
+    padded with ``pad``."""
+    out = []
+    for at in range(0, len(arrays), CHUNK):
+        part = tuple(arrays[at:at + CHUNK])
+        out.append((at, len(part), part + (pad,) * (CHUNK - len(part))))
+    return out
 _K = {}
 
 
@@ -63,7 +79,8 @@ def _kernels():
         mod = sys.modules[kernels.load("attention_shift", SOURCE).py_func.__module__]
         for name in ("layer_norm_rows", "softmax_shift", "softmax_norm", "attention_shift",
                      "adam_update", "embedding_rows", "layer_norm_backward_rows",
-                     "softmax_backward_rows", "adam_params", "clip_grads", "scaled_copy"):
+                     "softmax_backward_rows", "adam_params", "clip_norms", "clip_coef",
+                     "clip_scale", "scaled_copy"):
             _K[name] = getattr(mod, name)
     return _K
 
@@ -193,55 +210,58 @@ def adam_update(p, g, m, v, c, flags):
 
 
 @njit(error_model="numpy", cache=True)
-def adam_params(ps, gs, ms, vs, steps, rows, c, flags):
-    """One Adam/AdamW step of every parameter of a call (tuples of flat C-contiguous arrays
-    of one dtype, 0-d steps of one dtype): each step += 1 in its own dtype (eager's
-    ``step_t += 1``), then adam_update with the constants of the parameter's group and new
-    step, c[rows[i]] and flags[rows[i]]. Returns -1, or (nothing done) the index of a
-    gradient whose size is not its parameter's."""
-    for i in range(len(ps)):
-        if gs[i].shape[0] != ps[i].shape[0]:
-            return i
-    for i in range(len(steps)):
+def adam_params(k, ps, gs, ms, vs, steps, rows, c, flags):
+    """One Adam/AdamW step of the first k parameters of a chunk (tuples of CHUNK flat
+    C-contiguous arrays of one dtype, padded; 0-d steps of one dtype; sizes checked by the
+    caller): each step += 1 in its own dtype (eager's ``step_t += 1``), then adam_update
+    with the constants of the parameter's group and new step, c[rows[i]], flags[rows[i]]."""
+    for i in range(k):
         s = steps[i]
         s[()] = s[()] + s.dtype.type(1)
-    for i in range(len(ps)):
+    for i in range(k):
         r = rows[i]
         adam_update(ps[i], gs[i], ms[i], vs[i], c[r], flags[r])
-    return -1
 
 
 @njit(error_model="numpy", cache=True)
-def clip_grads(gs, outs, max_norm, tiny, total):
-    """clip_grad_norm_ (2-norm) over flat C-contiguous gradients of one dtype: each one's
-    norm (the square root of numpy's pairwise sum of its squares, as eager's
-    ``sqrt((a * a).sum())``), the norm of those norms, coef = min(max_norm / (total + tiny),
-    1) (numpy's minimum: NaN wins), outs[i] = gs[i] * coef; total[()] = the total norm."""
-    n = len(gs)
-    size = n
-    for i in range(n):
-        size = max(size, gs[i].shape[0])
-    sq = np.empty(size, total.dtype)
-    norms = np.empty(n, total.dtype)
-    for i in range(n):
+def clip_norms(k, gs, norms, at, sq):
+    """norms[at + i] = the 2-norm of the first k gradients of a chunk (flat C-contiguous,
+    padded): the square root of numpy's pairwise sum of its squares, as eager's
+    ``sqrt((a * a).sum())``; sq: scratch of the largest gradient's size."""
+    for i in range(k):
         g = gs[i]
-        k = g.shape[0]
-        for j in range(k):
+        n = g.shape[0]
+        for j in range(n):
             sq[j] = g[j] * g[j]
-        norms[i] = np.sqrt(pairwise_sum(sq, 0, k))
+        norms[at + i] = np.sqrt(pairwise_sum(sq, 0, n))
+
+
+@njit(error_model="numpy", cache=True)
+def clip_coef(norms, max_norm, tiny, total, coef):
+    """total[()] = the 2-norm of the norms (as eager's norm of their stack); coef[()] =
+    min(max_norm / (total + tiny), 1) (numpy's minimum: NaN wins)."""
+    n = norms.shape[0]
+    sq = np.empty(n, norms.dtype)
     for i in range(n):
         sq[i] = norms[i] * norms[i]
     t = np.sqrt(pairwise_sum(sq, 0, n))
     total[()] = t
-    coef = max_norm / (t + tiny)
-    one = total.dtype.type(1)
-    if not (coef <= one or coef != coef):
-        coef = one
-    for i in range(n):
+    c = max_norm / (t + tiny)
+    one = norms.dtype.type(1)
+    if not (c <= one or c != c):
+        c = one
+    coef[()] = c
+
+
+@njit(error_model="numpy", cache=True)
+def clip_scale(k, gs, outs, coef):
+    """outs[i] = gs[i] * coef for the first k gradients of a chunk."""
+    c = coef[()]
+    for i in range(k):
         g = gs[i]
         o = outs[i]
         for j in range(g.shape[0]):
-            o[j] = g[j] * coef
+            o[j] = g[j] * c
 
 
 @njit(error_model="numpy", cache=True)
@@ -518,16 +538,18 @@ def adam_factory(node):
             self.tensors = list(chain.from_iterable(map(dict.values, self.sts)))
             self.datas = list(map(_data_of, self.tensors))
             self.params = [p for ms in members.values() for _, _, p in ms]
+            self.sizes = [a.size for a in arrays]
             self.buckets = []
             for (dt, sdt), ms in members.items():
                 idx = [i for i, _, _ in ms]
                 used = sorted({gi for _, gi, _ in ms})  # its groups: a row of constants each
                 local = [used.index(gi) for _, gi, _ in ms]
-                flat = [tuple(entries[i][k].reshape(-1) for i in idx) for k in (1, 2)]
-                self.buckets.append((dt, sdt, idx, tuple(arrays[i].reshape(-1) for i in idx),
-                                     *flat,
-                                     tuple(entries[i][3] for i in idx),
-                                     [self.groups[gi] for gi in used], local,
+                pad, pad0 = np.empty(0, dt), np.zeros((), sdt)
+                flat = [_chunks([arrays[i].reshape(-1) for i in idx], pad)] + [
+                    _chunks([entries[i][k].reshape(-1) for i in idx], pad) for k in (1, 2)]
+                steps = [entries[i][3] for i in idx]
+                self.buckets.append((dt, sdt, idx, pad, list(zip(*flat, _chunks(steps, pad0))),
+                                     steps, [self.groups[gi] for gi in used], local,
                                      np.array(local, np.int64)))
             self.whole = len(self.buckets) == 1  # one bucket, the call's order
             self.ok = True
@@ -570,12 +592,12 @@ def adam_factory(node):
             if not pl.valid(arrays[:n]):
                 return impl(*arrays, optimizer=optimizer)
         grads = arrays[n:]
-        # (ravel: a flat view, or a C-order copy of a strided gradient)
-        flat = [tuple(g.ravel() for g in (grads if pl.whole else [grads[i] for i in b[2]]))
-                for b in pl.buckets]
-        if not pl.whole and any(g.size != a.size for g, a in zip(grads, arrays)):
+        if not all(map(operator.eq, map(_size_of, grads), pl.sizes)):
             return impl(*arrays, optimizer=optimizer)  # (eager's error)
-        for (dt, sdt, idx, ps, ms, vs, steps, groups, local, rows), gs in zip(pl.buckets,
+        # (ravel: a flat view, or a C-order copy of a strided gradient)
+        flat = [[g.ravel() for g in (grads if pl.whole else [grads[i] for i in b[2]])]
+                for b in pl.buckets]
+        for (dt, sdt, idx, pad, chunks, steps, groups, local, rows), gs in zip(pl.buckets,
                                                                                flat):
             # the counts after eager's ``step_t += 1`` (in the step's dtype): the kernel
             # makes the same increment
@@ -587,9 +609,12 @@ def adam_factory(node):
                 rows = np.array([keys.setdefault((gi, s), len(keys))
                                  for gi, s in zip(local, old)], np.int64)
                 table = [_constants(groups[gi], float(sdt.type(s + 1.0))) for gi, s in keys]
-            if update(ps, gs, ms, vs, steps, rows, np.array([t[0] for t in table], dt),
-                      np.array([t[1] for t in table], np.int8)) >= 0:
-                return impl(*arrays, optimizer=optimizer)  # a gradient of another size
+            c = np.array([t[0] for t in table], dt)
+            flags = np.array([t[1] for t in table], np.int8)
+            for (at, k, ps), (_, _, ms), (_, _, vs), (_, _, st) in chunks:
+                g8 = tuple(gs[at:at + CHUNK])
+                update(k, ps, g8 + (pad,) * (CHUNK - k), ms, vs, st, rows[at:at + CHUNK], c,
+                       flags)
         for p in pl.params:
             p._version[0] += 1
         return pl.arrays
@@ -612,15 +637,29 @@ def clip_grad_norm_factory(node):
     if dt is None:
         return None
     tiny = dt.type(1e-6)
-    clip = _kernels()["clip_grads"]
+    norms_of, coef_of, scale = (_kernels()[k] for k in ("clip_norms", "clip_coef",
+                                                         "clip_scale"))
+    pad = np.empty(0, dt)
+    spans = [(at, min(CHUNK, len(grads) - at)) for at in range(0, len(grads), CHUNK)]
+
+    def chunk(arrays, at, k):
+        return tuple(arrays[at:at + k]) + (pad,) * (CHUNK - k)
 
     def clip_grad_norm_kernel(*grads, max_norm, norm_type, error_if_nonfinite):
-        # one numba call for every gradient (a tuple of flat C-contiguous views: ravel
-        # copies a strided one in C order, the order eager's ravel sums in)
+        # numba calls over chunks of flat C-contiguous views (ravel copies a strided
+        # gradient in C order, the order eager's ravel sums in): the norms, the total and
+        # coefficient, the scaled copies
+        flat = [g.ravel() for g in grads]
         outs = [np.empty(g.shape, dt) for g in grads]
-        total = np.empty((), dt)
-        clip(tuple(g.ravel() for g in grads), tuple(o.ravel() for o in outs),
-             dt.type(max_norm), tiny, total)
+        oflat = [o.ravel() for o in outs]
+        norms = np.empty(len(flat), dt)
+        sq = np.empty(max(map(_size_of, flat)), dt)
+        for at, k in spans:
+            norms_of(k, chunk(flat, at, k), norms, at, sq)
+        total, coef = np.empty((), dt), np.empty((), dt)
+        coef_of(norms, dt.type(max_norm), tiny, total, coef)
+        for at, k in spans:
+            scale(k, chunk(flat, at, k), chunk(oflat, at, k), coef)
         return (total, *outs)
 
     return clip_grad_norm_kernel
