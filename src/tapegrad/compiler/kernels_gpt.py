@@ -25,20 +25,21 @@ the op's numpy forward runs):
   gradients put into zeros and added into one concatenation, reading each gradient's
   ``reshape(permute(mul(x, c)))`` chain (the heads' q/k/v gradients) from x; numba writes
   ``x * c + 0.0`` through the permutation into the output's slices (one pass, no copies).
-* ``optimizer_step`` of Adam/AdamW: one numba call for all parameters (tuples of flat
-  views; each element read and written once instead of eager's dozen numpy passes; the
-  parameters, state and groups checked into a plan kept while they stay the same objects),
-  ``clip_grad_norm`` (2-norm) as one numba call (every norm, the total, the scaling)
-  without eager's wrappers and copies, and ``embedding_backward`` as one loop instead of
-  ``np.add.at``: the same operations in the same order, bitwise eager's.
+* ``optimizer_step`` of Adam/AdamW: numba calls over chunks of 8 parameters (tuples of
+  flat views; each element read and written once instead of eager's dozen numpy passes;
+  the parameters, state and groups checked into a plan kept while they stay the same
+  objects), ``clip_grad_norm`` (2-norm) as numba calls over chunks of 8 gradients (their
+  norms, the total, the scaling) without eager's wrappers and copies, and
+  ``embedding_backward`` as one loop instead of ``np.add.at``: the same operations in the
+  same order, bitwise eager's.
 
 float32 and float64 (the result's dtype is the input's; float32 arithmetic stays float32,
 as numpy's with a Python-float constant does). Every kernel is bitwise eager's: the same
 IEEE operations in the same order, numpy's own ``exp`` and BLAS calls where eager uses
 them (tests/test_compiler_kernels_gpt.py and test_compiler_gpt_kernels.py check each; a
-kernel taking a tuple of arrays compiles once per tuple length). numba's ``cache=True``
-keeps the machine code between processes; the loops hold no recursion (numba's cache
-cannot load recursive functions: a segfault).
+kernel taking a tuple of arrays compiles once per tuple length: hence chunks of 8, CHUNK).
+numba's ``cache=True`` keeps the machine code between processes; the loops hold no
+recursion (numba's cache cannot load recursive functions: a segfault).
 """
 import operator
 from itertools import chain
@@ -483,8 +484,8 @@ def attention_factory(node):
 
 @op_kernels.register("optimizer_step")
 def adam_factory(node):
-    """Adam/AdamW (not AMSGrad, capturable or differentiable) as one numba call over all
-    parameters (a loop each) instead of eager's dozen numpy passes: bitwise eager's (the
+    """Adam/AdamW (not AMSGrad, capturable or differentiable) as numba calls over chunks
+    of parameters (a loop each) instead of eager's dozen numpy passes: bitwise eager's (the
     same IEEE operations, Python-float hyperparameters rounded to the parameter's dtype as
     numpy does). A call whose parameters, state or options the kernel does not serve (a
     parameter without state yet, a non-contiguous array, another dtype) runs the node's own
@@ -625,9 +626,9 @@ def adam_factory(node):
 @op_kernels.register("clip_grad_norm")
 def clip_grad_norm_factory(node):
     """clip_grad_norm_ (2-norm, no error on a non-finite norm) over gradients of one float
-    dtype as one numba call, without eager's Tensor wrappers, copies and abs: each
-    gradient's sum of squares (numpy's pairwise sum of the raveled squares, as eager's),
-    the total, the coefficient and one multiply per gradient: bitwise eager's."""
+    dtype as numba calls over chunks, without eager's Tensor wrappers, copies and abs:
+    each gradient's sum of squares (numpy's pairwise sum of the raveled squares, as
+    eager's), the total, the coefficient and one multiply per gradient: bitwise eager's."""
     p = node.params
     grads = node.inputs
     if p.get("norm_type") != 2.0 or p.get("error_if_nonfinite") or not grads or \
