@@ -1,10 +1,11 @@
 """The tail replay's cheap per-op path (compiler/api.py ``_Replay``/``_TailReplay``, issue 9)
 keeps its correctness role: a call whose Python diverges from the trace (another literal,
 another index, another branch) is still detected and rerun eagerly, every traced op is
-matched once per call, placeholders never leave the call as traced tensors, and the
-shortcuts (params compared without freezing, elementwise promotion skipped) agree with the
-general forms they stand for."""
-import sys
+matched once per call, placeholders never leave the call as traced tensors (and one the
+function stores away holds its values, or NaN with a warning on the call that first stores it),
+and the shortcuts (params compared without freezing, elementwise promotion skipped) agree with
+the general forms they stand for."""
+import warnings
 
 import numpy as np
 import pytest
@@ -418,3 +419,26 @@ def test_a_step_that_stores_nothing_keeps_nothing(kind, recwarn):
                                                                 for e in f.entries)
     assert not any(e.kept for e in f.entries)
     assert not [w for w in recwarn if "intermediate" in str(w.message)]
+
+
+def test_a_kept_intermediate_warning_raised_as_an_error_still_keeps_it():
+    """Under ``-W error`` the warning of a newly stored intermediate is raised (the graph
+    already ran: the step's updates stand); the entry outputs the intermediate anyway, so
+    the next call's stored tensor is eager's."""
+    stores = [{}, {}]
+    steps = [_storing_step(store, lambda i: i >= 3) for store in stores]
+    comp = tg.compile(steps[1][0])
+    for i, args in enumerate(_calls()()):
+        CALL["i"] = i
+        steps[0][0](*args)
+        if i == 3:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                with pytest.raises(RuntimeWarning, match="kept 1 intermediate"):
+                    comp(*args)
+        else:
+            comp(*args)
+    assert len(comp.entries[-1].kept) == 1
+    for i in (4, 5):
+        np.testing.assert_allclose(stores[1][i].detach().numpy(),
+                                   stores[0][i].detach().numpy(), rtol=1e-12, atol=1e-15)

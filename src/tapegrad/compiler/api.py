@@ -1393,15 +1393,15 @@ class _TailReplay(_Replay):
                 if n > _REFS_OWN and id(p[0]) not in filled]
         if not held:
             return
-        for t, _ in held:
-            if t._data.dtype.kind in "fc":
-                t._data.fill(np.nan)
+        for t, _ in held:  # (never uninitialised memory)
+            t._data.fill(np.nan if t._data.dtype.kind in "fc" else 0)
+        self.e.keep([v for _, v in held])  # (before the warning, which may be an error)
         warnings.warn(
             f"tapegrad.compile: {self.e._name} kept {len(held)} intermediate tensor(s) "
             f"(shapes {[tuple(t._data.shape) for t, _ in held][:4]}) that its compiled graph "
-            "did not output; their values for this call are unknown (NaN); later calls "
-            "output them", RuntimeWarning, stacklevel=5)  # (the compiled function's caller)
-        self.e.keep([v for _, v in held])
+            "did not output; their values for this call are not computed (NaN, 0 for "
+            "integers); later calls output them", RuntimeWarning,
+            stacklevel=5)  # (the compiled function's caller)
 
     def restore(self):
         self.__dict__.pop("interpret", None)
