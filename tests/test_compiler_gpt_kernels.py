@@ -164,6 +164,7 @@ def test_optimizer_kernel_step_count_rounds_as_float32(monkeypatch):
     """A float32 step count past 2**24: + 1 rounds to even (eager's float32 step_t += 1);
     the kernel's constants use the same rounded count (beta2 near 1: 1 - beta2 ** step
     still tells the counts apart in float64)."""
+    before = tapegrad.get_default_dtype()
     tapegrad.set_default_dtype(tapegrad.float32)
     try:
         def between(i, opt):
@@ -176,7 +177,7 @@ def test_optimizer_kernel_step_count_rounds_as_float32(monkeypatch):
             list(a.parameters()) + list(b.parameters()), lr=1e-2, betas=(0.9, 0.9999999)),
             between, n=5)
     finally:
-        tapegrad.set_default_dtype(tapegrad.float64)
+        tapegrad.set_default_dtype(before)  # the suite's default: later tests rely on it
 
 
 # --- clip_grad_norm_: one numba call ----------------------------------------------------------
