@@ -1388,8 +1388,11 @@ class _TailReplay(_Replay):
         did not) has no value: it is NaN, with a warning, and the entry outputs its Value
         from the next call on (``TailEntry.keep``)."""
         self.tv = self.grads_set = None  # (the replay's own references: one pair each left)
+        counts = _refcounts(self.placeholders)
+        if not counts or max(counts) <= _REFS_OWN:
+            return  # (the common case: all dropped, or returned and filled)
         filled = self.filled
-        held = [p for p, n in zip(self.placeholders, _refcounts(self.placeholders))
+        held = [p for p, n in zip(self.placeholders, counts)
                 if n > _REFS_OWN and id(p[0]) not in filled]
         if not held:
             return
