@@ -29,7 +29,7 @@ def _node(name, inputs, params, dtype, out_shape=None):
     return Node(None, name, vals, params, [Value("out", tuple(shape), np.dtype(dtype))])
 
 
-# --- the optimizer step: one numba call over all parameters ---------------------------------
+# --- the optimizer step: numba calls over chunks of parameters ------------------------------
 def _two_dtype_step(make_opt, clip, depth=1):
     """A float64 and a float32 layer trained by one optimizer: two buckets of the kernel
     (``depth``: float64 layers; over 4, more parameters than one chunk of the kernels)."""
@@ -180,7 +180,7 @@ def test_optimizer_kernel_step_count_rounds_as_float32(monkeypatch):
         tapegrad.set_default_dtype(before)  # the suite's default: later tests rely on it
 
 
-# --- clip_grad_norm_: one numba call ----------------------------------------------------------
+# --- clip_grad_norm_: numba calls over chunks of gradients ------------------------------------
 def _clip_case(dtype, kind):
     rng = np.random.default_rng(7)
     base = rng.standard_normal((6, 9)).astype(dtype)
