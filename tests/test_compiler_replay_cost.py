@@ -18,6 +18,14 @@ from tapegrad.compiler.ir import freeze
 from tapegrad.ops.registry import REGISTRY, _prepare_elementwise
 
 
+def _update(opt, loss):
+    """The end of a training step: zero_grad, backward, step, and the loss read."""
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss.item()
+
+
 @pytest.fixture(autouse=True)
 def _numpy_kernels(monkeypatch):
     monkeypatch.setenv("TAPEGRAD_COMPILE_KERNELS", "numpy")
@@ -165,10 +173,7 @@ def test_a_call_whose_python_differs_from_the_trace_reruns_eagerly(what):
             elif what == "branch" and odd:
                 h = h.tanh()
             loss = F.cross_entropy(h, y % h.shape[1])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            return loss.item()
+            return _update(opt, loss)
         return step, model
 
     oe, oc, pe, pc, comp = _step_run(make, _calls())
@@ -281,10 +286,7 @@ def test_promotion_and_broadcast_in_a_replayed_step_are_still_traced_ops():
         def step(x, y):
             h = model(x) * scale + bias32  # broadcast of a leaf needing grad; f32 -> f64
             loss = F.cross_entropy(h, y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            return loss.item()
+            return _update(opt, loss)
         return step, model
 
     oe, oc, pe, pc, comp = _step_run(make, _calls())

@@ -970,11 +970,25 @@ class _Replay(DispatchMode):
                     break  # (an input is a placeholder: the common case)
             else:
                 return self._issue_real(n, spec)
+        return self._place(spec, None)
+
+    def _issue_real(self, n, spec):
+        """A view of known arrays (``i[:2]`` of an argument) or an integer/bool result of
+        them is real at once: an index's bounds check may read it."""
+        env = self.env
+        return self._place(spec, call_node(n, [env.get(id(a)) if isinstance(a, Value) else a
+                                               for a in n.inputs]))
+
+    def _place(self, spec, arrays):
+        """The placeholders of one node's outputs (``arrays``: their values where known, else
+        None: fresh uninitialised arrays the graph fills)."""
         tv, av, placeholders, tc = self.tv, self.av, self.placeholders, self._tc
+        env, filled = self.env, self.filled
         outs = []
-        for v, shape, dtype, rg in spec:
+        for k, (v, shape, dtype, rg) in enumerate(spec):
+            a = None if arrays is None else arrays[k]
             t = _new_tensor(tc)
-            t._data = d = np.empty(shape, dtype)
+            t._data = d = np.empty(shape, dtype) if a is None else a
             t._grad = t._hooks = None
             t._version = [0]
             if rg:  # a non-leaf, as in the trace (in-place checks)
@@ -984,35 +998,9 @@ class _Replay(DispatchMode):
             tv[id(t)] = pair = (t, v)
             av[id(d)] = (d, v)
             placeholders.append(pair)
-            outs.append(t)
-        self.i += 1
-        if self.i in self._ends:
-            self._flush()
-        return outs
-
-    def _issue_real(self, n, spec):
-        """A view of known arrays (``i[:2]`` of an argument) or an integer/bool result of
-        them is real at once: an index's bounds check may read it."""
-        env = self.env
-        arrays = call_node(n, [env.get(id(a)) if isinstance(a, Value) else a
-                               for a in n.inputs])
-        tv, av, placeholders, tc = self.tv, self.av, self.placeholders, self._tc
-        outs = []
-        for (v, shape, dtype, rg), a in zip(spec, arrays):
-            t = _new_tensor(tc)
-            t._data = d = np.empty(shape, dtype) if a is None else a
-            t._grad = t._hooks = None
-            t._version = [0]
-            if rg:
-                t.grad_fn, t._requires_grad = _PLACEHOLDER_NODE[0], True
-            else:
-                t.grad_fn, t._requires_grad = None, False
-            tv[id(t)] = pair = (t, v)
-            av[id(d)] = (d, v)
-            placeholders.append(pair)
             if a is not None:
                 env[id(v)] = a
-                self.filled.add(id(t))
+                filled.add(id(t))
             outs.append(t)
         self.i += 1
         if self.i in self._ends:
