@@ -11,7 +11,7 @@ import pytest
 
 import tapegrad as tg
 import tapegrad.nn.functional as F
-from tapegrad.compiler import codegen, kernels, passes
+from tapegrad.compiler import codegen, kernels, kernels_gelu, passes
 from tapegrad.compiler.ir import Graph, Input, Node, Value
 from tapegrad.ops.registry import REGISTRY
 
@@ -212,6 +212,30 @@ def test_gelu_and_its_gradient_share_one_erf(monkeypatch, kernels_, dtype):
     assert ("gelu_with_cdf_kernel" in src) == (kernels_ == "numba")
     with np.errstate(all="ignore"):
         got = run(arrs, [None] * len(g.outputs), [])
+        want = passes.evaluate(g, arrs)[0]
+    for a, w in zip(got, want):
+        assert _same_bits(a, w)
+
+
+def test_gelu_erf_is_shared_only_with_rules_after_the_forward():
+    """A gelu_backward of x before gelu(x) in the graph cannot read the forward's erf: it
+    stays; one after it is rewritten; a second forward of the same x takes no rule twice."""
+    shape = (8, 5)
+    dtype = np.float64
+    g = Graph()
+    x, gr = _inputs(g, [(shape, dtype), (shape, dtype)])
+    ap = {"approximate": "none"}
+    early = _node(g, "gelu_backward", [gr, x], **ap)
+    f1 = _node(g, "gelu", [x], **ap)
+    late = _node(g, "gelu_backward", [gr, x], **ap)
+    f2 = _node(g, "gelu", [x], **ap)
+    g.outputs = [early, f1, late, f2]
+    out = kernels_gelu.share_gelu_erf(g)
+    assert [n.name for n in out.nodes] == ["gelu_backward", "gelu_with_cdf",
+                                           "gelu_backward_from_cdf", "gelu"]
+    arrs = [_values(shape, dtype, 3), _values(shape, dtype, 4)]
+    with np.errstate(all="ignore"):
+        got = passes.evaluate(out, arrs)[0]
         want = passes.evaluate(g, arrs)[0]
     for a, w in zip(got, want):
         assert _same_bits(a, w)

@@ -53,6 +53,7 @@ def share_gelu_erf(graph):
                 n.params.get("approximate", "none") == "none" and len(n.inputs) == 2 and \
                 all(isinstance(a, Value) for a in n.inputs):
             backward.setdefault(id(n.inputs[1]), []).append(n)
+    pos = {id(n): i for i, n in enumerate(graph.nodes)}
     replace = {}
     for f in graph.nodes:
         if f.name != "gelu" or f.op is None or f.params.get("approximate", "none") != "none" \
@@ -61,7 +62,9 @@ def share_gelu_erf(graph):
         x = f.inputs[0]
         if x.dtype not in (np.float32, np.float64) or f.outputs[0].dtype != x.dtype:
             continue
-        rules = [b for b in backward[id(x)] if b.outputs[0].dtype == x.dtype and
+        # rules after this forward (they read its w) not taken by an earlier forward of x
+        rules = [b for b in backward[id(x)] if pos[id(b)] > pos[id(f)] and id(b) not in
+                 replace and b.outputs[0].dtype == x.dtype and
                  b.inputs[0].shape == x.shape and b.inputs[0].dtype == x.dtype]
         if not rules:
             continue
