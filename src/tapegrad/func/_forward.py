@@ -357,19 +357,8 @@ def _array_jvp(op, od, flat, tangents, params, listed):
                 if not op.save_inputs:
                     x = Meta(x)
             inputs.append(x)
-        saved_out = od if op.save_out else None
-        total = None
-        n = len(flat)
-        for i, t in enumerate(ts):
-            if t is None:
-                continue
-            t = _fit_array(t, od, op)
-            wanted = op.needs and [j == i for j in range(n)]  # read by a rule with needs only
-            gi = _call_rule(op, t, saved_out, inputs, params, wanted)[i]
-            if gi is None:
-                continue
-            total = gi if total is None else total + gi
-        return total
+        return _rule_tangents(op, ts, _fit_array, od, od if op.save_out else None, inputs,
+                              params)
     return _ON_TENSORS
 
 
@@ -448,14 +437,20 @@ def _pointwise_jvp(op, out, flat, tangents, params):
     if op.rule is None:
         return None
     inputs, saved_out = _rule_inputs(op, flat, out)
+    return _rule_tangents(op, tangents, _fit, out, saved_out, inputs, params)
+
+
+def _rule_tangents(op, tangents, fit, out, saved_out, inputs, params):
+    """A pointwise op's JVP: each input's tangent (``fit`` to the output ``out``) through
+    the gradient rule, the contributions summed (None where no input has a tangent). The
+    Tensor path and the array path share it, with their own ``fit``."""
     total = None
-    n = len(flat)
+    n = len(inputs)
     for i, t in enumerate(tangents):
         if t is None:
             continue
-        t = _fit(t, out, op)
         wanted = op.needs and [j == i for j in range(n)]  # read by a rule with needs only
-        gi = _call_rule(op, t, saved_out, inputs, params, wanted)[i]
+        gi = _call_rule(op, fit(t, out, op), saved_out, inputs, params, wanted)[i]
         if gi is None:
             continue
         total = gi if total is None else total + gi
