@@ -246,12 +246,7 @@ class Entry:
             return False
         for kind, t, expected in self.checks:
             if type(t) is tuple:  # the gradient of an argument
-                t = _resolve(t, args, kwargs)
-                g = t.grad
-                if (g is None) != (expected is None):
-                    return False
-                if g is not None and (g._data.shape != expected[0] or
-                                      g._data.dtype != expected[1]):
+                if not _grad_as_traced(_resolve(t, args, kwargs).grad, expected):
                     return False
                 continue
             if kind == "ref":
@@ -262,14 +257,16 @@ class Entry:
             elif kind == "hyper":
                 if _sgd_key(t) != expected:
                     return False
-            else:
-                g = t.grad
-                if (g is None) != (expected is None):
-                    return False
-                if g is not None and (g._data.shape != expected[0] or
-                                      g._data.dtype != expected[1]):
-                    return False
+            elif not _grad_as_traced(t.grad, expected):
+                return False
         return True
+
+
+def _grad_as_traced(g, expected):
+    """A ``.grad`` guard: None as in the trace, or of the traced (shape, dtype)."""
+    if g is None or expected is None:
+        return g is None and expected is None
+    return g._data.shape == expected[0] and g._data.dtype == expected[1]
 
 
 def _guard_label(t):
