@@ -323,3 +323,17 @@ def state_to_tapegrad(obj):
     if isinstance(obj, (list, tuple)):
         return type(obj)(state_to_tapegrad(v) for v in obj)
     return obj
+
+
+def graph_node(g, name, ins, **params):
+    """Append op ``name`` of ``ins`` (compiler IR Values or Python numbers) to the compiler
+    graph ``g``; its output Value's shape and dtype are those of the op's forward on ones."""
+    from tapegrad.compiler.ir import Node, Value
+    from tapegrad.ops.registry import REGISTRY
+
+    op = REGISTRY[name]
+    arrays = [np.ones(a.shape, a.dtype) if isinstance(a, Value) else a for a in ins]
+    out = np.asarray(op.forward(*arrays, **params))
+    v = g.new_value(out.shape, out.dtype)
+    g.nodes.append(Node(op, name, ins, params, [v]))
+    return v

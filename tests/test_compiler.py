@@ -14,6 +14,7 @@ import torch
 import tapegrad as tg
 import tapegrad.nn as nn
 import tapegrad.nn.functional as F
+from helpers import graph_node
 from tapegrad.bench.spiral import init_params, spiral_data
 from tapegrad.compiler import api, kernels, passes
 from tapegrad.compiler.ir import Graph, Input, Node, Value
@@ -128,13 +129,7 @@ def _graph(build):
     return g, x
 
 
-def _node(g, name, ins, **params):
-    op = REGISTRY[name]
-    arrays = [np.ones(a.shape, a.dtype) if isinstance(a, Value) else a for a in ins]
-    out = np.asarray(op.forward(*arrays, **params))
-    v = g.new_value(out.shape, out.dtype)
-    g.nodes.append(Node(op, name, ins, params, [v]))
-    return v
+_node = graph_node  # (tests/helpers.py)
 
 
 def test_dce_removes_exactly_the_dead_nodes():

@@ -11,9 +11,9 @@ import pytest
 
 import tapegrad as tg
 import tapegrad.nn.functional as F
+from helpers import graph_node
 from tapegrad.compiler import codegen, kernels, kernels_gelu, passes
-from tapegrad.compiler.ir import Graph, Input, Node, Value
-from tapegrad.ops.registry import REGISTRY
+from tapegrad.compiler.ir import Graph, Input
 
 
 @pytest.fixture
@@ -23,13 +23,7 @@ def _numba(monkeypatch):
     monkeypatch.delenv("TAPEGRAD_COMPILE_LIBM", raising=False)
 
 
-def _node(g, name, ins, **params):
-    op = REGISTRY[name]
-    arrays = [np.ones(a.shape, a.dtype) if isinstance(a, Value) else a for a in ins]
-    out = np.asarray(op.forward(*arrays, **params))
-    v = g.new_value(out.shape, out.dtype)
-    g.nodes.append(Node(op, name, ins, params, [v]))
-    return v
+_node = graph_node  # (tests/helpers.py)
 
 
 def _inputs(g, specs):
