@@ -420,6 +420,34 @@ def fuse_cross_entropy(graph):
     return replace_nodes(graph, replace, drop)
 
 
+def column_sums(graph, value):
+    """The ``sum(., dims=(0,))`` nodes (no keepdim, no dtype) that reduce ``value`` over all
+    but its last axis: read directly (``value`` 2-D) or through a ``reshape`` of it to
+    ``(-1, C)`` / ``(rows, C)`` (a linear's bias gradient of a 3-D activation). A kernel that
+    writes ``value`` row by row can add each row into these sums as it goes: numpy's
+    reduction over the leading axis of a C-contiguous matrix adds the rows in order, one
+    element at a time, starting from the first row (not from 0.0, which would turn a column
+    of -0.0 into 0.0), so the same running sums are its bits. Returns ``[(sum_node,
+    reshape_node or None)]``."""
+    if len(value.shape) < 2:
+        return []
+    cols = value.shape[-1]
+    rows = int(np.prod(value.shape[:-1], dtype=np.int64))
+    views = {id(value): None}
+    for n in graph.nodes:
+        if n.name == "reshape" and n.inputs and n.inputs[0] is value and len(n.outputs) == 1 \
+                and tuple(n.outputs[0].shape) == (rows, cols):
+            views[id(n.outputs[0])] = n
+    found = []
+    for n in graph.nodes:
+        if n.name == "sum" and n.inputs and isinstance(n.inputs[0], Value) \
+                and id(n.inputs[0]) in views and len(n.inputs[0].shape) == 2 \
+                and tuple(n.params.get("dims") or ()) == (0,) and not n.params.get("keepdim") \
+                and n.params.get("dtype") is None and n.outputs[0].dtype == value.dtype:
+            found.append((n, views[id(n.inputs[0])]))
+    return found
+
+
 def replace_nodes(graph, replace, drop):
     """``graph`` with each node whose id is in ``replace`` swapped for its new node and the
     nodes in ``drop`` gone (a fusing pass's last step); ``graph`` itself if nothing changes."""
