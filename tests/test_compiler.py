@@ -653,6 +653,47 @@ def test_memory_plan_liveness_slots_in_place_and_owned():
     assert all(id(v) in plan.owned for v in grads)  # stored as .grad without a copy
 
 
+def test_clipped_gradients_become_grads_without_a_copy_and_stay_per_call(kernels_):
+    """clip_grad_norm_'s outputs are new arrays (its kernel's and its numpy body's): stored
+    as ``.grad`` with no copy (memory.FRESH_KERNELS), each call's its own (a gradient kept
+    from one step keeps its values after the next), agreeing with eager's."""
+
+    def make():
+        tg.manual_seed(3)
+        model = tg.nn.Sequential(tg.nn.Linear(3, 5), tg.nn.Tanh(), tg.nn.Linear(5, 2)).to(
+            tg.float64)
+        opt = tg.optim.AdamW(model.parameters(), lr=0.05)
+
+        def step(x, y):
+            loss = ((model(x) - y) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            tg.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
+            opt.step()
+            return loss.item()
+        return model, step
+
+    rng = np.random.default_rng(0)
+    data = [(tg.tensor(rng.standard_normal((6, 3))), tg.tensor(rng.standard_normal((6, 2))))
+            for _ in range(4)]
+    em, estep = make()
+    cm, cstep = make()
+    f = tg.compile(cstep)
+    kept = []
+    for x, y in data:
+        assert _agree(estep(x, y), f(x, y), kernels_)
+        kept.append([(p.grad, p.grad.numpy().copy()) for p in cm.parameters()])
+        for pe, pc in zip(em.parameters(), cm.parameters()):
+            assert _agree(pe.grad.numpy(), pc.grad.numpy(), kernels_)
+    for grads in kept:  # later calls wrote none of an earlier call's gradients
+        assert all(np.array_equal(g.numpy(), v) for g, v in grads)
+    g = f.entries[-1].run_graph
+    plan = tg.compiler.memory.plan(g)
+    grads = [v for kind, _, _, v in g.writes if kind == "grad"]
+    assert grads and all(v.producer.name == "clip_grad_norm" for v in grads)
+    assert all(id(v) in plan.owned for v in grads)
+
+
 def test_returned_results_recycle_only_unheld_arrays(kernels_):
     f = tg.compile(lambda x: (x * 2.0 + 1.0).relu())
     x = tg.tensor(np.linspace(-1, 1, 8))

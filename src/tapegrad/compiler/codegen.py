@@ -24,6 +24,9 @@ import numpy as np
 
 from tapegrad.compiler import kernels, memory, op_kernels
 from tapegrad.compiler.ir import Value
+from tapegrad.tensor import Tensor
+
+_make, _GRAD = Tensor._make, Tensor.grad  # (set_grad_owned)
 
 # pointwise ops whose forward is exactly one numpy ufunc call on float arrays: a fused kernel
 # may write them into a buffer it owns (``out=``) with bit-identical results
@@ -394,9 +397,7 @@ def generate(graph, name="compiled"):
 
 def set_grad(t, array):
     """Store a gradient the way eager backward leaves it: a fresh tensor owning its data."""
-    from tapegrad.tensor import Tensor
-
-    t.grad = None if array is None else Tensor._make(np.array(array))
+    t.grad = None if array is None else _make(np.array(array))
 
 
 def recycle(box, shape, dtype):
@@ -409,10 +410,14 @@ def recycle(box, shape, dtype):
 
 
 def set_grad_owned(t, array):
-    """``set_grad`` for an array this call made and nothing else holds: no copy."""
-    from tapegrad.tensor import Tensor
-
-    t.grad = Tensor._make(array if type(array) is np.ndarray else np.asarray(array))
+    """``set_grad`` for an array this call made and nothing else holds: no copy. The
+    ``.grad`` setter's shape and dtype checks hold by the guards (the traced gradient of a
+    tensor of the traced shape and dtype): it is skipped unless a subclass defines its own."""
+    g = _make(array if type(array) is np.ndarray else np.asarray(array))
+    if type(t).grad is _GRAD:
+        t._grad = g
+    else:
+        t.grad = g
 
 
 def set_data(t, array):

@@ -14,8 +14,9 @@
 - **slots**: the other non-escaping results of fused kernels and small matmuls get
   preallocated buffers kept across calls (``out=``); a slot is reused by a later value of
   the same shape and dtype once every value aliasing its occupant is dead.
-- **owned**: an escaping value made fresh by this call and stored once becomes a ``.grad``
-  without a copy.
+- **owned**: an escaping value made fresh by this call (a fresh op's, or a kernel node's in
+  ``FRESH_KERNELS``: the clipped gradients) and stored once becomes a ``.grad`` without a
+  copy.
 - **recycled**: a kernel's result returned to the caller reuses the array it returned last
   time when nothing holds that array any more (its reference count says so: the caller
   dropped the tensor and every view of it), saving a fresh allocation's page faults (a
@@ -35,6 +36,10 @@ FRESH = frozenset({
     "fused", "matmul", "linear", "sum", "mean", "cross_entropy_index", "add", "sub", "mul",
     "div", "neg", "exp", "log", "tanh", "sqrt", "abs", "maximum", "minimum", "relu", "gt", "lt",
     "ge", "le", "eq", "ne", "softmax", "log_softmax", "full", "ce_fused"})
+# nodes with their own numpy body and kernel whose outputs are new arrays either way (both
+# ``nn.utils._clip_arrays`` and kernels_gpt's clip kernel return fresh clipped gradients):
+# stored once as a ``.grad``, such an output needs no copy
+FRESH_KERNELS = {"clip_grad_norm"}
 SMALL_MATMUL = 4 * 65536  # backend.blas: products up to this size call numpy's matmul directly
 
 
@@ -127,7 +132,7 @@ def plan(graph):
             p.recycled.append((v.shape, v.dtype))
     for n in graph.nodes:
         fresh = n.name in ("fused", "full", "cross_entropy_fused") or (
-            n.name in FRESH and n.impl is None)
+            n.name in FRESH and n.impl is None) or n.name in FRESH_KERNELS
         for v in n.outputs:
             if fresh and stored.get(id(v)) == 1 and id(v) not in p.out:
                 p.owned.add(id(v))
