@@ -226,6 +226,38 @@ def test_shared_parameters_and_modules_are_deduplicated():
     assert [n for n, _ in tg[3].named_parameters(recurse=False)] == ["weight", "bias"]
 
 
+def test_parameters_walk_is_named_parameters_order():
+    """``parameters()`` walks the modules itself (no names): the same tensors in the same
+    order as ``named_parameters()`` and PyTorch's, through nesting, a module met twice, a
+    weight tied across modules, a None parameter and a subclass's own named_parameters."""
+    def build(nn):
+        shared = nn.Linear(2, 2)
+        inner = nn.Sequential(nn.Linear(2, 3), shared, nn.Sequential(nn.Linear(3, 2)))
+        net = nn.Sequential(inner, nn.ReLU(), shared, nn.Linear(2, 4, bias=False), inner[0])
+        net[0][2][0].register_parameter("extra", None)
+        net.add_module("tail", nn.Linear(3, 2))
+        net.tail.weight = inner[2][0].weight  # tied across modules
+        return net
+
+    th, tg = both(build)
+    got = list(tg.parameters())
+    assert [id(p) for p in got] == [id(p) for _, p in tg.named_parameters()]
+    assert len(got) == len(list(th.parameters())) == 8
+    assert [tuple(p.shape) for p in got] == [tuple(p.shape) for p in th.parameters()]
+    assert list(tg.parameters(recurse=False)) == []
+
+    class Only(tnn.Module):  # its own named_parameters: parameters() follows it
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = tnn.Linear(1, 1), tnn.Linear(1, 1)
+
+        def named_parameters(self, prefix="", recurse=True, remove_duplicate=True):
+            return iter([("b.weight", self.b.weight)])
+
+    o = Only()
+    assert [id(p) for p in o.parameters()] == [id(o.b.weight)]
+
+
 def test_buffers_persistence_and_state_dict():
     th, tg = both(block)
     assert [n for n, _ in tg.named_buffers()] == ["scale", "cache"]

@@ -339,8 +339,29 @@ class Module:
 
     def parameters(self, recurse: bool = True):
         """As ``Module.parameters()``: each Parameter once, in registration order."""
-        for _, param in self.named_parameters(recurse=recurse):
-            yield param
+        cls = type(self)
+        if not recurse or cls.named_parameters is not Module.named_parameters or \
+                cls.named_modules is not Module.named_modules:
+            for _, param in self.named_parameters(recurse=recurse):
+                yield param
+            return
+        # named_parameters' walk without its names (a training step calls this each step:
+        # clip_grad_norm_(model.parameters())): preorder over the modules, each module and
+        # each parameter once
+        modules, params = set(), set()
+        stack = [self]
+        while stack:
+            m = stack.pop()
+            if m in modules:
+                continue
+            modules.add(m)
+            for p in m._parameters.values():
+                if p is not None and id(p) not in params:
+                    params.add(id(p))
+                    yield p
+            kids = [c for c in m._modules.values() if c is not None]
+            kids.reverse()
+            stack += kids
 
     def named_parameters(self, prefix: str = "", recurse: bool = True,
                          remove_duplicate: bool = True):
