@@ -6,6 +6,7 @@ function stores away holds its values, or NaN with a warning on the call that fi
 and the shortcuts (params compared without freezing, elementwise promotion skipped) agree with
 the general forms they stand for."""
 import warnings
+import weakref
 
 import numpy as np
 import pytest
@@ -403,6 +404,36 @@ def test_an_intermediate_stored_only_on_a_later_call_is_nan_then_kept():
         np.testing.assert_allclose(stores[1][i].detach().numpy(),
                                    stores[0][i].detach().numpy(), rtol=1e-12, atol=1e-15)
     assert len(comp.entries[1].kept) == 1
+
+
+def test_placeholder_arrays_are_reused_only_when_nothing_holds_them():
+    """A replayed call's placeholders take the arrays of the last call's (no allocation and
+    free each call) only when nothing holds them: an intermediate stored away on every call
+    keeps its own array and values through the later calls."""
+    store = {}
+    step, _ = _storing_step(store, lambda i: i % 2 == 1)
+    f = tg.compile(step)
+    boxes = []
+    for i, args in enumerate(_calls(8)()):
+        CALL["i"] = i
+        f(*args)
+        boxes.append({k: weakref.ref(a) for k, a in  # (weak: a test reference would hold it)
+                      f.entries[-1].__dict__.get("_placeholder_arrays", {}).items()})
+    held = [store[i] for i in (3, 5, 7)]
+    assert len({id(t._data) for t in held}) == 3  # each call's stored tensor its own array
+    assert not any(np.shares_memory(a._data, b._data) for a in held for b in held if a is not b)
+    ref_store = {}
+    ref, _ = _storing_step(ref_store, lambda i: i % 2 == 1)
+    for i, args in enumerate(_calls(8)()):
+        CALL["i"] = i
+        ref(*args)
+    for i in (3, 5, 7):
+        np.testing.assert_allclose(store[i].detach().numpy(), ref_store[i].detach().numpy(),
+                                   rtol=1e-12, atol=1e-15)
+    # the arrays no placeholder holds any more are the same objects call after call
+    same = [k for k in boxes[-1] if k in boxes[-3] and boxes[-1][k]() is not None and
+            boxes[-1][k]() is boxes[-3][k]()]
+    assert same and len(same) >= len(boxes[-1]) - 1
 
 
 @pytest.mark.parametrize("kind", ["gpt", "cnn"])

@@ -739,6 +739,18 @@ _want_missing = object()
 # Value (any unknown tensor, as the trace's fresh constant) / a SplitEntry slot / a literal
 _IN_VALUE, _IN_CONST, _IN_SLOT, _IN_LIT = 0, 1, 2, 3
 _new_tensor = object.__new__  # a placeholder: a traced-class Tensor, slots set by hand
+
+
+def _placeholder_array(boxes, v, shape, dtype, _refs=sys.getrefcount):
+    """The array of ``v``'s placeholder: the one of the last call when nothing holds it any
+    more (its references: ``boxes``, ``a`` and getrefcount's argument), else a new one, kept
+    for the next call (as ``codegen.recycle``). A step's ~100 placeholders each allocated
+    and freed cost ~0.8 us apiece (the char GPT: ~90 us a call), most of it freeing arrays
+    of hundreds of KB the run's own arrays had been allocated between."""
+    a = boxes.get(id(v))
+    if a is None or _refs(a) > 3:
+        a = boxes[id(v)] = np.empty(shape, dtype)
+    return a
 _TENSOR_GRAD = Tensor.grad  # the ``.grad`` property (a subclass may define its own)
 _ELEMENTWISE_PLAIN = {}  # (numpy dtype, float_only) -> whether _prepare_elementwise keeps it
 
@@ -829,6 +841,10 @@ class _Replay(DispatchMode):
                 [(i, src.kind, src.index, v, id(v), src.ref, src.label)
                  for i, (v, src) in enumerate(inputs)])
         self.plan, self.consts = got[1], got[2]
+        boxes = entry.__dict__.get("_placeholder_arrays")
+        if boxes is None:
+            boxes = entry._placeholder_arrays = {}
+        self._boxes = boxes
         env, tv = self.env, self.tv
         for i, kind, index, v, vid, ref, label in got[4]:
             if kind == "hyper":
@@ -985,7 +1001,7 @@ class _Replay(DispatchMode):
         for k, (v, shape, dtype, rg) in enumerate(spec):
             a = None if arrays is None else arrays[k]
             t = _new_tensor(tc)
-            t._data = d = np.empty(shape, dtype) if a is None else a
+            t._data = d = _placeholder_array(self._boxes, v, shape, dtype) if a is None else a
             t._grad = t._hooks = None
             t._version = [0]
             if rg:  # a non-leaf, as in the trace (in-place checks)
@@ -1255,7 +1271,7 @@ class _TailReplay(_Replay):
             if id(t) in places:
                 t = self.e.here(t, self.args, self.kwargs)  # (a fresh leaf argument)
             ph = _new_tensor(tc)
-            ph._data = np.empty(v.shape, v.dtype)
+            ph._data = _placeholder_array(self._boxes, v, v.shape, v.dtype)
             ph._grad = ph._hooks = ph.grad_fn = None
             ph._version, ph._requires_grad = [0], False
             tv[id(ph)] = pair = (ph, v)
