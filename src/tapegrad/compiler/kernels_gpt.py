@@ -25,48 +25,23 @@ the op's numpy forward runs):
   gradients put into zeros and added into one concatenation, reading each gradient's
   ``reshape(permute(mul(x, c)))`` chain (the heads' q/k/v gradients) from x; numba writes
   ``x * c + 0.0`` through the permutation into the output's slices (one pass, no copies).
-* ``optimizer_step`` of Adam/AdamW: numba calls over chunks of 8 parameters (tuples of
-  flat views; each element read and written once instead of eager's dozen numpy passes;
-  the parameters, state and groups checked into a plan kept while they stay the same
-  objects), ``clip_grad_norm`` (2-norm) as numba calls over chunks of 8 gradients (their
-  norms, the total, the scaling) without eager's wrappers and copies, and
-  ``embedding_backward`` as one loop instead of ``np.add.at``: the same operations in the
-  same order, bitwise eager's.
+* ``embedding_backward`` as one loop instead of ``np.add.at``: the same operations in the
+  same order, bitwise eager's. (The optimizer step's and clip_grad_norm_'s kernels are in
+  kernels_optim.py.)
 
 float32 and float64 (the result's dtype is the input's; float32 arithmetic stays float32,
 as numpy's with a Python-float constant does). Every kernel is bitwise eager's: the same
 IEEE operations in the same order, numpy's own ``exp`` and BLAS calls where eager uses
-them (tests/test_compiler_kernels_gpt.py and test_compiler_gpt_kernels.py check each; a
-kernel taking a tuple of arrays compiles once per tuple length: hence chunks of 8, CHUNK).
+them (tests/test_compiler_kernels_gpt.py and test_compiler_gpt_kernels.py check each).
 numba's ``cache=True`` keeps the machine code between processes; the loops hold no
 recursion (numba's cache cannot load recursive functions: a segfault).
 """
-import operator
-from itertools import chain
-
 import numpy as np
 
 from tapegrad.compiler import kernels, op_kernels, passes
 from tapegrad.compiler.ir import Value
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
-_data_of = operator.attrgetter("_data")
-_size_of = operator.attrgetter("size")
-# The optimizer's and the clip's kernels take their arrays as tuples of CHUNK (the last one
-# padded): numba compiles a kernel once per tuple length, and LLVM's time grows with it
-# (a 28-tuple, the char GPT's: 5.5 s for adam_params and 4.3 s for the clip; 8: ~1 s),
-# while numba's call costs the same per array.
-CHUNK = 8
-
-
-def _chunks(arrays, pad):
-    """(start, count, tuple of CHUNK arrays) for each run of CHUNK arrays, the last
-    padded with ``pad``."""
-    out = []
-    for at in range(0, len(arrays), CHUNK):
-        part = tuple(arrays[at:at + CHUNK])
-        out.append((at, len(part), part + (pad,) * (CHUNK - len(part))))
-    return out
 _K = {}
 
 
@@ -79,9 +54,8 @@ def _kernels():
 
         mod = sys.modules[kernels.load("attention_shift", SOURCE).py_func.__module__]
         for name in ("layer_norm_rows", "softmax_shift", "softmax_norm", "attention_shift",
-                     "adam_update", "embedding_rows", "layer_norm_backward_rows",
-                     "softmax_backward_rows", "adam_params", "clip_norms", "clip_coef",
-                     "clip_scale", "scaled_copy"):
+                     "embedding_rows", "layer_norm_backward_rows", "softmax_backward_rows",
+                     "scaled_copy"):
             _K[name] = getattr(mod, name)
     return _K
 
@@ -178,91 +152,6 @@ def attention_shift(s, bias, scale, has_bias):
                     m = r.dtype.type(np.nan)
                 for j in range(S):
                     r[j] = r[j] - m
-
-
-@njit(error_model="numpy", cache=True)
-def adam_update(p, g, m, v, c, flags):
-    """One Adam/AdamW step over flat (C-contiguous) param, grad and moments, in eager's
-    order of operations (optim/adam.py): each element read and written once. ``c``: the
-    hyperparameters in the param's dtype (one array: numba's dispatch is per argument)."""
-    decay, wd, w1, one_m_w1, beta2, w2, bc2s, eps, neg_step = \
-        c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8]
-    w1_low, maximize, decay_mode = flags[0] != 0, flags[1] != 0, flags[2]
-    for i in range(p.shape[0]):
-        gi = g[i]
-        if maximize:
-            gi = -gi
-        pi = p[i]
-        if decay_mode == 1:  # AdamW's decoupled decay
-            pi = pi * decay
-        elif decay_mode == 2:  # Adam's, into the gradient
-            gi = gi + wd * pi
-        mi = m[i]
-        if w1_low:  # lerp_, PyTorch's two-sided formula
-            mi = mi + w1 * (gi - mi)
-        else:
-            mi = gi - (gi - mi) * one_m_w1
-        vi = v[i] * beta2
-        vi = vi + (gi * w2) * gi
-        d = np.sqrt(vi) / bc2s + eps
-        p[i] = pi + (mi * neg_step) / d
-        m[i] = mi
-        v[i] = vi
-
-
-@njit(error_model="numpy", cache=True)
-def adam_params(k, ps, gs, ms, vs, steps, rows, c, flags):
-    """One Adam/AdamW step of the first k parameters of a chunk (tuples of CHUNK flat
-    C-contiguous arrays of one dtype, padded; 0-d steps of one dtype; sizes checked by the
-    caller): each step += 1 in its own dtype (eager's ``step_t += 1``), then adam_update
-    with the constants of the parameter's group and new step, c[rows[i]], flags[rows[i]]."""
-    for i in range(k):
-        s = steps[i]
-        s[()] = s[()] + s.dtype.type(1)
-    for i in range(k):
-        r = rows[i]
-        adam_update(ps[i], gs[i], ms[i], vs[i], c[r], flags[r])
-
-
-@njit(error_model="numpy", cache=True)
-def clip_norms(k, gs, norms, at, sq):
-    """norms[at + i] = the 2-norm of the first k gradients of a chunk (flat C-contiguous,
-    padded): the square root of numpy's pairwise sum of its squares, as eager's
-    ``sqrt((a * a).sum())``; sq: scratch of the largest gradient's size."""
-    for i in range(k):
-        g = gs[i]
-        n = g.shape[0]
-        for j in range(n):
-            sq[j] = g[j] * g[j]
-        norms[at + i] = np.sqrt(pairwise_sum(sq, 0, n))
-
-
-@njit(error_model="numpy", cache=True)
-def clip_coef(norms, max_norm, tiny, total, coef):
-    """total[()] = the 2-norm of the norms (as eager's norm of their stack); coef[()] =
-    min(max_norm / (total + tiny), 1) (numpy's minimum: NaN wins)."""
-    n = norms.shape[0]
-    sq = np.empty(n, norms.dtype)
-    for i in range(n):
-        sq[i] = norms[i] * norms[i]
-    t = np.sqrt(pairwise_sum(sq, 0, n))
-    total[()] = t
-    c = max_norm / (t + tiny)
-    one = norms.dtype.type(1)
-    if not (c <= one or c != c):
-        c = one
-    coef[()] = c
-
-
-@njit(error_model="numpy", cache=True)
-def clip_scale(k, gs, outs, coef):
-    """outs[i] = gs[i] * coef for the first k gradients of a chunk."""
-    c = coef[()]
-    for i in range(k):
-        g = gs[i]
-        o = outs[i]
-        for j in range(g.shape[0]):
-            o[j] = g[j] * c
 
 
 @njit(error_model="numpy", cache=True)
@@ -480,190 +369,6 @@ def attention_factory(node):
         return matmul(s, v)
 
     return attention_kernel
-
-
-@op_kernels.register("optimizer_step")
-def adam_factory(node):
-    """Adam/AdamW (not AMSGrad, capturable or differentiable) as numba calls over chunks
-    of parameters (a loop each) instead of eager's dozen numpy passes: bitwise eager's (the
-    same IEEE operations, Python-float hyperparameters rounded to the parameter's dtype as
-    numpy does). A call whose parameters, state or options the kernel does not serve (a
-    parameter without state yet, a non-contiguous array, another dtype) runs the node's own
-    step."""
-    from tapegrad.optim.adam import Adam
-    from tapegrad.optim.adamw import AdamW
-
-    opt = (node.meta or {}).get("optimizer")
-    if type(opt) not in (Adam, AdamW) or node.impl is None or len(node.inputs) % 2:
-        return None
-    n = len(node.inputs) // 2
-    for a, gv in zip(node.inputs[:n], node.inputs[n:]):
-        if not isinstance(a, Value) or not isinstance(gv, Value) or \
-                np.dtype(a.dtype) not in _FLOATS or gv.dtype != a.dtype or gv.shape != a.shape:
-            return None
-    update = _kernels()["adam_params"]
-    impl = node.impl
-    plan = [None]
-
-    class _Plan:
-        """The call's parameters, state and groups, checked once (the kernel's conditions)
-        and kept while they stay the same objects; the parameters in buckets of one dtype
-        (parameter's, step's), each one numba call over tuples of flat views."""
-
-        def __init__(self, arrays):
-            owner = {id(p._data): (p, gi) for gi, g in enumerate(opt.param_groups)
-                     for p in g["params"]}
-            self.ok = False
-            entries, members = [], {}
-            for i, a in enumerate(arrays):
-                hit = owner.get(id(a))
-                if hit is None or hit[0]._data is not a:
-                    return
-                p, gi = hit
-                st = opt.state.get(p)
-                if not st or set(st) != {"step", "exp_avg", "exp_avg_sq"}:
-                    return
-                m, v, s = st["exp_avg"]._data, st["exp_avg_sq"]._data, st["step"]._data
-                if a.dtype not in _FLOATS or not all(
-                        x.dtype == a.dtype and x.flags.c_contiguous and x.shape == a.shape
-                        for x in (a, m, v)) or s.shape != () or s.dtype not in _FLOATS:
-                    return
-                entries.append((st, m, v, s))
-                members.setdefault((a.dtype, s.dtype), []).append((i, gi, p))
-            self.arrays, self.groups = tuple(arrays), list(opt.param_groups)
-            self.state, self.values = opt.state, tuple(opt.state.values())
-            self.entries = entries
-            # what valid() compares by identity, in C loops: the state dicts' tensors (in
-            # their order) and those tensors' arrays
-            self.sts = [st for st, *_ in entries]
-            self.tensors = list(chain.from_iterable(map(dict.values, self.sts)))
-            self.datas = list(map(_data_of, self.tensors))
-            self.params = [p for ms in members.values() for _, _, p in ms]
-            self.sizes = [a.size for a in arrays]
-            self.buckets = []
-            for (dt, sdt), ms in members.items():
-                idx = [i for i, _, _ in ms]
-                used = sorted({gi for _, gi, _ in ms})  # its groups: a row of constants each
-                local = [used.index(gi) for _, gi, _ in ms]
-                pad, pad0 = np.empty(0, dt), np.zeros((), sdt)
-                flat = [_chunks([arrays[i].reshape(-1) for i in idx], pad)] + [
-                    _chunks([entries[i][k].reshape(-1) for i in idx], pad) for k in (1, 2)]
-                steps = [entries[i][3] for i in idx]
-                self.buckets.append((dt, sdt, idx, pad, list(zip(*flat, _chunks(steps, pad0))),
-                                     steps, [self.groups[gi] for gi in used], local,
-                                     np.array(local, np.int64)))
-            self.whole = len(self.buckets) == 1  # one bucket, the call's order
-            self.ok = True
-
-        def valid(self, arrays):
-            if not self.ok or not all(map(operator.is_, arrays, self.arrays)):
-                return False
-            groups = opt.param_groups
-            if len(groups) != len(self.groups) or any(
-                    g is not h for g, h in zip(groups, self.groups)) or any(
-                    g["amsgrad"] or g.get("capturable") or g.get("differentiable")
-                    for g in groups):
-                return False
-            state = opt.state  # the same entries (no Tensor hashing), tensors and arrays
-            if state is not self.state or len(state) != len(self.values) or not all(
-                    map(operator.is_, state.values(), self.values)):
-                return False
-            now = list(chain.from_iterable(map(dict.values, self.sts)))
-            return len(now) == len(self.tensors) and all(
-                map(operator.is_, now, self.tensors)) and all(
-                map(operator.is_, map(_data_of, now), self.datas))
-
-    def _constants(group, step):
-        """Parameter-dtype constants and flags of ``adam_update`` for one group and step:
-        eager's Python-float arithmetic (optim/adam.py), rounded once to the dtype as
-        numpy's weak scalars are."""
-        beta1, beta2 = group["betas"]
-        lr, wd = group["lr"], group["weight_decay"]
-        step_size = lr / (1 - beta1 ** step)
-        bc2s = (1 - beta2 ** step) ** 0.5
-        w1 = 1 - beta1
-        mode = 0 if wd == 0 else 1 if group.get("decoupled_weight_decay") else 2
-        return ([1 - lr * wd, wd, w1, 1 - w1, beta2, 1 - beta2, bc2s, group["eps"],
-                 -step_size], [abs(w1) < 0.5, group["maximize"], mode])
-
-    def optimizer_step_kernel(*arrays, optimizer=None):
-        pl = plan[0]
-        if pl is None or not pl.valid(arrays[:n]):
-            pl = plan[0] = _Plan(arrays[:n])
-            if not pl.valid(arrays[:n]):
-                return impl(*arrays, optimizer=optimizer)
-        grads = arrays[n:]
-        if not all(map(operator.eq, map(_size_of, grads), pl.sizes)):
-            return impl(*arrays, optimizer=optimizer)  # (eager's error)
-        # (ravel: a flat view, or a C-order copy of a strided gradient)
-        flat = [[g.ravel() for g in (grads if pl.whole else [grads[i] for i in b[2]])]
-                for b in pl.buckets]
-        for (dt, sdt, idx, pad, chunks, steps, groups, local, rows), gs in zip(pl.buckets,
-                                                                               flat):
-            # the counts after eager's ``step_t += 1`` (in the step's dtype): the kernel
-            # makes the same increment
-            old = list(map(float, steps))
-            if old.count(old[0]) == len(old):  # one step count (the usual case)
-                table = [_constants(g, float(sdt.type(old[0] + 1.0))) for g in groups]
-            else:
-                keys = {}
-                rows = np.array([keys.setdefault((gi, s), len(keys))
-                                 for gi, s in zip(local, old)], np.int64)
-                table = [_constants(groups[gi], float(sdt.type(s + 1.0))) for gi, s in keys]
-            c = np.array([t[0] for t in table], dt)
-            flags = np.array([t[1] for t in table], np.int8)
-            for (at, k, ps), (_, _, ms), (_, _, vs), (_, _, st) in chunks:
-                g8 = tuple(gs[at:at + CHUNK])
-                update(k, ps, g8 + (pad,) * (CHUNK - k), ms, vs, st, rows[at:at + CHUNK], c,
-                       flags)
-        for p in pl.params:
-            p._version[0] += 1
-        return pl.arrays
-
-    return optimizer_step_kernel
-
-
-@op_kernels.register("clip_grad_norm")
-def clip_grad_norm_factory(node):
-    """clip_grad_norm_ (2-norm, no error on a non-finite norm) over gradients of one float
-    dtype as numba calls over chunks, without eager's Tensor wrappers, copies and abs:
-    each gradient's sum of squares (numpy's pairwise sum of the raveled squares, as
-    eager's), the total, the coefficient and one multiply per gradient: bitwise eager's."""
-    p = node.params
-    grads = node.inputs
-    if p.get("norm_type") != 2.0 or p.get("error_if_nonfinite") or not grads or \
-            not all(isinstance(g, Value) for g in grads):
-        return None
-    dt = _floats(*grads)
-    if dt is None:
-        return None
-    tiny = dt.type(1e-6)
-    norms_of, coef_of, scale = (_kernels()[k] for k in ("clip_norms", "clip_coef",
-                                                         "clip_scale"))
-    pad = np.empty(0, dt)
-    spans = [(at, min(CHUNK, len(grads) - at)) for at in range(0, len(grads), CHUNK)]
-
-    def chunk(arrays, at, k):
-        return tuple(arrays[at:at + k]) + (pad,) * (CHUNK - k)
-
-    def clip_grad_norm_kernel(*grads, max_norm, norm_type, error_if_nonfinite):
-        # numba calls over chunks of flat C-contiguous views (ravel copies a strided
-        # gradient in C order, the order eager's ravel sums in): the norms, the total and
-        # coefficient, the scaled copies
-        flat = [g.ravel() for g in grads]
-        outs = [np.empty(g.shape, dt) for g in grads]
-        oflat = [o.ravel() for o in outs]
-        norms = np.empty(len(flat), dt)
-        sq = np.empty(max(map(_size_of, flat)), dt)
-        for at, k in spans:
-            norms_of(k, chunk(flat, at, k), norms, at, sq)
-        total, coef = np.empty((), dt), np.empty((), dt)
-        coef_of(norms, dt.type(max_norm), tiny, total, coef)
-        for at, k in spans:
-            scale(k, chunk(flat, at, k), chunk(oflat, at, k), coef)
-        return (total, *outs)
-
-    return clip_grad_norm_kernel
 
 
 @op_kernels.register("embedding_backward")
@@ -1290,3 +995,8 @@ def concatenate_gradients_factory(node):
         return res
 
     return concatenate_gradients_kernel
+
+
+# the optimizer step's and clip_grad_norm_'s kernels live in kernels_optim.py (their names
+# stay importable from here)
+from tapegrad.compiler.kernels_optim import adam_factory, clip_grad_norm_factory  # noqa: E402,F401
