@@ -10,15 +10,17 @@ graph has both on the same value the pass ``share_gelu_erf`` makes the forward r
 one erf less per GELU per step, the same bits (the same operations on the same values).
 
 Each node has a numpy body (eager's own ops, used without numba and as the reference) and
-numba kernels: float32 erf is ``erf32`` (as ``kernels.py``'s fused GELU kernels), float64 erf
+numba kernels: float32 erf is ``ERF32_SHORT``, a degree-15 fit, where |u| <= 2 (nearly every
+GELU argument) and ``erf32`` (as ``kernels.py``'s fused GELU kernels) beyond, float64 erf
 is eager's ``erf64`` run as eager runs it (the few lanes with |u| > 1 gathered, numpy's ``exp``
 of theirs only), and the gradient's ``exp(-x*x/2)`` is numpy's of an argument a numba pass
-forms.
+forms. The gradient node also returns the next linear's bias gradient (the column sums of its
+result), added up row by row as its kernel writes them.
 """
 import numpy as np
 
 from tapegrad.compiler import kernels, op_kernels, passes
-from tapegrad.compiler.ir import Node, Value
+from tapegrad.compiler.ir import Node, Value, call_node
 from tapegrad.compiler.kernels import _polevl
 from tapegrad.ops.error_function import CEPHES, CLAMP
 from tapegrad.ops.nn import _INV_SQRT_2PI, _SQRT1_2
@@ -44,9 +46,26 @@ def gelu_backward_from_cdf(g, x, w):
     return (g * (cdf + x * pdf)).astype(g.dtype, copy=False)
 
 
+def _backward_with_sums(sums):
+    """The numpy body of a ``gelu_backward_from_cdf`` that also returns the column sums of
+    its result (``sums``: the traced ``sum(., dims=(0,))`` nodes it replaces, run as they
+    were on the result or its ``(rows, C)`` reshape)."""
+    def gelu_backward_from_cdf(g, x, w):
+        out = _gelu_backward_from_cdf(g, x, w)
+        return (out,) + tuple(call_node(m, [out.reshape(m.inputs[0].shape)])[0]
+                              for m in sums)
+
+    return gelu_backward_from_cdf
+
+
+_gelu_backward_from_cdf = gelu_backward_from_cdf
+
+
 def share_gelu_erf(graph):
     """A graph pass: ``gelu(x)`` and ``gelu_backward(g, x)`` of the same ``x`` (exact form)
-    become ``gelu_with_cdf(x) -> (out, w)`` and ``gelu_backward_from_cdf(g, x, w)``."""
+    become ``gelu_with_cdf(x) -> (out, w)`` and ``gelu_backward_from_cdf(g, x, w)``; the
+    latter also returns the column sums of its result that the graph takes (the next layer's
+    bias gradient, ``passes.column_sums``), its kernel adding each row as it writes it."""
     backward = {}
     for n in graph.nodes:
         if n.name == "gelu_backward" and n.op is not None and \
@@ -54,7 +73,7 @@ def share_gelu_erf(graph):
                 all(isinstance(a, Value) for a in n.inputs):
             backward.setdefault(id(n.inputs[1]), []).append(n)
     pos = {id(n): i for i, n in enumerate(graph.nodes)}
-    replace = {}
+    replace, drop = {}, set()
     for f in graph.nodes:
         if f.name != "gelu" or f.op is None or f.params.get("approximate", "none") != "none" \
                 or not isinstance(f.inputs[0], Value) or id(f.inputs[0]) not in backward:
@@ -72,9 +91,13 @@ def share_gelu_erf(graph):
         replace[id(f)] = Node(None, "gelu_with_cdf", [x], {}, [f.outputs[0], w],
                               impl=gelu_with_cdf)
         for b in rules:
+            sums = [m for m, _ in passes.column_sums(graph, b.outputs[0])]
             replace[id(b)] = Node(None, "gelu_backward_from_cdf", [b.inputs[0], x, w], {},
-                                  list(b.outputs), impl=gelu_backward_from_cdf)
-    return passes.replace_nodes(graph, replace, set())
+                                  list(b.outputs) + [m.outputs[0] for m in sums],
+                                  impl=_backward_with_sums(sums) if sums
+                                  else gelu_backward_from_cdf)
+            drop.update(id(m) for m in sums)
+    return passes.replace_nodes(graph, replace, drop)
 
 
 def _src(lines, erf="", flags=""):
@@ -82,19 +105,98 @@ def _src(lines, erf="", flags=""):
                       erf, "", f'@njit(error_model="numpy", cache=True{flags})'] + lines) + "\n"
 
 
+# float32 erf where GELU's arguments mostly fall, |u| <= 2 (u*u <= 4: |x| <= 2.83): u * P(t),
+# t = u*u/2 - 1, P the degree-15 Chebyshev interpolant of erf(sqrt s)/sqrt s on s in [0, 4]
+# (16 nodes, computed with mpmath at 40 digits, converted to powers of t in mpmath, each
+# coefficient rounded once to float64), evaluated in float64 by Horner's rule (multiply-adds
+# may contract to FMAs). Relative error <= 1.2e-15 of erf (mpmath, 20000 points), 1/45 of
+# ``ERF32_COEFFS``'s. Rounded once to float32 it is eager's (float64 Cephes erf, rounded) on
+# all but 3 of the 1.07e9 float32 u in [0, 2] (1 ulp, |u| < 4e-4, where ``1 + erf`` rounds
+# both to the same float32; erf32 differs at 263 of them); odd, as eager's. 16 coefficients
+# instead of 24: 1.4x fewer float64 operations an element, the loop's bound.
+ERF32_SHORT = (
+    0.6749332360396545, -0.26111186093124533, 0.11947913860991874, -0.048662777449162455,
+    0.017128344570413016, -0.005234875836003433, 0.0014050914348710947,
+    -0.0003351435347665326, 7.18009644294896e-05, -1.3946268865600212e-05,
+    2.4758957031803304e-06, -4.0451986966138103e-07, 6.108547961400175e-08,
+    -8.605401204315784e-09, 1.2020242842740404e-09, -1.4770385263261938e-10)
+ERF32_SHORT_BOUND = 4.0  # u*u: the short fit's range (beyond it: erf32)
+BLOCK32 = 16  # lanes a block: one vectorised pass, then its lanes beyond the fit again
+
+
+def _horner(coeffs, t):
+    s = repr(coeffs[-1])
+    for c in coeffs[-2::-1]:
+        s = f"({s} * {t} + {c!r})"
+    return s
+
+
+def erf32_short_source():
+    """The numba source of ``erf32_short(u)`` (float64 u with ``u*u <= 4``; inlined)."""
+    return ('@njit(inline="always")\n'
+            "def erf32_short(u):\n"
+            "    t = u * u * 0.5 - 1.0\n"
+            f"    return u * {_horner(ERF32_SHORT, 't')}\n")
+
+
+def _erf32_both():
+    return kernels.erf32_source() + "\n\n" + erf32_short_source()
+
+
 def _forward32():
-    """float32: one pass, erf by ``erf32`` (in float64, rounded once). Multiply-adds may
-    contract to FMAs: the only adds are erf32's polynomial (not bitwise by design; the same
-    float32 results as without FMAs on 3e7 inputs, 1.2x faster) and ``1 + erf``, whose
-    operand is the float32 rounding, which LLVM cannot contract across."""
+    """float32: blocks of ``BLOCK32`` lanes, each one vectorised pass of ``ERF32_SHORT``
+    (writing every lane) and a flag of the lanes beyond its range; a flagged block's such
+    lanes are written again with ``erf32`` (the full fit, |u| <= 4, as before). Multiply-adds
+    may contract to FMAs: the only adds are the polynomials' and ``1 + erf``, whose operand is
+    a float32 rounding (cannot contract). NaN stays in the short pass (``u*u > 4`` is
+    false): NaN, as eager."""
+    b = BLOCK32
+    lane = ["xi = x[j]",
+            f"u = np.float64(xi * np.float32({_SQRT1_2!r}))",
+            "s = u * u",
+            "wi = np.float32(1.0) + np.float32(erf32_short(u))",
+            "w[j] = wi",
+            "out[j] = (xi * np.float32(0.5)) * wi"]
+    wide = ["xi = x[j]",
+            f"u = np.float64(xi * np.float32({_SQRT1_2!r}))",
+            f"if u * u > {ERF32_SHORT_BOUND!r}:",
+            "    wi = np.float32(1.0) + np.float32(erf32(u))",
+            "    w[j] = wi",
+            "    out[j] = (xi * np.float32(0.5)) * wi"]
     return _src(["def gelu_with_cdf_float32(x, out, w):",
-                 "    for i in range(x.size):",
-                 "        xi = x[i]",
-                 f"        u = xi * np.float32({_SQRT1_2!r})",
-                 "        wi = np.float32(1.0) + np.float32(erf32(np.float64(u)))",
-                 "        w[i] = wi",
-                 "        out[i] = (xi * np.float32(0.5)) * wi"], kernels.erf32_source(),
+                 "    n = x.size",
+                 f"    for b in range(0, n - n % {b}, {b}):",
+                 "        bad = np.int32(0)",
+                 f"        for j in range(b, b + {b}):"] +
+                ["            " + s for s in lane] +
+                [f"            bad |= np.int32(s > {ERF32_SHORT_BOUND!r})",
+                 "        if bad:",
+                 f"            for j in range(b, b + {b}):"] +
+                ["                " + s for s in wide] +
+                [f"    for j in range(n - n % {b}, n):"] +
+                ["        " + s for s in lane] +
+                ["        " + s for s in wide], _erf32_both(), ', fastmath={"contract"}')
+
+
+def _erf_float32():
+    """erf of a float32 array as the GELU kernel computes it (``erf32_short`` where u*u <= 4,
+    else ``erf32``; the same source and flags), rounded to float32: the tests' view of it."""
+    return _src(["def erf_float32(u, out):",
+                 "    for i in range(u.size):",
+                 "        v = np.float64(u[i])",
+                 f"        if v * v > {ERF32_SHORT_BOUND!r}:",
+                 "            out[i] = np.float32(erf32(v))",
+                 "        else:",
+                 "            out[i] = np.float32(erf32_short(v))"], _erf32_both(),
                 ', fastmath={"contract"}')
+
+
+def erf_float32(u):
+    """float32 erf of the float32 array ``u`` by the forward kernel's two fits (numba)."""
+    u = np.ascontiguousarray(u, np.float32)
+    out = np.empty_like(u)
+    kernels.load("erf_float32", _erf_float32())(u.reshape(-1), out.reshape(-1))
+    return out
 
 
 # float64, eager's erf64 (ops.error_function) in three steps, as eager runs it: the lanes
@@ -142,15 +244,29 @@ def _finish64():
 
 
 def _backward(dtype):
-    """``g * (0.5 w + x pdf)``; first the argument of pdf's exp, ``(-0.5 x) x``."""
+    """``g * (0.5 w + x pdf)``; first the argument of pdf's exp, ``(-0.5 x) x``; the
+    final pass without and with the result's column sums."""
     t = f"np.{np.dtype(dtype).name}"
+    value = f"g[i] * (({t}(0.5) * w[i]) + (x[i] * (p[i] * {t}({_INV_SQRT_2PI!r}))))"
     return (_src([f"def gelu_pdf_argument_{t[3:]}(x, out):",
                   "    for i in range(x.size):",
                   f"        out[i] = ({t}(-0.5) * x[i]) * x[i]"]),
             _src([f"def gelu_backward_from_cdf_{t[3:]}(g, x, w, p, out):",
                   "    for i in range(x.size):",
-                  f"        out[i] = g[i] * (({t}(0.5) * w[i]) + (x[i] * (p[i] * "
-                  f"{t}({_INV_SQRT_2PI!r}))))"]))
+                  f"        out[i] = {value}"]),
+            # with the column sums of the (R, C) result: each row added in order into 0.0
+            # (numpy's add.reduce over axis 0 of a C-contiguous matrix: a column of -0.0
+            # sums to 0.0, as numpy 2.4's)
+            _src([f"def gelu_backward_from_cdf_sums_{t[3:]}(g, x, w, p, out, red, R, C):",
+                  "    acc = np.zeros(C, out.dtype)",
+                  "    for r in range(R):",
+                  "        base = r * C",
+                  "        for j in range(C):",
+                  "            i = base + j",
+                  f"            o = {value}",
+                  "            out[i] = o",
+                  "            acc[j] += o",
+                  "    red[:] = acc"]))
 
 
 def _flat(a):
@@ -193,10 +309,24 @@ def gelu_backward_from_cdf_factory(node):
     if not (g.dtype == x.dtype == w.dtype) or not (g.shape == x.shape == w.shape):
         return None
     dt = np.dtype(x.dtype)
-    arg_src, src = _backward(dt)
+    arg_src, src, sums_src = _backward(dt)
     argument = kernels.load(f"gelu_pdf_argument_{dt.name}", arg_src)
-    fn = kernels.load(f"gelu_backward_from_cdf_{dt.name}", src)
     p = np.empty(int(np.prod(x.shape)), dt)  # exp(-0.5 x x): numpy's exp, as eager
+    n_sums = len(node.outputs) - 1
+    if n_sums:  # the column sums of the result (share_gelu_erf): (R, C) rows in order
+        fn = kernels.load(f"gelu_backward_from_cdf_sums_{dt.name}", sums_src)
+        C = x.shape[-1]
+        R = p.size // C if C else 0
+
+        def gelu_backward_from_cdf_kernel(ga, xa, wa):
+            out, red = np.empty(xa.shape, dt), np.empty(C, dt)
+            xf = _flat(xa)
+            argument(xf, p)
+            fn(_flat(ga), xf, _flat(wa), np.exp(p, out=p), out.reshape(-1), red, R, C)
+            return (out, red) + tuple(red.copy() for _ in range(n_sums - 1))
+
+        return gelu_backward_from_cdf_kernel
+    fn = kernels.load(f"gelu_backward_from_cdf_{dt.name}", src)
 
     def gelu_backward_from_cdf_kernel(ga, xa, wa):
         out = np.empty(xa.shape, dt)
