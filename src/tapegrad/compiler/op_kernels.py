@@ -33,6 +33,7 @@ _MODULES = ["tapegrad.compiler.kernels_conv"]  # kernel modules, imported on the
 _MODULES.append("tapegrad.compiler.kernels_gpt")  # GPT: LayerNorm, softmax, attention
 _MODULES.append("tapegrad.compiler.kernels_gelu")  # GELU and its gradient sharing one erf
 _MODULES.append("tapegrad.compiler.kernels_optim")  # Adam/AdamW, clip_grad_norm_, the two fused
+_MODULES.append("tapegrad.compiler.kernels_residual")  # LayerNorm with the residual stream
 
 
 def lookup(node):

@@ -475,6 +475,21 @@ def fuse_layer_norm_backward(graph):
     return fuse_ln(graph)
 
 
+def fuse_residual_layer_norm(graph):
+    """A residual sum read by a LayerNorm as one node (compiler/kernels_residual.py)."""
+    from tapegrad.compiler.kernels_residual import fuse_residual_layer_norm as fuse_res
+
+    return fuse_res(graph)
+
+
+def fuse_residual_backward(graph):
+    """A LayerNorm gradient, the residual add of its gx and their column sums as one node
+    (compiler/kernels_residual.py)."""
+    from tapegrad.compiler.kernels_residual import fuse_residual_backward as fuse_res
+
+    return fuse_res(graph)
+
+
 def fuse_softmax_backward(graph):
     """softmax's traced gradient rule as one node (compiler/kernels_gpt.py)."""
     from tapegrad.compiler.kernels_gpt import fuse_softmax_backward as fuse_sm
@@ -510,6 +525,8 @@ PASSES = (("simplify", simplify), ("cse", cse), ("fold_constants", fold_constant
           ("dce", dce), ("split_linear", split_linear),
           ("fuse_cross_entropy", fuse_cross_entropy),
           ("fuse_layer_norm_backward", fuse_layer_norm_backward),
+          ("fuse_residual_layer_norm", fuse_residual_layer_norm),
+          ("fuse_residual_backward", fuse_residual_backward),
           ("fuse_softmax_backward", fuse_softmax_backward),
           ("share_attention_probabilities", share_attention_probabilities),
           ("merge_split_gradients", merge_split_gradients),

@@ -1,0 +1,585 @@
+"""LayerNorm and the residual stream of the char-GPT step: graph passes and numba kernels.
+
+* ``fuse_residual_layer_norm`` (a pass): ``s = add(a, b)`` read by ``layer_norm(s, w, b)``
+  (every block's residual sum before its next LayerNorm; ``b`` may be a ``broadcast_to`` over
+  leading axes, the position embedding) becomes one ``residual_layer_norm`` node returning
+  ``(s, layer_norm(s))``: the kernel writes each row of the sum and normalises it while it is
+  in cache.
+* ``fuse_residual_backward`` (a pass): a ``layer_norm_backward`` node (kernels_gpt's fused
+  rule) whose ``gx`` is only read by ``add(r, gx)`` (the residual gradient) becomes one
+  ``residual_layer_norm_backward`` node writing ``r + gx`` row by row; the column sums of its
+  main output (a linear's bias gradient ``sum(reshape(., (-1, C)), dims=(0,))``, found by
+  ``passes.column_sums``) and a ``sum_to`` over its leading axes (the position embedding's
+  gradient) come out of the same pass as extra outputs.
+* The row kernels sum a row as numpy's pairwise sum does for 8 <= C <= 128 (one block of
+  eight accumulators, combined ``((0+1)+(2+3))+((4+5)+(6+7))``, the rest added in order)
+  with the eight accumulators held in 256-bit vectors (``block8``, an LLVM intrinsic: the
+  same lane-wise IEEE additions; numba's scalar code keeps them in eight registers one
+  ``vaddss`` at a time), and they work on tiles of 8 rows phase by phase (all the tile's
+  means, then its variances, ...), so the out-of-order core overlaps the rows' dependency
+  chains (reduction, division, square root) instead of waiting on each row's. Other widths
+  use kernels.PAIRWISE's ``pairwise_sum``.
+
+Every result is bitwise eager's (the same IEEE operations in the same order as
+``ops.nn._norm_forward`` / ``_norm_rule``, numpy's add and its axis-0 reductions), float32
+and float64; the nodes' ``impl`` runs the replaced nodes themselves (the numpy backend and
+the passes' value check). tests/test_compiler_residual.py checks each.
+"""
+import numpy as np
+
+from tapegrad.compiler import kernels, op_kernels, passes
+from tapegrad.compiler.ir import Node, Value, call_node
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+TILE = 8  # rows per tile: enough independent chains for the core, a few KB of scratch
+
+SOURCE = '''import numpy as np
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+from llvmlite import ir
+
+# kernels_residual v1
+
+
+@intrinsic
+def block8(typingctx, arr, n):
+    """numpy's pairwise block over arr[:n] (n a multiple of 8, >= 8): accumulator k holds
+    arr[k] + arr[k + 8] + ... in order; the eight are combined ((0+1)+(2+3))+((4+5)+(6+7)).
+    The accumulators are lanes of 256-bit vectors (one of 8 float32, two of 4 float64)."""
+    if not isinstance(arr, types.Array) or arr.ndim != 1 or arr.layout != "C" or \\
+            arr.dtype not in (types.float32, types.float64):
+        return None
+    sig = arr.dtype(arr, types.intp)
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        n = args[1]
+        f32 = signature.args[0].dtype == types.float32
+        fty = context.get_value_type(signature.args[0].dtype)
+        size = 4 if f32 else 8
+        lanes = 8 if f32 else 4
+        parts = 8 // lanes
+        vty = ir.VectorType(fty, lanes)
+        vptr = builder.bitcast(ary.data, vty.as_pointer())
+        accs = []
+        for p in range(parts):
+            acc = cgutils.alloca_once(builder, vty)
+            builder.store(builder.load(builder.gep(vptr, [ir.Constant(n.type, p)]),
+                                       align=size), acc)
+            accs.append(acc)
+        nv = builder.sdiv(n, ir.Constant(n.type, lanes))
+        step = ir.Constant(n.type, parts)
+        with cgutils.for_range_slice(builder, step, nv, step) as (idx, _):
+            for p, acc in enumerate(accs):
+                at = builder.add(idx, ir.Constant(n.type, p))
+                v = builder.load(builder.gep(vptr, [at]), align=size)
+                builder.store(builder.fadd(builder.load(acc), v), acc)
+        e = []
+        for acc in accs:
+            a = builder.load(acc)
+            e += [builder.extract_element(a, ir.Constant(ir.IntType(32), k))
+                  for k in range(lanes)]
+        lo = builder.fadd(builder.fadd(e[0], e[1]), builder.fadd(e[2], e[3]))
+        hi = builder.fadd(builder.fadd(e[4], e[5]), builder.fadd(e[6], e[7]))
+        return builder.fadd(lo, hi)
+
+    return sig, codegen
+
+
+''' + kernels.PAIRWISE + '''
+
+@njit(error_model="numpy", cache=True, inline="always")
+def rowsum_short(a, n):
+    """numpy's pairwise sum of a[:n] for 8 <= n <= 128 (one block)."""
+    e = n - n % 8
+    s = block8(a, e)
+    for k in range(e, n):
+        s += a[k]
+    return s
+
+
+@njit(error_model="numpy", cache=True, inline="always")
+def rowsum_long(a, n):
+    """numpy's pairwise sum of a[:n], any n."""
+    return pairwise_sum(a, 0, n)
+'''
+
+# the row kernels, written once with ROWSUM and compiled twice (a branch between the two sums
+# inside one kernel measured 20-40% slower: the general sum's code stays in the loops)
+ROWS = '''
+
+@njit(error_model="numpy", cache=True)
+def residual_ln_rows(a, b2, has_res, x, w, bias, eps, has_w, has_b, out, mean, rstd):
+    """x[i] = a[i] + b2[i % len(b2)] when has_res (else x is the input), then
+    out[i] = (x[i] - mean) / sqrt(var + eps) * w + bias, as ops.nn._norm_forward, op for
+    op; tiles of len(mean) rows, phase by phase. out's rows hold the squares meanwhile."""
+    R, C = x.shape
+    T = mean.shape[0]
+    Rb = b2.shape[0]
+    n = x.dtype.type(C)
+    one = x.dtype.type(1)
+    for t0 in range(0, R, T):
+        t1 = min(R, t0 + T)
+        if has_res:
+            for i in range(t0, t1):
+                ai = a[i]
+                bi = b2[i % Rb]
+                xi = x[i]
+                for j in range(C):
+                    xi[j] = ai[j] + bi[j]
+        for i in range(t0, t1):
+            mean[i - t0] = ROWSUM(x[i], C) / n
+        for i in range(t0, t1):
+            xi = x[i]
+            sq = out[i]
+            m = mean[i - t0]
+            for j in range(C):
+                d = xi[j] - m
+                sq[j] = d * d
+            rstd[i - t0] = one / np.sqrt(ROWSUM(sq, C) / n + eps)
+        for i in range(t0, t1):
+            xi = x[i]
+            o = out[i]
+            m = mean[i - t0]
+            r = rstd[i - t0]
+            if has_w and has_b:
+                for j in range(C):
+                    o[j] = (xi[j] - m) * r * w[j] + bias[j]
+            elif has_w:
+                for j in range(C):
+                    o[j] = (xi[j] - m) * r * w[j]
+            elif has_b:
+                for j in range(C):
+                    o[j] = (xi[j] - m) * r + bias[j]
+            else:
+                for j in range(C):
+                    o[j] = (xi[j] - m) * r
+
+
+@njit(error_model="numpy", cache=True)
+def ln_backward_rows(g, x, w, eps, res, mode, out, gw, gb, with_gb, cs, n_cs, pos, n_pos,
+                     gxh, xh, tmp, st):
+    """LayerNorm's gradient over the last axis (ops.nn._norm_rule, op for op) on tiles of
+    len(st[0]) rows, phase by phase; out[i] = gx[i] (mode 0), res[i] + gx[i] (1) or
+    gx[i] + res[i] (2). gw, gb: column sums of g * xhat and g; cs (n_cs > 0): column sums of
+    out; pos (n_pos > 0): out summed over its leading axes, rows i % n_pos (numpy's axis-0
+    add.reduce: rows in order, the first copied). gxh, xh, tmp: (tile, C) scratch."""
+    R, C = x.shape
+    T = st.shape[1]
+    n = x.dtype.type(C)
+    one = x.dtype.type(1)
+    m1 = st[0]
+    m3 = st[1]
+    m4 = st[2]
+    rs = st[3]
+    for t0 in range(0, R, T):
+        t1 = min(R, t0 + T)
+        for i in range(t0, t1):
+            l = i - t0
+            gi = g[i]
+            p = gxh[l]
+            for j in range(C):
+                p[j] = gi[j] * w[j]
+            m3[l] = ROWSUM(p, C) / n
+            m1[l] = ROWSUM(x[i], C) / n
+        for i in range(t0, t1):
+            l = i - t0
+            xi = x[i]
+            q = tmp[l]
+            m = m1[l]
+            for j in range(C):
+                d = xi[j] - m
+                q[j] = d * d
+            rs[l] = one / np.sqrt(ROWSUM(q, C) / n + eps)
+        for i in range(t0, t1):
+            l = i - t0
+            xi = x[i]
+            h = xh[l]
+            p = gxh[l]
+            q = tmp[l]
+            m = m1[l]
+            r = rs[l]
+            for j in range(C):
+                v = (xi[j] - m) * r
+                h[j] = v
+                q[j] = p[j] * v
+            m4[l] = ROWSUM(q, C) / n
+        for i in range(t0, t1):
+            l = i - t0
+            o = out[i]
+            h = xh[l]
+            p = gxh[l]
+            a3 = m3[l]
+            a4 = m4[l]
+            r = rs[l]
+            if mode == 0:
+                for j in range(C):
+                    o[j] = r * ((p[j] - a3) - h[j] * a4)
+            elif mode == 1:
+                ri = res[i]
+                for j in range(C):
+                    o[j] = ri[j] + r * ((p[j] - a3) - h[j] * a4)
+            else:
+                ri = res[i]
+                for j in range(C):
+                    o[j] = r * ((p[j] - a3) - h[j] * a4) + ri[j]
+            gi = g[i]
+            if i == 0:
+                for j in range(C):
+                    gw[j] = gi[j] * h[j]
+                if with_gb:
+                    for j in range(C):
+                        gb[j] = gi[j]
+                for k in range(n_cs):
+                    c = cs[k]
+                    for j in range(C):
+                        c[j] = o[j]
+            else:
+                for j in range(C):
+                    gw[j] += gi[j] * h[j]
+                if with_gb:
+                    for j in range(C):
+                        gb[j] += gi[j]
+                for k in range(n_cs):
+                    c = cs[k]
+                    for j in range(C):
+                        c[j] += o[j]
+            if n_pos:
+                pr = pos[i % n_pos]
+                if i < n_pos:
+                    for j in range(C):
+                        pr[j] = o[j]
+                else:
+                    for j in range(C):
+                        pr[j] += o[j]
+'''
+SOURCE += ROWS.replace("ROWSUM", "rowsum_short").replace("_rows(", "_rows_short(")
+SOURCE += ROWS.replace("ROWSUM", "rowsum_long").replace("_rows(", "_rows_long(")
+
+_K = {}
+
+
+def _kernels():
+    """The numba functions, compiled (or loaded from numba's cache) on first use."""
+    if not _K:
+        import sys
+
+        mod = sys.modules[kernels.load("rowsum_short", SOURCE).py_func.__module__]
+        for name in ("residual_ln_rows", "ln_backward_rows"):
+            for kind in ("short", "long"):
+                _K[name, kind] = getattr(mod, f"{name}_{kind}")
+    return _K
+
+
+def _rows_kernel(name, C):
+    """The row kernel for rows of C: one pairwise block (8 <= C <= 128) or the general sum."""
+    return _kernels()[name, "short" if 8 <= C <= 128 else "long"]
+
+
+def _floats(*vals):
+    dts = {np.dtype(v.dtype) for v in vals if v is not None}
+    if len(dts) != 1:
+        return None
+    dt = dts.pop()
+    return dt if dt in _FLOATS else None
+
+
+def _layer_norm_ok(f, x):
+    """``layer_norm`` node ``f`` on ``x`` normalises x's last axis, with a weight and bias
+    of that length (Values) or None, all one float dtype: what the row kernel serves."""
+    if not x.shape or any(d == 0 for d in x.shape):
+        return False
+    p = f.params
+    C = x.shape[-1]
+    if tuple(p.get("axes") or ()) != (len(x.shape) - 1,) or tuple(
+            p.get("param_shape") or ()) != (C,) or not isinstance(p.get("eps"), (int, float)):
+        return False
+    extra = list(f.inputs[1:])
+    if any(not isinstance(a, Value) or tuple(a.shape) != (C,) for a in extra if a is not None):
+        return False
+    return _floats(x, *[a for a in extra if a is not None]) is not None
+
+
+def _uses(graph):
+    """id(Value) -> the nodes reading it, in order (each once); graph outputs and write-backs
+    read by a sink node."""
+    uses = {}
+    for n in graph.nodes:
+        for a in n.inputs:
+            if isinstance(a, Value):
+                lst = uses.setdefault(id(a), [])
+                if not lst or lst[-1] is not n:
+                    lst.append(n)
+    sink = Node(None, "<outside>", [], {}, [])
+    for v in graph.used_values():
+        uses.setdefault(id(v), []).append(sink)
+    return uses
+
+
+def _is_op(n, name):
+    return n is not None and n.name == name and n.op is not None
+
+
+# --- forward: the residual sum and the LayerNorm reading it ---------------------------------
+def _leading_broadcast(v, shape, producer):
+    """``v`` made by ``broadcast_to(s, shape)`` that only repeats ``s`` over leading axes
+    (s.shape == shape[k:]): ``(s, broadcast node)``, else None."""
+    n = producer.get(id(v))
+    if not _is_op(n, "broadcast_to") or not isinstance(n.inputs[0], Value):
+        return None
+    s = n.inputs[0]
+    k = len(shape) - len(s.shape)
+    if k < 1 or tuple(s.shape) != tuple(shape[k:]) or s.dtype != v.dtype or not s.shape:
+        return None
+    return s, n
+
+
+def _residual_ln_impl(add, bc, f):
+    def residual_layer_norm(a, b, *wb, **params):
+        if bc is not None:
+            (b,) = call_node(bc, [b])
+        (s,) = call_node(add, [b, a] if params["swap"] else [a, b])
+        (y,) = call_node(f, [s] + list(wb))
+        return s, y
+
+    return residual_layer_norm
+
+
+def fuse_residual_layer_norm(graph):
+    """A graph pass: ``s = add(a, b)`` (one float dtype, same shape, or ``b`` a leading-axes
+    ``broadcast_to``) read by ``layer_norm(s, ...)`` over its last axis becomes one
+    ``residual_layer_norm(a, b, w, bias) -> (s, y)`` node at the add's place; a broadcast_to
+    read only by the add goes too (the kernel repeats its rows)."""
+    fwd = [n for n in graph.nodes if _is_op(n, "layer_norm")]
+    if not fwd:
+        return graph
+    producer = {id(v): n for n in graph.nodes for v in n.outputs}
+    pos = {id(n): i for i, n in enumerate(graph.nodes)}
+    uses = _uses(graph)
+    replace, drop = {}, set()
+    for f in fwd:
+        x = f.inputs[0] if f.inputs else None
+        if not isinstance(x, Value) or not _layer_norm_ok(f, x):
+            continue
+        add = producer.get(id(x))
+        if not _is_op(add, "add") or len(add.inputs) != 2 or add.params or \
+                not all(isinstance(a, Value) for a in add.inputs) or id(add) in replace:
+            continue
+        a, b = add.inputs
+        if a.dtype != x.dtype or b.dtype != x.dtype:
+            continue
+        swap, bc = False, None
+        if tuple(a.shape) != tuple(x.shape):
+            a, b, swap = b, a, True
+            if tuple(a.shape) != tuple(x.shape):
+                continue
+        hit = _leading_broadcast(b, x.shape, producer)
+        if hit is not None and not [m for m in uses.get(id(b), ()) if m is not add]:
+            b, bc = hit  # (a view read elsewhere too stays; the kernel then reads it)
+        elif tuple(b.shape) != tuple(x.shape):
+            continue
+        lo, hi = pos[id(add)], pos[id(f)]
+        if any(n.effect for n in graph.nodes[lo:hi + 1]):
+            continue
+        wb = list(f.inputs[1:])
+        if any(isinstance(v, Value) and id(v) in producer and pos[id(producer[id(v)])] > lo
+               for v in wb):
+            continue  # a weight made after the add: the node cannot move up to it
+        params = dict(f.params)
+        params["swap"] = swap
+        fused = Node(None, "residual_layer_norm", [a, b] + wb, params,
+                     [x, f.outputs[0]], impl=_residual_ln_impl(add, bc, f),
+                     meta={"add": add, "broadcast": bc, "layer_norm": f})
+        replace[id(add)] = fused
+        drop.add(id(f))
+        if bc is not None:
+            drop.add(id(bc))
+    return passes.replace_nodes(graph, replace, drop)
+
+
+def _rows(shape):
+    return int(np.prod(shape[:-1], dtype=np.int64))
+
+
+@op_kernels.register("residual_layer_norm")
+def residual_layer_norm_factory(node):
+    """The fused residual sum and LayerNorm (``fuse_residual_layer_norm``)."""
+    a, b = node.inputs[:2]
+    s, y = node.outputs
+    wb = node.inputs[2:]
+    dt = _floats(a, b, *wb)
+    if dt is None or len(wb) > 2:
+        return None
+    shape = tuple(s.shape)
+    C = shape[-1]
+    R = _rows(shape)
+    Rb = _rows(b.shape) if len(b.shape) > 1 else 1
+    fn = _rows_kernel("residual_ln_rows", C)
+    empty = np.empty(0, dt)
+    swap = bool(node.params.get("swap"))
+    if swap and tuple(b.shape) != shape:
+        return None  # a broadcast first operand: numpy's add(bcast, a) has the same bits,
+        # but keep the one layout the kernel is written for
+    tile = min(TILE, R)
+
+    def residual_layer_norm_kernel(a, b, w=None, bias=None, *, axes, eps, param_shape,
+                                   swap):
+        sa = np.empty(shape, dt)
+        out = np.empty(shape, dt)
+        first, second = (b, a) if swap else (a, b)
+        fn(first.reshape(R, C), second.reshape(Rb, C), True, sa.reshape(R, C),
+           empty if w is None else w, empty if bias is None else bias, dt.type(eps),
+           w is not None, bias is not None, out.reshape(R, C), np.empty(tile, dt),
+           np.empty(tile, dt))
+        return sa, out
+
+    return residual_layer_norm_kernel
+
+
+def layer_norm_call(shape, dt):
+    """The row kernel for a plain ``layer_norm`` over the last axis of ``shape`` (no residual
+    sum): ``call(x, w, b, eps) -> out`` (kernels_gpt's layer_norm factory serves it)."""
+    C = shape[-1]
+    fn = _rows_kernel("residual_ln_rows", C)
+    R = _rows(shape)
+    empty = np.empty(0, dt)
+    e2 = np.empty((1, 0), dt)
+    tile = min(TILE, R)
+
+    def call(x, w, b, eps):
+        out = np.empty(shape, dt)
+        fn(e2, e2, False, x.reshape(R, C), empty if w is None else w,
+           empty if b is None else b, dt.type(eps), w is not None, b is not None,
+           out.reshape(R, C), np.empty(tile, dt), np.empty(tile, dt))
+        return out
+
+    return call
+
+
+# --- backward: LayerNorm's gradient, the residual gradient and their column sums ------------
+def _sum_to_leading(n, value):
+    """``sum_to(value, shape)`` that sums only leading axes (shape == value.shape[k:])."""
+    if not _is_op(n, "sum_to") or not n.inputs or n.inputs[0] is not value:
+        return False
+    shape = tuple(n.params.get("shape") or ())
+    k = len(value.shape) - len(shape)
+    return k >= 1 and len(shape) >= 2 and shape == tuple(value.shape[k:]) and \
+        n.outputs[0].dtype == value.dtype
+
+
+def _ln_backward_residual_impl(ln, add, sums, tos):
+    def residual_layer_norm_backward(g, x, w, *res, **params):
+        outs = call_node(ln, [g, x, w])
+        main = outs[0]
+        if add is not None:
+            (main,) = call_node(add, [res[0], main] if params["residual"] == 1
+                                else [main, res[0]])
+        extra = [call_node(m, [main.reshape(m.inputs[0].shape)])[0] for m in sums]
+        extra += [call_node(m, [main])[0] for m in tos]
+        return (main,) + tuple(outs[1:]) + tuple(extra)
+
+    return residual_layer_norm_backward
+
+
+def fuse_residual_backward(graph):
+    """A graph pass: each ``layer_norm_backward`` node (g, x, w) -> (gx, gw[, gb]) whose gx
+    is read only by ``add(r, gx)`` / ``add(gx, r)`` becomes one
+    ``residual_layer_norm_backward(g, x, w, r)`` node (at the add's place) returning
+    ``(r + gx, gw[, gb], column sums..., leading sums...)``: the ``sum(., dims=(0,))`` of
+    its main output (passes.column_sums) and the ``sum_to`` over its leading axes join as
+    extra outputs. Without such an add, the node still takes its main output's sums."""
+    lns = [n for n in graph.nodes if n.name == "layer_norm_backward" and n.impl is not None
+           and len(n.inputs) == 3 and len(n.outputs) in (2, 3)]
+    if not lns:
+        return graph
+    pos = {id(n): i for i, n in enumerate(graph.nodes)}
+    uses = _uses(graph)
+    replace, drop = {}, set()
+    for ln in lns:
+        g, x, w = ln.inputs
+        gx = ln.outputs[0]
+        if not all(isinstance(v, Value) for v in (g, x, w)) or _floats(g, x, w) is None or \
+                not x.shape or g.shape != x.shape or tuple(w.shape) != (x.shape[-1],):
+            continue
+        readers = uses.get(id(gx), [])
+        add, mode, res, main, at = None, 0, [], gx, ln
+        if len(readers) == 1 and _is_op(readers[0], "add") and not readers[0].params and \
+                len(readers[0].inputs) == 2 and id(readers[0]) not in drop:
+            m = readers[0]
+            other = m.inputs[1] if m.inputs[0] is gx else m.inputs[0]
+            if isinstance(other, Value) and other is not gx and other.shape == gx.shape and \
+                    other.dtype == gx.dtype and m.outputs[0].dtype == gx.dtype and \
+                    m.outputs[0].shape == gx.shape and \
+                    not any(n.effect for n in graph.nodes[pos[id(ln)]:pos[id(m)] + 1]) and \
+                    all(pos[id(u)] > pos[id(m)] for v in ln.outputs[1:]
+                        for u in uses.get(id(v), ()) if id(u) in pos):
+                add, res, main, at = m, [other], m.outputs[0], m
+                mode = 1 if m.inputs[1] is gx else 2
+        sums, views = [], []
+        for s, view in passes.column_sums(graph, main):
+            if id(s) in drop or pos[id(s)] < pos[id(at)]:
+                continue
+            sums.append(s)
+            if view is not None:
+                views.append(view)
+        tos = [n for n in uses.get(id(main), ()) if _sum_to_leading(n, main)
+               and id(n) not in drop and pos[id(n)] > pos[id(at)]]
+        params = dict(ln.params)
+        params["residual"] = mode
+        outs = [main] + list(ln.outputs[1:]) + [s.outputs[0] for s in sums] + \
+            [t.outputs[0] for t in tos]
+        fused = Node(None, "residual_layer_norm_backward", [g, x, w] + res, params, outs,
+                     impl=_ln_backward_residual_impl(ln, add, sums, tos),
+                     meta={"layer_norm_backward": ln, "add": add, "sums": sums, "sum_to": tos,
+                           "with_gb": len(ln.outputs) == 3})
+        replace[id(at)] = fused
+        if add is not None:
+            drop.add(id(ln))
+        drop.update(id(s) for s in sums)
+        drop.update(id(t) for t in tos)
+        for view in views:  # a (rows, C) view read by nothing but the absorbed sums
+            if all(id(u) in drop for u in uses.get(id(view.outputs[0]), ())):
+                drop.add(id(view))
+    return passes.replace_nodes(graph, replace, drop)
+
+
+@op_kernels.register("residual_layer_norm_backward")
+def residual_layer_norm_backward_factory(node):
+    """The fused LayerNorm gradient with the residual add and the sums of its result."""
+    g, x, w = node.inputs[:3]
+    dt = _floats(*node.inputs)
+    if dt is None or x.shape[-1] == 1 or any(d == 0 for d in x.shape):
+        return None  # (C == 1: numpy's sum_to then reduces a contiguous run: pairwise)
+    meta = node.meta or {}
+    with_gb = meta.get("with_gb", len(node.outputs) >= 3)
+    n_cs = len(meta.get("sums", ()))
+    tos = meta.get("sum_to", ())
+    if len(tos) > 1:
+        return None
+    shape = tuple(x.shape)
+    C = shape[-1]
+    R = _rows(shape)
+    mode = int(node.params.get("residual", 0))
+    pshape = tuple(tos[0].outputs[0].shape) if tos else None
+    P = _rows(pshape) if tos else 0
+    if tos and (len(pshape) < 2 or R % P):
+        return None
+    fn = _rows_kernel("ln_backward_rows", C)
+    tile = min(TILE, R)
+    e2 = np.empty((1, C), dt)
+
+    def residual_layer_norm_backward_kernel(g, x, w, *res, axes, eps, residual):
+        out = np.empty(shape, dt)
+        gw = np.empty(C, dt)
+        gb = np.empty(C, dt)
+        cs = np.empty((max(n_cs, 1), C), dt)
+        pos = np.empty(pshape, dt) if P else e2
+        fn(g.reshape(R, C), x.reshape(R, C), w, dt.type(eps),
+           res[0].reshape(R, C) if mode else e2, mode, out.reshape(R, C), gw, gb, with_gb, cs,
+           n_cs, pos.reshape(-1, C), P, np.empty((tile, C), dt), np.empty((tile, C), dt),
+           np.empty((tile, C), dt), np.empty((4, tile), dt))
+        outs = (out, gw, gb) if with_gb else (out, gw)
+        return outs + tuple(cs[:n_cs]) + ((pos,) if P else ())
+
+    return residual_layer_norm_backward_kernel
