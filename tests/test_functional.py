@@ -468,6 +468,15 @@ def test_sdpa_masks():
     mask = np.array([[True, False, True], [True, True, False]])
     check(lambda T, q, k, v: F(T).scaled_dot_product_attention(q, k, v, is_causal=True),
              [(1, 3, 2), (1, 3, 2), (1, 3, 2)])
+    for L, S in ((2, 4), (4, 2)):  # a causal mask that is not square (L > S: no empty row)
+        check(lambda T, q, k, v: F(T).scaled_dot_product_attention(q, k, v, is_causal=True),
+              [(1, L, 2), (1, S, 2), (1, S, 3)])
+    # the causal bias over host arrays is made once per (L, S, dtype), read-only
+    from tapegrad.nn.functional import _causal_bias
+    b = _causal_bias(3, 4, np.dtype(np.float32))
+    assert b is _causal_bias(3, 4, np.dtype(np.float32)) and not b.flags.writeable
+    assert b.dtype == np.float32 and np.array_equal(
+        b, np.where(np.tril(np.ones((3, 4), bool)), 0, -np.inf).astype(np.float32))
     check(lambda T, q, k, v, m: F(T).scaled_dot_product_attention(q, k, v, attn_mask=m),
              [(1, 2, 2), (1, 3, 2), (1, 3, 2), mask])
     check(lambda T, q, k, v, m: F(T).scaled_dot_product_attention(q, k, v, attn_mask=m),

@@ -1529,6 +1529,22 @@ def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corne
 
 
 # --- attention ---------------------------------------------------------------------------
+_CAUSAL_BIAS = {}
+
+
+def _causal_bias(L, S, dt):
+    """``is_causal``'s additive mask over host arrays: 0 on and below the diagonal, -inf above,
+    of dtype ``dt``; one read-only array per (L, S, dtype), not six numpy calls a step."""
+    key = (L, S, dt)
+    b = _CAUSAL_BIAS.get(key)
+    if b is None:
+        b = xp.where(xp.tril(xp.ones((L, S), dtype=bool)), 0, -xp.inf).astype(dt)
+        b.flags.writeable = False
+        if len(_CAUSAL_BIAS) < 64:
+            _CAUSAL_BIAS[key] = b
+    return b
+
+
 @autocast_composite
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, scale=None, enable_gqa=False):
@@ -1559,7 +1575,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
     dt = query._data.dtype
     bias = None
-    if is_causal:
+    if is_causal and type(query._data) is xp.ndarray:
+        bias = _static(_causal_bias(L, S, dt))  # (no row is fully masked: keep stays None)
+    elif is_causal:
         attn_mask = _static(on_device_of(query._data, xp.tril(xp.ones((L, S), dtype=bool))))
     blocked = None
     made = _const
