@@ -1,0 +1,196 @@
+"""Softmax cross-entropy with class indices, fused: the loss, the logits' gradient and (when
+read) the gradient's column sums, bitwise eager's (issue 9, the char-GPT step's loss).
+
+Eager (``ops.nn.cross_entropy_index`` and ``cross_entropy_index_backward``) computes per row
+``s = x - max(x)``, ``lse = log(sum(exp(s)))``, the loss ``sum(lse - s[t]) / count`` and the
+gradient ``(exp(s) / sum(exp(s)) * keep - onehot) * (g * scale)``. The generated code's node
+``cross_entropy_fused`` runs the same operations as three numba passes around numpy's own
+``exp`` and ``log`` (numba's C-library ones differ from numpy's SIMD loops in the last bit):
+
+1. ``ce_shift``: the targets checked, each row's max (16 running maxima, numpy's value: max
+   is exact in any order; a row holding a NaN takes it, as ``np.maximum``), ``s = x - max``
+   into one buffer and the target's ``s[i, t[i]]`` set aside; returns the valid rows' count.
+2. numpy's ``exp`` of that buffer, in place.
+3. ``ce_grad``: each row's sum in numpy's pairwise order (``kernels.PAIRWISE``), the gradient
+   row (a division and a multiply an element, the target's element apart) and the column sums
+   (rows added in order from 0, as numpy's ``add.reduce`` over axis 0).
+4. numpy's ``log`` of the 512 row sums, then ``ce_loss``: the per-row losses (0 for ignored
+   rows) summed in numpy's pairwise order.
+
+This replaces numpy's ``maximum.reduce`` over short rows (slow: ~0.7 ns an element), the
+broadcast subtraction's and ``exp``'s separate temporaries and a gradient loop that did not
+vectorise (a branch per element). Without numba the node runs eager's two calls
+(``passes._cross_entropy_impl``).
+"""
+import sys
+
+import numpy as np
+
+from tapegrad.compiler import kernels
+
+SOURCE = '''import numpy as np
+from numba import njit
+
+
+''' + kernels.PAIRWISE + '''
+
+@njit(error_model="numpy", cache=True)
+def ce_shift(x, xi, mask, t, ignore_index, s, st):
+    # s = x - rowmax(x), st[i] = s[i, t[i]] (0 for an ignored row); returns the valid rows'
+    # count, or -1 - i for the first row i whose target is out of range (nothing written).
+    # The max is taken on integer keys (xi: x's bits as signed integers; key = bits, its
+    # magnitude bits flipped when negative, orders as the floats do, -0 below +0): integer
+    # maxima vectorise, float ones do not here (numba's select is not IEEE max). A NaN (a key
+    # above +inf's or below -inf's) sends the row to np.maximum's rule: the max is that NaN.
+    N, C = x.shape
+    count = 0
+    for i in range(N):
+        ti = t[i]
+        if ti != ignore_index:
+            if ti < 0 or ti >= C:
+                return -1 - i
+            count += 1
+    zero = x.dtype.type(0)
+    mb = np.empty(1, x.dtype)
+    mbi = mb.view(xi.dtype)
+    mb[0] = np.inf
+    top = mbi[0]  # +inf's key; -inf's is -1 - top
+    for i in range(N):
+        row = x[i]
+        bits = xi[i]
+        out = s[i]
+        b = bits[0]
+        hi = b ^ (mask if b < 0 else 0)
+        lo = hi
+        for j in range(1, C):
+            b = bits[j]
+            k = b ^ (mask if b < 0 else 0)
+            hi = k if k > hi else hi
+            lo = k if k < lo else lo
+        mbi[0] = hi ^ (mask if hi < 0 else 0)
+        m = mb[0]
+        if hi > top or lo < -1 - top:  # a NaN in the row
+            for j in range(C):
+                if row[j] != row[j]:
+                    m = row[j]
+                    break
+        for j in range(C):
+            out[j] = row[j] - m
+        ti = t[i]
+        st[i] = out[ti] if ti != ignore_index else zero
+    return count
+
+
+@njit(error_model="numpy", cache=True, inline="always")
+def grad_row(row, out, s, ti, ignore_index, gs, zero, one):
+    # eager's ((e / s) * keep - onehot) * gs: keep = 1 for a valid row (q * 1 is q), 0 for an
+    # ignored one (q * 0 - 0 is q * 0); one branch-free loop, then the target's element
+    k = one if ti != ignore_index else zero
+    for j in range(row.shape[0]):
+        out[j] = ((row[j] / s) * k) * gs
+    if ti != ignore_index:
+        out[ti] = ((row[ti] / s) - one) * gs
+
+
+@njit(error_model="numpy", cache=True)
+def ce_grad(e, t, ignore_index, gs, grad, se, red, n_red):
+    # each row's sum (kept for the loss) and its gradient row; then the column sums. The two
+    # row loops differ only in the sum: a branch between them inside one loop keeps LLVM
+    # from vectorising either (2x slower)
+    N, C = e.shape
+    zero = e.dtype.type(0)
+    one = e.dtype.type(1)
+    if C <= 128:  # one block: pairwise_block inlined (pairwise_sum's own call costs)
+        for i in range(N):
+            s = pairwise_block(e[i], 0, C)
+            se[i] = s
+            grad_row(e[i], grad[i], s, t[i], ignore_index, gs, zero, one)
+    else:
+        for i in range(N):
+            s = pairwise_sum(e[i], 0, C)
+            se[i] = s
+            grad_row(e[i], grad[i], s, t[i], ignore_index, gs, zero, one)
+    for j in range(n_red):  # numpy's add.reduce over axis 0: from 0, the rows in order
+        red[j] = zero
+    if n_red:
+        for i in range(N):
+            row = grad[i]
+            for j in range(C):
+                red[j] += row[j]
+
+
+@njit(error_model="numpy", cache=True)
+def ce_loss(lse, st, t, ignore_index):
+    # eager's losses (lse - s[t], 0 where ignored) summed as numpy's add.reduce (0 + pairwise)
+    N = lse.shape[0]
+    zero = lse.dtype.type(0)
+    for i in range(N):
+        st[i] = (lse[i] - st[i]) if t[i] != ignore_index else zero
+    return zero + pairwise_sum(st, 0, N)
+'''
+
+
+_BITS = {4: np.int32, 8: np.int64}
+_MASK = {k: v(np.iinfo(v).max) for k, v in _BITS.items()}
+
+
+def _kernels():
+    """``(ce_shift, ce_grad, ce_loss)``, compiled (or loaded from numba's cache) once."""
+    mod = sys.modules[cross_entropy().py_func.__module__]
+    return mod.ce_shift, mod.ce_grad, mod.ce_loss
+
+
+def cross_entropy():
+    """The gradient kernel (its module also holds the others and ``pairwise_sum``)."""
+    return kernels.load("ce_grad", SOURCE)
+
+
+def _reference(x, t, g, ignore_index, mean, with_sum):
+    """Eager's two calls: an empty batch or class axis (numpy's own errors and values),
+    strided logits (numpy reduces those in its iterator's order, not row by row)."""
+    from tapegrad.ops.nn import cross_entropy_index, cross_entropy_index_backward
+
+    loss = cross_entropy_index.forward(x, t, ignore_index=ignore_index, mean=mean)
+    grad = cross_entropy_index_backward.forward(g, x, t, ignore_index=ignore_index, mean=mean)
+    if with_sum:
+        return np.asarray(loss), grad, np.add.reduce(grad, axis=0)
+    return np.asarray(loss), grad
+
+
+def cross_entropy_call(with_sum):
+    """The generated code's ``cross_entropy_fused(x, t, g, ignore_index, mean)``: the loss (a
+    0-d array), the logits' gradient and, ``with_sum``, its column sums; eager's bits, and an
+    IndexError naming the first target out of range."""
+    shift, grad_kernel, loss_kernel = _kernels()
+
+    def cross_entropy_fused(x, t, g, ignore_index=-100, mean=True):
+        n, c = x.shape
+        if n == 0 or c == 0 or x.dtype.kind != "f" or x.dtype.itemsize < 4 \
+                or not x.flags.c_contiguous:  # (numpy's sums of strided rows: its own order)
+            return _reference(x, t, g, ignore_index, mean, with_sum)
+        dt = x.dtype.type
+        s = np.empty((n, c), x.dtype)
+        st = np.empty(n, x.dtype)
+        count = shift(x, x.view(_BITS[x.dtype.itemsize]), _MASK[x.dtype.itemsize], t,
+                      ignore_index, s, st)
+        if count < 0:
+            row = -1 - count
+            raise IndexError(f"cross_entropy: target {t[row]} is out of bounds for {c} "
+                             f"classes (row {row}, logits of shape {tuple(x.shape)})")
+        np.exp(s, out=s)
+        scale = ((1.0 / count) if count else 0.0) if mean else 1.0
+        grad = np.empty((n, c), x.dtype)
+        se = np.empty(n, x.dtype)
+        red = np.empty(c if with_sum else 0, x.dtype)
+        grad_kernel(s, t, ignore_index, dt(g) * dt(scale), grad, se, red, red.shape[0])
+        np.log(se, out=se)
+        total = dt(loss_kernel(se, st, t, ignore_index))
+        if not mean:
+            loss = total
+        else:
+            loss = total / count if count else np.full((), np.nan, x.dtype)
+        if with_sum:
+            return np.asarray(loss), grad, red
+        return np.asarray(loss), grad
+
+    return cross_entropy_fused
