@@ -330,7 +330,13 @@ def softmax_factory(node):
 @op_kernels.register("scaled_dot_product_attention")
 def attention_factory(node):
     """Attention over 4-D float32/float64 q, k, v (no dropout), an additive float bias of
-    their dtype broadcasting to the scores, or none."""
+    their dtype broadcasting to the scores, or none. kernels_attention's kernel first (one
+    (T, S) mask, rows up to its length), this one for the rest."""
+    from tapegrad.compiler import kernels_attention
+
+    fast = kernels_attention.attention_forward(node, probs=False)
+    if fast is not None:
+        return fast
     ins = list(node.inputs) + [None] * (4 - len(node.inputs))
     q, k, v, bias = ins[:4]
     if not all(isinstance(a, Value) for a in (q, k, v)) or node.params.get("keep") is not None:
@@ -784,7 +790,13 @@ def share_attention_probabilities(graph):
 @op_kernels.register("scaled_dot_product_attention_probs")
 def attention_probs_factory(node):
     """The attention forward that also returns its probabilities (numba passes around
-    eager's BLAS products, as ``scaled_dot_product_attention_kernel``)."""
+    eager's BLAS products, as ``scaled_dot_product_attention_kernel``; kernels_attention's
+    first)."""
+    from tapegrad.compiler import kernels_attention
+
+    fast = kernels_attention.attention_forward(node, probs=True)
+    if fast is not None:
+        return fast
     from tapegrad.compiler.ir import Node as IRNode
 
     plain = IRNode(None, "scaled_dot_product_attention", list(node.inputs), dict(node.params),

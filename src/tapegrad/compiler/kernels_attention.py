@@ -1,0 +1,298 @@
+"""Attention's numba kernels for the char-GPT step (op_kernels.py), bitwise eager's.
+
+* The forward (``scaled_dot_product_attention`` and ``..._probs``, the one that also returns
+  its probabilities for the backward) where the bias is one (T, S) mask for every batch
+  entry and head (the causal mask; or no bias): eager's two batched BLAS products; between
+  them one numba pass per row (``* scale + bias``, the row's max as 16 lanes and a tree,
+  less the max) that copies each row's *live span* (up to its bias's last entry that is not
+  -inf) into one compact buffer, numpy's own ``exp`` over that buffer only (a causal mask:
+  52% of the scores; the rest are -inf - max = -inf, whose exp is exactly 0), and one pass
+  of pairwise row sums (the zeros included, numpy's order) and divisions. A row whose max is
+  not finite (NaN, +-inf scores) is copied whole, so its NaNs come out as eager's. The
+  output is written by BLAS straight through a transposed view of a (B, T, H, D) buffer
+  (``matmul(p, v, out=...)``: the same products, only the stores' stride differs), so the
+  model's ``permute(0, 2, 1, 3)`` and ``reshape`` to (B, T, H D) are views, not a copy.
+* ``softmax_backward`` (the fused rule ``p * (g - sum(g * p))``): one pass over 2-D
+  C-contiguous rows, numpy's pairwise row sum, no per-row views.
+* ``concatenate_gradients`` (the merged q/k/v split gradient) where its sources are
+  C-contiguous: ``x * c + 0.0`` written through the permutation into the output's slice
+  with the innermost axis contiguous on both sides (vectorised), instead of numba's generic
+  strided loop.
+
+float32 and float64. The factories fall back to kernels_gpt's where their shapes do not
+fit (a bias varying across batch entries or heads, non-contiguous sources).
+"""
+import numpy as np
+
+from tapegrad.compiler import kernels
+from tapegrad.compiler.ir import Value
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_K = {}
+
+# Each row is 2-D indexed (a row view costs its reference counts: 1.5 ns a row) and the
+# compact buffer by unsigned offsets (a signed one gets numba's wraparound select per
+# element, which stops LLVM's vectoriser: 35 vs 7 us a pass over the GPT's 2048 rows).
+# numba runs no SLP vectoriser: only loops vectorise, so each step over a row is one loop.
+SOURCE = '''import numpy as np
+from numba import njit
+
+
+''' + kernels.PAIRWISE + '''
+
+@njit(error_model="numpy", cache=True)
+def attention_scores(s4, si4, b2, scale, has_bias, c, start, lens, hi, key, val):
+    """Row r of the (B, H, T, S) products s4 seen as (R, S) rows s (r = ((b h) t)), in blocks
+    of T rows: t = s[r] * scale (+ b2[r % T], b2 (T, S)) in place, less the row's max (NaN
+    when the row holds one), into c from n on, where n then advances by the row's span:
+    hi[r % T] when the max is finite (past it t is -inf - max = -inf, exp 0), else S. c
+    holds S more than the spans; hi gets 1 + the last j where b2[i, j] is not -inf (S
+    without a bias). si4: s4's bits as integers; key / val: one integer / the same memory as
+    a float. Returns n."""
+    B, H, T, S = s4.shape
+    R = B * H * T
+    s = s4.reshape(R, S)
+    si = si4.reshape(R, S)
+    ninf = s.dtype.type(-np.inf)
+    for i in range(T):
+        h = S
+        if has_bias:
+            h = 0
+            for j in range(S):
+                if b2[i, j] != ninf:
+                    h = j + 1
+        hi[i] = h
+    SU = np.uint64(S)
+    TS = np.uint64(T * S)
+    zero = s.dtype.type(0)
+    sf = s.reshape(R * S)
+    bf = b2.reshape(b2.size)
+    n = np.uint64(0)
+    mask = (1 << (si.itemsize * 8 - 1)) - 1  # 0x7f..f of the float's width, in int64
+    kmin = -mask - 1  # below every key
+    for blk in range(R // T):
+        # one loop over the block's T rows (a loop per row of 32 costs its setup each time)
+        o = np.uint64(blk) * TS
+        bad = False
+        if has_bias:
+            for j in range(TS):
+                t = sf[o + j] * scale + bf[j]  # two roundings: numba forms no FMA
+                sf[o + j] = t
+                bad |= t != t
+        else:
+            for j in range(TS):
+                t = sf[o + j] * scale
+                sf[o + j] = t
+                bad |= t != t
+        for i in range(T):
+            r = blk * T + i
+            nan = False
+            if bad:
+                for j in range(S):
+                    nan |= s[r, j] != s[r, j]
+            if nan:
+                m = s.dtype.type(np.nan)
+            else:
+                # the max as integers (an integer max reduction vectorises; a float one
+                # needs fast-math): x ^ ((x >> 63) & 0x7f..f) orders the floats' bit
+                # patterns as their values (-0.0 below +0.0; NaNs are flagged above).
+                # Exact: the max of numbers is one of them; numpy's may be a zero of the
+                # other sign, which no exp sees (t - (+-0) differs only for t = +-0:
+                # exp 1 either way)
+                k = kmin
+                for j in range(S):
+                    x = np.int64(si[r, j])  # (sign-extended: the order of the key holds)
+                    x = x ^ ((x >> 63) & mask)
+                    k = x if x > k else k
+                key[0] = k ^ ((k >> 63) & mask)
+                m = val[0]
+            h = np.uint64(hi[i]) if m - m == zero else SU
+            start[r] = n
+            lens[r] = h
+            for j in range(SU):
+                c[n + j] = s[r, j] - m
+            n += h
+    return n
+
+
+@njit(error_model="numpy", cache=True)
+def attention_norm(s4, c, start, lens):
+    """Row r of s4 seen as (R, S) rows s: s[r] = e / sum(e) with e = c's span of row r,
+    then zeros (exp(-inf)); the sum numpy's pairwise one over the whole row (its 8 running
+    sums over strides of 8, zeros included: adding +0.0 to these sums of exps changes
+    nothing)."""
+    S = s4.shape[-1]
+    R = s4.size // S
+    s = s4.reshape(R, S)
+    SU = np.uint64(S)
+    zero = s.dtype.type(0)
+    for r in range(R):
+        n0 = start[r]
+        h = lens[r]
+        if S < 8:
+            tot = zero
+            for j in range(h):
+                tot += c[n0 + j]
+        else:
+            r0, r1, r2, r3 = c[n0], c[n0 + 1], c[n0 + 2], c[n0 + 3]
+            r4, r5, r6, r7 = c[n0 + 4], c[n0 + 5], c[n0 + 6], c[n0 + 7]
+            if h < 8:  # past the span: zeros (c holds the next row there)
+                r1 = r1 if h > 1 else zero
+                r2 = r2 if h > 2 else zero
+                r3 = r3 if h > 3 else zero
+                r4 = r4 if h > 4 else zero
+                r5 = r5 if h > 5 else zero
+                r6 = r6 if h > 6 else zero
+                r7 = r7 if h > 7 else zero
+            i = np.uint64(8)
+            end = SU - SU % np.uint64(8)
+            while i < end and i < h:
+                if i + np.uint64(8) <= h:
+                    r0 += c[n0 + i]
+                    r1 += c[n0 + i + 1]
+                    r2 += c[n0 + i + 2]
+                    r3 += c[n0 + i + 3]
+                    r4 += c[n0 + i + 4]
+                    r5 += c[n0 + i + 5]
+                    r6 += c[n0 + i + 6]
+                    r7 += c[n0 + i + 7]
+                else:
+                    k = h - i  # 1..7 of these 8 are in the span
+                    r0 += c[n0 + i]
+                    r1 += c[n0 + i + 1] if k > 1 else zero
+                    r2 += c[n0 + i + 2] if k > 2 else zero
+                    r3 += c[n0 + i + 3] if k > 3 else zero
+                    r4 += c[n0 + i + 4] if k > 4 else zero
+                    r5 += c[n0 + i + 5] if k > 5 else zero
+                    r6 += c[n0 + i + 6] if k > 6 else zero
+                    r7 += c[n0 + i + 7] if k > 7 else zero
+                i += np.uint64(8)
+            tot = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+            while i < h:
+                tot += c[n0 + i]
+                i += np.uint64(1)
+        for j in range(SU):
+            e = c[n0 + j] if j < h else zero
+            s[r, j] = e / tot
+
+
+@njit(error_model="numpy", cache=True)
+def softmax_backward_rows2(gp, p, out, tmp):
+    """out[r] = p[r] * (gp[r] - sum(gp[r] * p[r])) (softmax's rule, op for op; numpy's
+    pairwise row sum), 2-D indexed."""
+    R, C = p.shape
+    short = C <= 128
+    for r in range(R):
+        for j in range(C):
+            tmp[j] = gp[r, j] * p[r, j]
+        sm = pairwise_block(tmp, 0, C) if short else pairwise_sum(tmp, 0, C)
+        for j in range(C):
+            out[r, j] = p[r, j] * (gp[r, j] - sm)
+'''
+
+
+def _kernels():
+    """The numba functions, compiled (or loaded from numba's cache) on first use."""
+    if not _K:
+        import sys
+
+        mod = sys.modules[kernels.load("attention_scores", SOURCE).py_func.__module__]
+        for name in ("attention_scores", "attention_norm", "softmax_backward_rows2"):
+            _K[name] = getattr(mod, name)
+    return _K
+
+
+def _floats(*vals):
+    dts = {np.dtype(v.dtype) for v in vals if v is not None}
+    if len(dts) != 1:
+        return None
+    dt = dts.pop()
+    return dt if dt in _FLOATS else None
+
+
+def _mask_shape(bias, T, S):
+    """bias's shape as 2-D (rows, cols) broadcasting to (T, S), its leading dims all 1; None
+    where it varies across batch entries or heads (or does not broadcast)."""
+    shape = tuple(bias.shape)
+    if len(shape) > 4 or any(d != 1 for d in shape[:-2]):
+        return None
+    two = (1,) * (2 - len(shape[-2:])) + shape[-2:]
+    if two[0] not in (1, T) or two[1] not in (1, S):
+        return None
+    return two
+
+
+def attention_forward(node, probs):
+    """The kernel for a ``scaled_dot_product_attention`` node (``probs``: its ``_probs``
+    form, returning (out, p)), or None where it does not apply."""
+    ins = list(node.inputs) + [None] * (4 - len(node.inputs))
+    q, k, v, bias = ins[:4]
+    if len(node.inputs) not in (3, 4) or node.params.get("keep") is not None or \
+            not all(isinstance(a, Value) for a in (q, k, v)):
+        return None
+    if bias is not None and not isinstance(bias, Value):
+        return None
+    if len(q.shape) != 4 or len(k.shape) != 4 or len(v.shape) != 4:
+        return None
+    B, H, T, D = q.shape
+    S, E = k.shape[2], v.shape[3]
+    if tuple(k.shape) != (B, H, S, D) or tuple(v.shape) != (B, H, S, E) or \
+            0 in (B, H, T, D, S, E):
+        return None
+    dt = _floats(q, k, v, bias)
+    scale = node.params.get("scale", 1.0)
+    if dt is None or not isinstance(scale, (int, float)) or isinstance(scale, bool):
+        return None
+    two = None if bias is None else _mask_shape(bias, T, S)
+    if bias is not None and two is None:
+        return None
+    from tapegrad.backend import blas
+
+    K = _kernels()
+    scores, norm = K["attention_scores"], K["attention_norm"]
+    sc = dt.type(scale)
+    it = np.dtype(np.int32) if dt == np.float32 else np.dtype(np.int64)
+    none2 = np.zeros((1, 1), dt)
+    work = T * E * S  # blas.matmul's per-product work: below its switch, plain np.matmul
+    direct = blas.LIBRARY is None or not blas.OPENBLAS_SERIAL_WORK < work < blas.SERIAL_WORK
+    matmul = blas.matmul
+    # scratch kept by the kernel (a compiled function is not reentrant: memory.py): a fresh
+    # 256 KB buffer each call costs its page faults in the step
+    c = np.empty(B * H * T * S + S, dt)
+    start, lens, hi = (np.empty(n, t) for n, t in ((B * H * T, np.uint64),
+                                                  (B * H * T, np.uint64), (T, np.int64)))
+    key = np.empty(1, it)
+    val = key.view(dt)
+
+    def probabilities(q, k, bias):
+        s = matmul(q, np.swapaxes(k, -1, -2))  # eager's products (its BLAS calls)
+        if bias is None:
+            b2 = none2
+        elif bias.shape == (T, S) and bias.flags.c_contiguous:
+            b2 = bias
+        else:
+            b2 = np.ascontiguousarray(np.broadcast_to(bias.reshape(two), (T, S)))
+        n = scores(s, s.view(it), b2, sc, bias is not None, c, start, lens, hi, key, val)
+        live = c[:n]
+        np.exp(live, out=live)  # numpy's own exp (SIMD), as eager's softmax
+        norm(s, c, start, lens)
+        return s
+
+    def product(p, v):
+        if not direct:
+            return matmul(p, v)
+        out = np.empty((B, T, H, E), dt).transpose(0, 2, 1, 3)
+        np.matmul(p, v, out=out)  # BLAS stores through the (B, T, H, E) layout
+        return out
+
+    if probs:
+        def attention_probs_fast(q, k, v, bias=None, scale=1.0, keep=None):
+            p = probabilities(q, k, bias)
+            return product(p, v), p
+
+        return attention_probs_fast
+
+    def attention_fast(q, k, v, bias=None, scale=1.0, keep=None):
+        return product(probabilities(q, k, bias), v)
+
+    return attention_fast

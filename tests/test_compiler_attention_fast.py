@@ -1,0 +1,211 @@
+"""compiler/kernels_attention.py: attention's forward with its compact exp (one (T, S) mask),
+its output written through a (B, T, H, E) layout, the fused softmax gradient and the q/k/v
+concatenation, each bitwise eager's (float32 and float64), and the compiled steps that use
+them against eager."""
+import numpy as np
+import pytest
+
+pytest.importorskip("numba")
+
+import tapegrad  # noqa: E402
+from tapegrad.compiler import kernels_attention as KA, kernels_gpt  # noqa: E402
+from tapegrad.compiler.ir import Node, Value  # noqa: E402
+from tapegrad.ops import nn as N  # noqa: E402
+
+DTYPES = [np.float64, np.float32]
+
+
+def _bits(a):
+    a = np.ascontiguousarray(a)
+    return a.view(np.int64 if a.dtype == np.float64 else np.int32)
+
+
+def _same(got, want):
+    """Equal values, NaN where eager has NaN, and equal bits where eager's are finite."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+    fin = np.isfinite(want)
+    np.testing.assert_array_equal(_bits(got[fin]), _bits(want[fin]))
+
+
+def _node(name, ins, params, outs):
+    vals = [Value(f"in{i}", a.shape, np.dtype(a.dtype)) if isinstance(a, np.ndarray) else a
+            for i, a in enumerate(ins)]
+    return Node(None, name, vals, params,
+                [Value(f"out{i}", tuple(s), np.dtype(ins[0].dtype)) for i, s in enumerate(outs)])
+
+
+def _qkv(rng, dtype, B, H, T, S, D, E):
+    """q, k, v as the GPT makes them: permuted views of (B, T|S, H D) projections."""
+    def heads(L, W):
+        x = rng.standard_normal((B, L, H * W)).astype(dtype)
+        return x.reshape(B, L, H, W).transpose(0, 2, 1, 3)
+    return heads(T, D), heads(S, D), heads(S, E)
+
+
+def _mask(kind, rng, dtype, T, S):
+    if kind == "causal":
+        return np.triu(np.full((T, S), -np.inf), 1).astype(dtype)
+    if kind == "causal4":  # (1, 1, T, S)
+        return np.triu(np.full((T, S), -np.inf), 1).astype(dtype)[None, None]
+    if kind == "holes":  # -inf inside the rows too, not only a suffix; some rows unmasked
+        m = np.where(rng.random((T, S)) < 0.4, -np.inf, 0.0)
+        m[:, 0] = 0.0
+        return m.astype(dtype)
+    if kind == "finite":
+        return rng.standard_normal((T, S)).astype(dtype)
+    if kind == "cols":  # (S,): broadcast over the rows
+        m = rng.standard_normal(S)
+        m[-1] = -np.inf
+        return m.astype(dtype)
+    return None
+
+
+def _fast(ins, params, probs, dtype, out_shape, p_shape):
+    name = "scaled_dot_product_attention" + ("_probs" if probs else "")
+    outs = [out_shape, p_shape] if probs else [out_shape]
+    return KA.attention_forward(_node(name, ins, params, outs), probs)
+
+
+def _eager_probs(q, k, bias, scale):
+    s = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
+    if bias is not None:
+        s = s + bias
+    return N.softmax.forward(s.astype(q.dtype, copy=False), -1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mask", ["causal", "causal4", "holes", "finite", "cols", "none"])
+@pytest.mark.parametrize("dims", [(16, 4, 32, 32, 16, 16), (2, 3, 5, 7, 4, 6),
+                                  (1, 1, 1, 1, 1, 1), (2, 2, 9, 40, 3, 5), (1, 2, 3, 3, 8, 8)])
+def test_attention_forward_is_eager_bitwise(dtype, mask, dims):
+    B, H, T, S, D, E = dims
+    rng = np.random.default_rng(sum(dims))
+    q, k, v = _qkv(rng, dtype, B, H, T, S, D, E)
+    if mask in ("causal", "causal4") and T != S:
+        mask = "finite"
+    bias = _mask(mask, rng, dtype, T, S)
+    ins = [q, k, v] + ([bias] if bias is not None else [])
+    params = {"scale": 0.37, "keep": None}
+    want = N.scaled_dot_product_attention.forward(*ins, **params)
+    for probs in (False, True):
+        fn = _fast(ins, params, probs, dtype, (B, H, T, E), (B, H, T, S))
+        assert fn is not None
+        for _ in range(2):  # the kernel's scratch reused
+            got = fn(*ins, **params)
+            out, p = got if probs else (got, None)
+            _same(out, want)
+            if probs:
+                _same(p, _eager_probs(q, k, bias, dtype(0.37) if dtype == np.float32
+                                      else 0.37))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mask", ["causal", "none", "holes"])
+def test_attention_forward_nan_inf_and_fully_masked_rows_as_eager(dtype, mask):
+    rng = np.random.default_rng(5)
+    B, H, T, D = 2, 3, 9, 5
+    q, k, v = _qkv(rng, dtype, B, H, T, T, D, D)
+    q, k = q.copy(), k.copy()
+    q[0, 1, 2, 3] = np.nan  # a NaN row of scores
+    q[1, 2, 4, 0] = np.inf  # +-inf scores: inf - inf = NaN
+    q[1, 0, 5, :] = 1e30 if dtype == np.float64 else 1e20  # overflow to +inf: the max
+    k[1, 1, 7, 1] = -1e300 if dtype == np.float64 else -1e38  # -inf in a masked position
+    bias = _mask(mask, rng, dtype, T, T)
+    if bias is not None:
+        bias[3, :] = -np.inf  # a fully masked row: -inf - -inf = NaN, as eager
+    ins = [q, k, v] + ([bias] if bias is not None else [])
+    params = {"scale": 0.4, "keep": None}
+    fn = _fast(ins, params, True, dtype, (B, H, T, D), (B, H, T, T))
+    assert fn is not None
+    out, p = fn(*ins, **params)
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = N.scaled_dot_product_attention.forward(*ins, **params)
+        want_p = _eager_probs(q, k, bias, dtype(0.4) if dtype == np.float32 else 0.4)
+    assert np.isnan(want).any() and np.isfinite(want).any()
+    _same(out, want)
+    _same(p, want_p)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_output_is_written_in_heads_last_layout(dtype):
+    """out is a (B, H, T, E) view of a C-contiguous (B, T, H, E) buffer: the model's
+    permute(0, 2, 1, 3) and reshape to (B, T, H E) are views, no copy."""
+    rng = np.random.default_rng(0)
+    q, k, v = _qkv(rng, dtype, 4, 2, 8, 8, 4, 4)
+    bias = _mask("causal", rng, dtype, 8, 8)
+    fn = _fast([q, k, v, bias], {"scale": 0.5, "keep": None}, False, dtype, (4, 2, 8, 4),
+               None)
+    out = fn(q, k, v, bias, scale=0.5)
+    t = out.transpose(0, 2, 1, 3)
+    assert t.flags.c_contiguous
+    flat = t.reshape(4, 8, 8)
+    assert np.shares_memory(flat, out)
+
+
+def test_attention_forward_declines_what_it_does_not_compute():
+    rng = np.random.default_rng(1)
+    q, k, v = _qkv(rng, np.float64, 2, 3, 4, 4, 5, 5)
+    f = _fast
+    # a bias that varies across batch entries or heads: kernels_gpt's kernel
+    per_batch = rng.standard_normal((2, 1, 4, 4))
+    assert f([q, k, v, per_batch], {"scale": 1.0, "keep": None}, True, np.float64,
+             (2, 3, 4, 5), (2, 3, 4, 4)) is None
+    assert kernels_gpt.attention_probs_factory(_node(
+        "scaled_dot_product_attention_probs", [q, k, v, per_batch],
+        {"scale": 1.0, "keep": None}, [(2, 3, 4, 5), (2, 3, 4, 4)])) is not None
+    assert f([q, k, v], {"scale": 1.0, "keep": np.ones((2, 3, 4, 4))}, True, np.float64,
+             (2, 3, 4, 5), (2, 3, 4, 4)) is None  # dropout
+    assert f([q, k, v.astype(np.float32)], {"scale": 1.0, "keep": None}, True, np.float64,
+             (2, 3, 4, 5), (2, 3, 4, 4)) is None  # mixed dtypes
+    assert f([q[0], k[0], v[0]], {"scale": 1.0, "keep": None}, True, np.float64,
+             (3, 4, 5), (3, 4, 4)) is None  # 3-D
+    assert f([q, k, v, 0.5], {"scale": 1.0, "keep": None}, True, np.float64,
+             (2, 3, 4, 5), (2, 3, 4, 4)) is None  # a literal bias
+
+
+def _gpt_attention_step(dtype, seed=0, T=8):
+    """A causal self-attention block as the char GPT's (qkv projection split into heads,
+    attention, heads merged, output projection), its loss and its gradients."""
+    rng = np.random.default_rng(seed)
+    B, H, D = 3, 2, 4
+    C = H * D
+    x = tapegrad.tensor(rng.standard_normal((B, T, C)).astype(dtype), requires_grad=True)
+    w = tapegrad.tensor(rng.standard_normal((3 * C, C)).astype(dtype) * 0.5,
+                        requires_grad=True)
+    wo = tapegrad.tensor(rng.standard_normal((C, C)).astype(dtype) * 0.5, requires_grad=True)
+    tgt = tapegrad.tensor(rng.standard_normal((B, T, C)).astype(dtype))
+    F = tapegrad.nn.functional
+
+    def step():
+        for t in (x, w, wo):
+            t.grad = None
+        qkv = F.linear(x, w)
+        q, k, v = qkv.split(C, dim=2)
+        q, k, v = (z.view(B, T, H, D).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        loss = ((F.linear(y, wo) - tgt) ** 2).mean()
+        loss.backward()
+        return loss
+
+    return step, (x, w, wo)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_compiled_attention_block_is_eager_bitwise(monkeypatch, dtype):
+    monkeypatch.setenv("TAPEGRAD_COMPILE_KERNELS", "numba")
+    step, leaves = _gpt_attention_step(dtype)
+    eager = []
+    for _ in range(3):
+        loss = step()
+        eager.append([loss.detach().numpy().copy()] + [t.grad.numpy().copy() for t in leaves])
+    step2, leaves2 = _gpt_attention_step(dtype)
+    comp = tapegrad.compile(step2)
+    for i in range(3):
+        loss = comp()
+        got = [loss.detach().numpy()] + [t.grad.numpy() for t in leaves2]
+        for a, b in zip(got, eager[i]):
+            np.testing.assert_array_equal(_bits(a), _bits(b))
+    names = {getattr(fn, "__name__", "") for fn in comp.entries[-1].run.__globals__.values()}
+    assert "attention_probs_fast" in names
