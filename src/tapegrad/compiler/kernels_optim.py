@@ -94,50 +94,48 @@ from numba import njit
 
 
 @njit(error_model="numpy", cache=True)
-def sumsq_block(a, lo, n):
-    """numpy's pairwise block of n <= 128 squares from a[lo]: 8 accumulators (the rows of a
-    (n // 8, 8) view: constant column indices), joined pairwise, then the remainder."""
-    if n < 8:
-        res = a.dtype.type(0)
-        for i in range(lo, lo + n):
-            res += a[i] * a[i]
-        return res
-    nb = n // 8
-    w = a[lo:lo + nb * 8].reshape((nb, 8))
-    r = w[0]
-    r0, r1, r2, r3 = r[0] * r[0], r[1] * r[1], r[2] * r[2], r[3] * r[3]
-    r4, r5, r6, r7 = r[4] * r[4], r[5] * r[5], r[6] * r[6], r[7] * r[7]
-    for b in range(1, nb):
-        r = w[b]
-        r0 += r[0] * r[0]
-        r1 += r[1] * r[1]
-        r2 += r[2] * r[2]
-        r3 += r[3] * r[3]
-        r4 += r[4] * r[4]
-        r5 += r[5] * r[5]
-        r6 += r[6] * r[6]
-        r7 += r[7] * r[7]
-    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
-    for i in range(lo + nb * 8, lo + n):
-        res += a[i] * a[i]
-    return res
-
-
-@njit(error_model="numpy", cache=True)
 def sumsq(a, prog, lo, hi, vals):
     """np.add.reduce(a * a) of a flat C-contiguous array: the postfix program prog[lo:hi] of
-    its length (a leaf: the next block's sum; -1: the last two sums added); vals: a stack."""
-    pos = 0
+    its length (a leaf: the next block's sum; -1: the last two sums added); vals: a stack.
+    A block of 8 or more: 8 accumulators, joined pairwise, then its remainder; every block
+    starts at a multiple of 8 (each split's left part is one), so the blocks' rows are rows
+    of one (n // 8, 8) view (constant column indices, no per-block view)."""
+    nr = a.shape[0] // 8
+    w = a[:nr * 8].reshape((nr, 8))
+    zero = a.dtype.type(0)
+    row = 0
     nv = 0
     for j in range(lo, hi):
         t = prog[j]
-        if t >= 0:
-            vals[nv] = sumsq_block(a, pos, t)
-            pos += t
-            nv += 1
-        else:
+        if t < 0:
             vals[nv - 2] = vals[nv - 2] + vals[nv - 1]
             nv -= 1
+            continue
+        if t < 8:
+            res = zero
+            for i in range(row * 8, row * 8 + t):
+                res += a[i] * a[i]
+        else:
+            nb = t // 8
+            r = w[row]
+            r0, r1, r2, r3 = r[0] * r[0], r[1] * r[1], r[2] * r[2], r[3] * r[3]
+            r4, r5, r6, r7 = r[4] * r[4], r[5] * r[5], r[6] * r[6], r[7] * r[7]
+            for b in range(row + 1, row + nb):
+                r = w[b]
+                r0 += r[0] * r[0]
+                r1 += r[1] * r[1]
+                r2 += r[2] * r[2]
+                r3 += r[3] * r[3]
+                r4 += r[4] * r[4]
+                r5 += r[5] * r[5]
+                r6 += r[6] * r[6]
+                r7 += r[7] * r[7]
+            res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+            for i in range((row + nb) * 8, row * 8 + t):
+                res += a[i] * a[i]
+        vals[nv] = res
+        row += t // 8
+        nv += 1
     return vals[0]
 
 
@@ -293,12 +291,13 @@ class _AdamPlan:
             entries.append((st, m, v, s))
             members.setdefault((a.dtype, s.dtype), []).append((i, gi, p))
         self.arrays, self.groups = tuple(arrays), list(opt.param_groups)
-        self.state, self.values = opt.state, tuple(opt.state.values())
-        # what valid() compares by identity, in C loops: the state dicts' tensors (in
-        # their order) and those tensors' arrays
-        self.sts = [st for st, *_ in entries]
-        self.tensors = list(chain.from_iterable(map(dict.values, self.sts)))
-        self.datas = list(map(_data_of, self.tensors))
+        # what valid() compares by identity, in C loops: the arrays of every state entry's
+        # tensors, in the state's order (an entry, a tensor or its array replaced, or an
+        # entry added, changes them; what the kernel updates is these arrays)
+        try:
+            self.datas = self._datas()
+        except AttributeError:  # (a state value without an array: not Adam's state)
+            return
         self.params = [p for ms in members.values() for _, _, p in ms]
         self.sizes = [a.size for a in arrays]
         self.buckets = []
@@ -316,24 +315,27 @@ class _AdamPlan:
         self.whole = len(self.buckets) == 1  # one bucket, the call's order
         self.ok = True
 
+    def _datas(self):
+        return list(map(_data_of, chain.from_iterable(map(dict.values,
+                                                           self.opt.state.values()))))
+
     def valid(self, arrays):
+        """The same parameter arrays, groups (options the kernel serves) and state arrays
+        (no Tensor hashing: one pass over the state's values, ~100 objects a char-GPT
+        step, each touched once)."""
         if not self.ok or not all(map(operator.is_, arrays, self.arrays)):
             return False
-        opt = self.opt
-        groups = opt.param_groups
-        if len(groups) != len(self.groups) or any(
-                g is not h for g, h in zip(groups, self.groups)) or any(
+        groups = self.opt.param_groups
+        if len(groups) != len(self.groups) or not all(
+                map(operator.is_, groups, self.groups)) or any(
                 g["amsgrad"] or g.get("capturable") or g.get("differentiable")
                 for g in groups):
             return False
-        state = opt.state  # the same entries (no Tensor hashing), tensors and arrays
-        if state is not self.state or len(state) != len(self.values) or not all(
-                map(operator.is_, state.values(), self.values)):
+        try:
+            now = self._datas()
+        except AttributeError:
             return False
-        now = list(chain.from_iterable(map(dict.values, self.sts)))
-        return len(now) == len(self.tensors) and all(
-            map(operator.is_, now, self.tensors)) and all(
-            map(operator.is_, map(_data_of, now), self.datas))
+        return len(now) == len(self.datas) and all(map(operator.is_, now, self.datas))
 
     def step(self, grads, outs=None, coef=None):
         """The Adam/AdamW step with these flat gradients (in the call's parameter order);
@@ -474,3 +476,142 @@ def clip_grad_norm_factory(node):
         return (total, *outs)
 
     return clip_grad_norm_kernel
+
+
+# --- clip_grad_norm_ and the Adam/AdamW step that reads its clipped gradients: one node ----
+def _fused_parts(clip, step, perm):
+    """The fused node's numpy body and its value-check view (passes._observed): the clip's
+    own body, then the step's on the clipped gradients (eager's code, in eager's order)."""
+    from tapegrad.compiler.ir import call_node
+
+    nc = len(clip.inputs)
+
+    def run_clip(arrays):
+        return call_node(clip, arrays[:nc])
+
+    def clip_grad_norm_optimizer_step(*arrays, optimizer=None, **clip_params):
+        clipped = run_clip(arrays)
+        done = call_node(step, list(arrays[nc:]) + [clipped[1 + j] for j in perm])
+        return tuple(clipped) + tuple(done)
+
+    def observe(args):
+        """(outputs, arrays the step consumes) without running the step: the clip's
+        results, then the parameters as they are (as passes._observed treats effects)."""
+        clipped = run_clip(args)
+        params = list(args[nc:])
+        consumed = params + [clipped[1 + j] for j in perm]
+        return list(clipped) + [np.array(a) for a in params], consumed
+
+    clip_grad_norm_optimizer_step.__name__ = FUSED
+    return clip_grad_norm_optimizer_step, observe
+
+
+def fuse_clip_optimizer_step(graph):
+    """A graph pass: a ``clip_grad_norm`` whose clipped gradients are the gradients an
+    Adam/AdamW ``optimizer_step`` reads becomes, with that step, one effect node
+    ``clip_grad_norm_optimizer_step`` at the step's place (inputs: the clip's gradients,
+    then the step's parameters; outputs: the clip's, then the step's), where nothing in
+    between reads the clipped gradients or has an effect. Its kernel scales each gradient
+    inside the Adam pass; its numpy body runs the two nodes' bodies."""
+    from tapegrad.compiler.ir import Node
+
+    producer = {id(v): (n, i) for n in graph.nodes for i, v in enumerate(n.outputs)}
+    pos = {id(n): i for i, n in enumerate(graph.nodes)}
+    replace, drop = {}, set()
+    for step in graph.nodes:
+        if step.name != "optimizer_step" or not step.effect:
+            continue
+        opt, n = _adam_optimizer(step)
+        if opt is None or n == 0:
+            continue
+        grads = step.inputs[n:]
+        hits = [producer.get(id(g)) for g in grads]
+        if any(h is None for h in hits):
+            continue
+        clip = hits[0][0]
+        if clip.name != "clip_grad_norm" or clip.effect or id(clip) in drop or \
+                any(h[0] is not clip or h[1] == 0 for h in hits) or \
+                len({h[1] for h in hits}) != n or \
+                not all(isinstance(a, Value) for a in clip.inputs) or \
+                any(id(a) in {id(v) for v in clip.outputs} for a in step.inputs[:n]):
+            continue
+        made = {id(v) for v in clip.outputs}
+        between = graph.nodes[pos[id(clip)] + 1:pos[id(step)]]
+        if pos[id(clip)] > pos[id(step)] or any(
+                m.effect or any(isinstance(a, Value) and id(a) in made for a in m.inputs)
+                for m in between):
+            continue
+        perm = [h[1] - 1 for h in hits]
+        impl, observe = _fused_parts(clip, step, perm)
+        replace[id(step)] = Node(
+            None, FUSED, list(clip.inputs) + list(step.inputs[:n]),
+            dict(clip.params, optimizer=step.params.get("optimizer")),
+            list(clip.outputs) + list(step.outputs), effect=True, impl=impl,
+            meta={"optimizer": opt, "clip": clip, "step": step, "perm": perm,
+                  "observe": observe})
+        drop.add(id(clip))
+    return passes.replace_nodes(graph, replace, drop)
+
+
+@op_kernels.register(FUSED)
+def clip_optimizer_step_factory(node):
+    """The fused clip and Adam/AdamW step (``fuse_clip_optimizer_step``) where both parts
+    have their kernels (the same conditions; one switched off switches this off): the
+    norms and the coefficient, then the Adam pass scaling each gradient first and writing
+    the clipped gradient; a gradient the step does not read is scaled on its own. A call
+    the Adam plan does not serve runs the clip kernel, then the node's own step."""
+    meta = node.meta if isinstance(node.meta, dict) else {}
+    clip, step, perm = meta.get("clip"), meta.get("step"), meta.get("perm")
+    if clip is None or step is None or perm is None:
+        return None
+    clip_kernel, step_kernel = op_kernels.lookup(clip), op_kernels.lookup(step)
+    if clip_kernel is None or step_kernel is None:
+        return None
+    opt, n = _adam_optimizer(step)
+    cl = _Clip(clip)
+    if opt is None or not cl.ok:
+        return None
+    from tapegrad.nn.utils import _clip_arrays as eager
+
+    scale = _kernels()["clip_scale"]
+    nc = len(clip.inputs)
+    dt, shapes, chunk = cl.dt, cl.shapes, cl.chunk
+    rest = [j for j in range(nc) if j not in set(perm)]  # scaled on their own
+    rest_spans = [(at, min(CHUNK, len(rest) - at)) for at in range(0, len(rest), CHUNK)]
+    impl = node.impl
+    plan = [None]
+
+    def clip_grad_norm_optimizer_step_kernel(*arrays, max_norm, norm_type,
+                                             error_if_nonfinite, optimizer=None):
+        params = arrays[nc:]
+        pl = plan[0]
+        if pl is None or not pl.valid(params):
+            pl = plan[0] = _AdamPlan(opt, params)
+            if not pl.valid(params):
+                clipped = clip_kernel(*arrays[:nc], max_norm=max_norm, norm_type=norm_type,
+                                      error_if_nonfinite=error_if_nonfinite)
+                done = step_kernel(*params, *[clipped[1 + j] for j in perm],
+                                   optimizer=optimizer)
+                return (*clipped, *done)
+        flat = [g.ravel() for g in arrays[:nc]]
+        got = cl.coefficient(flat, max_norm)
+        if got is None:  # (not the traced sizes: eager's code, and its error)
+            clipped = eager(*arrays[:nc], max_norm=max_norm, norm_type=norm_type,
+                            error_if_nonfinite=error_if_nonfinite)
+            return (*clipped, *impl_step(params, clipped, optimizer))
+        total, coef = got
+        outs = [np.empty(s, dt) for s in shapes]
+        oflat = [o.ravel() for o in outs]
+        pl.step([flat[j] for j in perm], [oflat[j] for j in perm], coef)
+        if rest:
+            rf, ro = [flat[j] for j in rest], [oflat[j] for j in rest]
+            for at, k in rest_spans:
+                scale(k, chunk(rf, at, k), chunk(ro, at, k), coef)
+        return (total, *outs, *pl.arrays)
+
+    def impl_step(params, clipped, optimizer):
+        from tapegrad.compiler.ir import call_node
+
+        return call_node(step, list(params) + [clipped[1 + j] for j in perm])
+
+    return clip_grad_norm_optimizer_step_kernel

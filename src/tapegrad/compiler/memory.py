@@ -37,9 +37,10 @@ FRESH = frozenset({
     "div", "neg", "exp", "log", "tanh", "sqrt", "abs", "maximum", "minimum", "relu", "gt", "lt",
     "ge", "le", "eq", "ne", "softmax", "log_softmax", "full", "ce_fused"})
 # nodes with their own numpy body and kernel whose outputs are new arrays either way (both
-# ``nn.utils._clip_arrays`` and kernels_gpt's clip kernel return fresh clipped gradients):
-# stored once as a ``.grad``, such an output needs no copy
-FRESH_KERNELS = {"clip_grad_norm"}
+# ``nn.utils._clip_arrays`` and kernels_optim's clip kernels return fresh clipped gradients;
+# the fused clip + optimizer step's other outputs, its parameters, are never stored as a
+# ``.grad``): stored once as a ``.grad``, such an output needs no copy
+FRESH_KERNELS = {"clip_grad_norm", "clip_grad_norm_optimizer_step"}
 SMALL_MATMUL = 4 * 65536  # backend.blas: products up to this size call numpy's matmul directly
 
 

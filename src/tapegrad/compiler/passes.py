@@ -521,6 +521,14 @@ def share_gelu_erf(graph):
     return share(graph)
 
 
+def fuse_clip_optimizer_step(graph):
+    """clip_grad_norm_ and the Adam/AdamW step reading its clipped gradients as one node
+    (compiler/kernels_optim.py)."""
+    from tapegrad.compiler.kernels_optim import fuse_clip_optimizer_step as fuse_step
+
+    return fuse_step(graph)
+
+
 PASSES = (("simplify", simplify), ("cse", cse), ("fold_constants", fold_constants),
           ("dce", dce), ("split_linear", split_linear),
           ("fuse_cross_entropy", fuse_cross_entropy),
@@ -530,7 +538,8 @@ PASSES = (("simplify", simplify), ("cse", cse), ("fold_constants", fold_constant
           ("fuse_softmax_backward", fuse_softmax_backward),
           ("share_attention_probabilities", share_attention_probabilities),
           ("merge_split_gradients", merge_split_gradients),
-          ("share_gelu_erf", share_gelu_erf), ("fuse", fuse))
+          ("share_gelu_erf", share_gelu_erf),
+          ("fuse_clip_optimizer_step", fuse_clip_optimizer_step), ("fuse", fuse))
 
 
 def _observed(graph, arrays):
@@ -540,7 +549,11 @@ def _observed(graph, arrays):
     seen = []
     for n in graph.nodes:
         args = [env[id(a)] if isinstance(a, Value) else a for a in n.inputs]
-        if n.effect:
+        observe = n.meta.get("observe") if n.effect and isinstance(n.meta, dict) else None
+        if observe is not None:  # an effect node that also computes (kernels_optim's)
+            outs, consumed = observe(args)
+            seen.extend(consumed)
+        elif n.effect:
             seen.extend(a for a in args if isinstance(a, np.ndarray))
             outs = [np.array(a) for a in args[:len(n.outputs)]]
             outs += [np.zeros(v.shape, v.dtype) for v in n.outputs[len(outs):]]  # draws
