@@ -209,3 +209,81 @@ def test_compiled_attention_block_is_eager_bitwise(monkeypatch, dtype):
             np.testing.assert_array_equal(_bits(a), _bits(b))
     names = {getattr(fn, "__name__", "") for fn in comp.entries[-1].run.__globals__.values()}
     assert "attention_probs_fast" in names
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gradient_products_written_into_the_concatenation(monkeypatch, backend, dtype):
+    """attention's q/k/v gradient products become one concatenate_products node (its numpy
+    body on the numpy backend, BLAS into the slices on numba's): the step's values and
+    gradients are eager's bits either way."""
+    monkeypatch.setenv("TAPEGRAD_COMPILE_KERNELS", backend)
+    step, leaves = _gpt_attention_step(dtype, seed=3, T=6)
+    eager = []
+    for _ in range(2):
+        loss = step()
+        eager.append([loss.detach().numpy().copy()] + [t.grad.numpy().copy() for t in leaves])
+    step2, leaves2 = _gpt_attention_step(dtype, seed=3, T=6)
+    comp = tapegrad.compile(step2)
+    for i in range(2):
+        loss = comp()
+        got = [loss.detach().numpy()] + [t.grad.numpy() for t in leaves2]
+        for a, b in zip(got, eager[i]):
+            np.testing.assert_array_equal(_bits(a), _bits(b))
+    e = comp.entries[-1]
+    nodes = [n for n in e.graph.nodes if n.name == "concatenate_products"]
+    assert len(nodes) == 1 and not any(n.name == "concatenate_gradients"
+                                       for n in e.graph.nodes)
+    assert ("concatenate_products_kernel(" in e.source) == (backend == "numba")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gradient_products_kernel_matches_its_body_with_zeros_and_nans(monkeypatch, dtype):
+    """The kernel against the node's numpy body (eager's matmuls, then the concatenation
+    and + 0.0) on operands giving -0.0 (a zero row times negatives: + 0.0 makes it +0.0),
+    NaN and inf products."""
+    monkeypatch.setenv("TAPEGRAD_COMPILE_KERNELS", "numba")
+    step, _ = _gpt_attention_step(dtype, seed=4, T=5)
+    comp = tapegrad.compile(step)
+    comp()
+    comp()
+    node = next(n for n in comp.entries[-1].graph.nodes if n.name == "concatenate_products")
+    fn = KA.concatenate_products_factory(node)
+    assert fn is not None
+    rng = np.random.default_rng(9)
+    arrays = []
+    for i, a in enumerate(node.inputs):
+        x = rng.standard_normal(a.shape).astype(dtype)
+        if i == 0:
+            x[..., 0, :] = 0.0  # a zero row: products -0.0 against negatives
+        arrays.append(x)
+    arrays[1][...] = -np.abs(arrays[1])
+    arrays[2][0, 0, 1, 1] = np.nan
+    arrays[4][1, 1, 2, 0] = np.inf
+    with np.errstate(invalid="ignore"):
+        want = node.impl(*arrays)
+        got = fn(*arrays)
+    _same(got, want)
+    assert not np.signbit(got[got == 0]).any()
+
+
+def test_gradient_products_kernel_declines_a_slice_it_cannot_view():
+    """A product whose slice, seen in its shape, is not a view of the output, or is one BLAS
+    cannot store through (numpy's matmul would run its own loop there, not eager's BLAS
+    call): no kernel (the body runs)."""
+    dt = np.dtype(np.float64)
+
+    def node(xshape, dims, out_shape, cuts):
+        a, b = Value("a", (xshape[0], 3), dt), Value("b", (3, xshape[1]), dt)
+        mm = Node(None, "matmul", [a, b], {}, [Value("x", xshape, dt)])
+        return Node(None, "concatenate_products", [a, b] * 3, {},
+                    [Value("out", out_shape, dt)],
+                    meta={"chains": [None if dims is None else (None, dims)] * 3,
+                          "cuts": cuts, "products": [mm] * 3, "nodes": [mm]})
+
+    cols = [(1, 0, 4), (1, 4, 8), (1, 8, 12)]
+    f = KA.concatenate_products_factory
+    assert f(node((2, 4), None, (2, 12), cols)) is not None  # rows of 4 at a stride of 12
+    assert f(node((4, 2), (1, 0), (2, 12), cols)) is None  # columns at a stride of 12
+    narrow = [(1, 0, 2), (1, 2, 4), (1, 4, 6)]
+    assert f(node((2, 4), None, (4, 6), narrow)) is None  # (4, 2) as (2, 4): a copy

@@ -24,8 +24,8 @@ fit (a bias varying across batch entries or heads, non-contiguous sources).
 """
 import numpy as np
 
-from tapegrad.compiler import kernels
-from tapegrad.compiler.ir import Value
+from tapegrad.compiler import kernels, op_kernels, passes
+from tapegrad.compiler.ir import Node, Value, call_node
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _K = {}
@@ -177,17 +177,21 @@ def attention_norm(s4, c, start, lens):
 
 
 @njit(error_model="numpy", cache=True)
-def softmax_backward_rows2(gp, p, out, tmp):
-    """out[r] = p[r] * (gp[r] - sum(gp[r] * p[r])) (softmax's rule, op for op; numpy's
-    pairwise row sum), 2-D indexed."""
-    R, C = p.shape
-    short = C <= 128
-    for r in range(R):
-        for j in range(C):
-            tmp[j] = gp[r, j] * p[r, j]
-        sm = pairwise_block(tmp, 0, C) if short else pairwise_sum(tmp, 0, C)
-        for j in range(C):
-            out[r, j] = p[r, j] * (gp[r, j] - sm)
+def scale_add_zero(x, cs):
+    """In place over (P, A, Q) x: x[p, a, q] = x[p, a, q] * cs[a] + 0.0 (cs 1 where there is
+    no scale: x * 1 is x, so x + 0.0 as eager's add of zeros; -0.0 becomes +0.0)."""
+    P, A, Q = x.shape
+    zero = x.dtype.type(0)
+    if Q == 1:
+        for p in range(P):
+            for a in range(A):
+                x[p, a, 0] = x[p, a, 0] * cs[a] + zero
+    else:
+        for p in range(P):
+            for a in range(A):
+                c = cs[a]
+                for q in range(Q):
+                    x[p, a, q] = x[p, a, q] * c + zero
 '''
 
 
@@ -197,7 +201,7 @@ def _kernels():
         import sys
 
         mod = sys.modules[kernels.load("attention_scores", SOURCE).py_func.__module__]
-        for name in ("attention_scores", "attention_norm", "softmax_backward_rows2"):
+        for name in ("attention_scores", "attention_norm", "scale_add_zero"):
             _K[name] = getattr(mod, name)
     return _K
 
@@ -296,3 +300,121 @@ def attention_forward(node, probs):
         return product(probabilities(q, k, bias), v)
 
     return attention_fast
+
+
+
+# --- attention's q/k/v gradients: BLAS writes each product into its slice ----------------
+def _blas_direct(a, b):
+    """Whether ``backend.blas.matmul`` runs these Values' product as one plain np.matmul
+    (each product's work outside its thread switch), so np.matmul(..., out=) is its call."""
+    from tapegrad.backend import blas
+
+    work = a.shape[-2] * b.shape[-1] * a.shape[-1]
+    return blas.LIBRARY is None or not blas.OPENBLAS_SERIAL_WORK < work < blas.SERIAL_WORK
+
+
+def _products_impl(mms, concat):
+    """The node's numpy body: the products (eager's matmul nodes), then the concatenation's
+    own body."""
+    def concatenate_products(*ab):
+        xs = [call_node(m, [ab[2 * i], ab[2 * i + 1]])[0] for i, m in enumerate(mms)]
+        return concat(*xs)
+
+    return concatenate_products
+
+
+def absorb_gradient_products(graph):
+    """A graph pass: a ``concatenate_gradients`` node (kernels_gpt.merge_split_gradients:
+    attention's q/k/v gradients put into the split's (B, T, 3 H D) gradient) whose sources
+    are each a ``matmul`` of two Values read by nothing else becomes ``concatenate_products``
+    over the products' operands: its kernel lets BLAS write each product straight into its
+    slice of the output (np.matmul(..., out=) through the permutation: the same products,
+    only the stores' stride differs), then one in-place pass ``x * c + 0.0``; no product
+    array, no copy."""
+    from tapegrad.compiler.kernels_gpt import _uses_of
+
+    uses = _uses_of(graph)
+    producer = {id(v): n for n in graph.nodes for v in n.outputs}
+    replace, drop = {}, set()
+    for n in graph.nodes:
+        meta = n.meta or {}
+        if n.name != "concatenate_gradients" or n.impl is None or "chains" not in meta:
+            continue
+        mms = [producer.get(id(x)) for x in n.inputs]
+        if any(m is None or m.name != "matmul" or m.op is None or len(m.inputs) != 2 or
+               m.params or not all(isinstance(a, Value) and len(a.shape) >= 2
+                                   for a in m.inputs) or
+               len(uses.get(id(m.outputs[0]), ())) != 1 or id(m) in drop
+               or not _blas_direct(*m.inputs) for m in mms):
+            continue
+        ins = [a for m in mms for a in m.inputs]
+        replace[id(n)] = Node(None, "concatenate_products", ins, {}, list(n.outputs),
+                              impl=_products_impl(mms, n.impl),
+                              meta=dict(meta, nodes=mms + list(meta.get("nodes", ())),
+                                        products=mms))
+        drop.update(id(m) for m in mms)
+    return passes.replace_nodes(graph, replace, drop)
+
+
+@op_kernels.register("concatenate_products")
+def concatenate_products_factory(node):
+    """``concatenate_products`` over float32/float64: each product written by np.matmul into
+    its slice of a fresh output seen in the product's shape (a view: checked on an empty
+    probe, with rows BLAS can store through, as numpy's matmul requires to call it), then
+    ``scale_add_zero`` over the output. None (the body runs) where a slice's view would
+    be a copy or not a BLAS output."""
+    meta = node.meta or {}
+    chains, cuts, mms = meta.get("chains"), meta.get("cuts"), meta.get("products")
+    out = node.outputs[0]
+    if chains is None or cuts is None or mms is None or len(mms) != len(chains) or \
+            len(node.inputs) != 2 * len(mms):
+        return None
+    dt = _floats(out, *node.inputs)
+    shape = tuple(out.shape)
+    if dt is None or any(d == 0 for d in shape) or len({c[0] for c in cuts}) != 1:
+        return None
+    axis = cuts[0][0]
+    probe = np.empty(shape, dt)
+    plan = []
+    cs = np.ones(shape[axis], dt)
+    for m, ch, (_, start, stop) in zip(mms, chains, cuts):
+        scale, dims = ch if ch is not None else (None, None)
+        xs = tuple(m.outputs[0].shape)
+        if np.dtype(m.outputs[0].dtype) != dt:
+            return None
+        seen = xs if dims is None else tuple(xs[d] for d in dims)
+        sl = (slice(None),) * axis + (slice(start, stop),)
+        part = probe[sl]
+        if part.size != int(np.prod(seen, dtype=np.int64)):
+            return None
+        try:
+            view = part.reshape(seen)
+        except ValueError:
+            return None
+        if not np.shares_memory(view, probe) or view.base is None:
+            return None
+        dst = view if dims is None else view.transpose(np.argsort(dims))
+        if dst.shape != xs or len(xs) < 2:
+            return None
+        isz = dt.itemsize
+        if dst.strides[-1] != isz or dst.strides[-2] % isz or \
+                dst.strides[-2] // isz < xs[-1]:
+            return None  # numpy's matmul would not hand this output to BLAS
+        plan.append((sl, seen, None if dims is None else tuple(np.argsort(dims))))
+        if scale is not None:
+            cs[start:stop] = dt.type(scale)
+    fix = _kernels()["scale_add_zero"]
+    P = int(np.prod(shape[:axis], dtype=np.int64))
+    Q = int(np.prod(shape[axis + 1:], dtype=np.int64))
+
+    def concatenate_products_kernel(*ab):
+        res = np.empty(shape, dt)
+        for i, (sl, seen, inv) in enumerate(plan):
+            dst = res[sl].reshape(seen)
+            if inv is not None:
+                dst = dst.transpose(inv)
+            np.matmul(ab[2 * i], ab[2 * i + 1], out=dst)  # BLAS stores into the slice
+        fix(res.reshape(P, shape[axis], Q), cs)
+        return res
+
+    return concatenate_products_kernel

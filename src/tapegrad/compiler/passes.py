@@ -513,6 +513,14 @@ def merge_split_gradients(graph):
     return merge(graph)
 
 
+def absorb_gradient_products(graph):
+    """attention's q/k/v gradient products written by BLAS into the merged concatenation
+    (compiler/kernels_attention.py)."""
+    from tapegrad.compiler.kernels_attention import absorb_gradient_products as absorb
+
+    return absorb(graph)
+
+
 def share_gelu_erf(graph):
     """GELU's forward returns ``1 + erf(x / sqrt 2)`` for its gradient on the same value
     (compiler/kernels_gelu.py)."""
@@ -538,6 +546,7 @@ PASSES = (("simplify", simplify), ("cse", cse), ("fold_constants", fold_constant
           ("fuse_softmax_backward", fuse_softmax_backward),
           ("share_attention_probabilities", share_attention_probabilities),
           ("merge_split_gradients", merge_split_gradients),
+          ("absorb_gradient_products", absorb_gradient_products),
           ("share_gelu_erf", share_gelu_erf),
           ("fuse_clip_optimizer_step", fuse_clip_optimizer_step), ("fuse", fuse))
 
