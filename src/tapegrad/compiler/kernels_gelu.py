@@ -11,7 +11,8 @@ one erf less per GELU per step, the same bits (the same operations on the same v
 
 Each node has a numpy body (eager's own ops, used without numba and as the reference) and
 numba kernels: float32 erf is ``ERF32_SHORT``, a degree-15 fit, where |u| <= 2 (nearly every
-GELU argument) and ``erf32`` (as ``kernels.py``'s fused GELU kernels) beyond, float64 erf
+GELU argument) and eager's own second formula beyond (the lanes gathered, numpy's ``exp`` of
+theirs: GELU's float32 results are eager's on every float32 input), float64 erf
 is eager's ``erf64`` run as eager runs it (the few lanes with |u| > 1 gathered, numpy's ``exp``
 of theirs only), and the gradient's ``exp(-x*x/2)`` is numpy's of an argument a numba pass
 forms. The gradient node also returns the next linear's bias gradient (the column sums of its
@@ -112,16 +113,19 @@ def _src(lines, erf="", flags=""):
 # may contract to FMAs). Relative error <= 1.2e-15 of erf (mpmath, 20000 points), 1/45 of
 # ``ERF32_COEFFS``'s. Rounded once to float32 it is eager's (float64 Cephes erf, rounded) on
 # all but 3 of the 1.07e9 float32 u in [0, 2] (1 ulp, |u| < 4e-4, where ``1 + erf`` rounds
-# both to the same float32; erf32 differs at 263 of them); odd, as eager's. 16 coefficients
-# instead of 24: 1.4x fewer float64 operations an element, the loop's bound.
+# both to the same float32; erf32 differs at 263 of them); odd, as eager's. With the lanes
+# beyond gathered for eager's own formula, the float32 GELU kernel's (out, w) are eager's on
+# every one of the 2^32 float32 inputs (benchmarks/gelu_float32_all_inputs.py; erf32 on every
+# lane: 19 differ). 16 coefficients instead of 24: 1.4x fewer float64 operations an element,
+# the loop's bound.
 ERF32_SHORT = (
     0.6749332360396545, -0.26111186093124533, 0.11947913860991874, -0.048662777449162455,
     0.017128344570413016, -0.005234875836003433, 0.0014050914348710947,
     -0.0003351435347665326, 7.18009644294896e-05, -1.3946268865600212e-05,
     2.4758957031803304e-06, -4.0451986966138103e-07, 6.108547961400175e-08,
     -8.605401204315784e-09, 1.2020242842740404e-09, -1.4770385263261938e-10)
-ERF32_SHORT_BOUND = 4.0  # u*u: the short fit's range (beyond it: erf32)
-BLOCK32 = 16  # lanes a block: one vectorised pass, then its lanes beyond the fit again
+ERF32_SHORT_BOUND = 4.0  # u*u: the short fit's range (beyond it: eager's second formula)
+BLOCK32 = 16  # lanes a block: one vectorised pass, then its lanes beyond the fit gathered
 
 
 def _horner(coeffs, t):
@@ -139,17 +143,14 @@ def erf32_short_source():
             f"    return u * {_horner(ERF32_SHORT, 't')}\n")
 
 
-def _erf32_both():
-    return kernels.erf32_source() + "\n\n" + erf32_short_source()
-
-
 def _forward32():
     """float32: blocks of ``BLOCK32`` lanes, each one vectorised pass of ``ERF32_SHORT``
-    (writing every lane) and a flag of the lanes beyond its range; a flagged block's such
-    lanes are written again with ``erf32`` (the full fit, |u| <= 4, as before). Multiply-adds
-    may contract to FMAs: the only adds are the polynomials' and ``1 + erf``, whose operand is
-    a float32 rounding (cannot contract). NaN stays in the short pass (``u*u > 4`` is
-    false): NaN, as eager."""
+    (writing every lane) and a flag of the lanes beyond its range; a flagged block's lanes
+    are gathered without a branch (each written at ``m``, ``m`` advanced for those beyond:
+    index, u in float64 and eager's exp argument ``-b*b``, b = min(|u|, 6)) for eager's
+    second formula (``_finish32``); returns their count. Multiply-adds may contract to FMAs:
+    the only adds are the polynomial's and ``1 + erf``, whose operand is a float32 rounding
+    (cannot contract). NaN stays in the short pass (``u*u > 4`` is false): NaN, as eager."""
     b = BLOCK32
     lane = ["xi = x[j]",
             f"u = np.float64(xi * np.float32({_SQRT1_2!r}))",
@@ -157,14 +158,16 @@ def _forward32():
             "wi = np.float32(1.0) + np.float32(erf32_short(u))",
             "w[j] = wi",
             "out[j] = (xi * np.float32(0.5)) * wi"]
-    wide = ["xi = x[j]",
-            f"u = np.float64(xi * np.float32({_SQRT1_2!r}))",
-            f"if u * u > {ERF32_SHORT_BOUND!r}:",
-            "    wi = np.float32(1.0) + np.float32(erf32(u))",
-            "    w[j] = wi",
-            "    out[j] = (xi * np.float32(0.5)) * wi"]
-    return _src(["def gelu_with_cdf_float32(x, out, w):",
+    gather = [f"u = np.float64(x[j] * np.float32({_SQRT1_2!r}))",
+              "a = abs(u)",
+              f"c = a if a <= {CLAMP!r} else {CLAMP!r}",
+              "idx[m] = j",
+              "ub[m] = u",
+              "arg[m] = (-c) * c",
+              f"m += np.int64(u * u > {ERF32_SHORT_BOUND!r})"]
+    return _src(["def gelu_with_cdf_float32(x, out, w, ub, arg, idx):",
                  "    n = x.size",
+                 "    m = np.int64(0)",
                  f"    for b in range(0, n - n % {b}, {b}):",
                  "        bad = np.int32(0)",
                  f"        for j in range(b, b + {b}):"] +
@@ -172,30 +175,60 @@ def _forward32():
                 [f"            bad |= np.int32(s > {ERF32_SHORT_BOUND!r})",
                  "        if bad:",
                  f"            for j in range(b, b + {b}):"] +
-                ["                " + s for s in wide] +
+                ["                " + s for s in gather] +
                 [f"    for j in range(n - n % {b}, n):"] +
                 ["        " + s for s in lane] +
-                ["        " + s for s in wide], _erf32_both(), ', fastmath={"contract"}')
+                ["        " + s for s in gather] +
+                ["    return m"], erf32_short_source(), ', fastmath={"contract"}')
+
+
+def _finish32():
+    """The gathered lanes (|u| > 2): eager's erf64 there, its second formula (Cephes'
+    ``1 - exp(-b*b) P(b) / Q(b)`` with the sign of u, numpy's exp read from ``e``) over the
+    gathered values (a vectorised loop), no FMA (numpy's separate multiplies and adds), then
+    rounded once to float32 and scattered."""
+    c = CEPHES
+    return _src([
+        "def gelu_cdf_finish_float32(x, out, w, ub, e, idx, m):",
+        "    for k in range(m):",
+        "        u = ub[k]",
+        "        a = abs(u)",
+        f"        b = a if a <= {CLAMP!r} else {CLAMP!r}",
+        f"        ub[k] = math.copysign(1.0 - (e[k] * {_polevl('b', c['P'])}) / "
+        f"{_polevl('b', c['Q'], True)}, u)",
+        "    for k in range(m):",
+        "        i = idx[k]",
+        "        wi = np.float32(1.0) + np.float32(ub[k])",
+        "        w[i] = wi",
+        "        out[i] = (x[i] * np.float32(0.5)) * wi"])
 
 
 def _erf_float32():
-    """erf of a float32 array as the GELU kernel computes it (``erf32_short`` where u*u <= 4,
-    else ``erf32``; the same source and flags), rounded to float32: the tests' view of it."""
+    """erf of float32 u with u*u <= 4 as the GELU kernel's short pass computes it (the same
+    source and flags), rounded to float32: the tests' view of it."""
     return _src(["def erf_float32(u, out):",
                  "    for i in range(u.size):",
-                 "        v = np.float64(u[i])",
-                 f"        if v * v > {ERF32_SHORT_BOUND!r}:",
-                 "            out[i] = np.float32(erf32(v))",
-                 "        else:",
-                 "            out[i] = np.float32(erf32_short(v))"], _erf32_both(),
-                ', fastmath={"contract"}')
+                 "        out[i] = np.float32(erf32_short(np.float64(u[i])))"],
+                erf32_short_source(), ', fastmath={"contract"}')
 
 
 def erf_float32(u):
-    """float32 erf of the float32 array ``u`` by the forward kernel's two fits (numba)."""
+    """float32 erf of the float32 array ``u`` (|u| <= 2) by the forward kernel's fit."""
     u = np.ascontiguousarray(u, np.float32)
     out = np.empty_like(u)
     kernels.load("erf_float32", _erf_float32())(u.reshape(-1), out.reshape(-1))
+    return out
+
+
+def erf_short_float64(u):
+    """``erf32_short`` of the float64 array ``u`` (u*u <= 4) before its float32 rounding
+    (numba, the kernel's source and flags): the fit's own accuracy, for the tests."""
+    u = np.ascontiguousarray(u, np.float64)
+    out = np.empty_like(u)
+    kernels.load("erf_short_float64", _src([
+        "def erf_short_float64(u, out):", "    for i in range(u.size):",
+        "        out[i] = erf32_short(u[i])"], erf32_short_source(), ', fastmath={"contract"}'))(
+        u.reshape(-1), out.reshape(-1))
     return out
 
 
@@ -277,20 +310,24 @@ def _flat(a):
 def gelu_with_cdf_factory(node):
     x = node.inputs[0]
     dt = np.dtype(x.dtype)
+    n = int(np.prod(x.shape))
+    # scratch arrays of this node's (as the generated code's planned buffers: one per entry)
+    ub, arg, idx = np.empty(n), np.empty(n), np.empty(n, np.int64)
     if dt == np.float32:
         fn = kernels.load("gelu_with_cdf_float32", _forward32())
+        finish32 = kernels.load("gelu_cdf_finish_float32", _finish32())
 
         def gelu_with_cdf_kernel(xa):
             out, w = np.empty(xa.shape, dt), np.empty(xa.shape, dt)
-            fn(_flat(xa), out.reshape(-1), w.reshape(-1))
+            xf, of, wf = _flat(xa), out.reshape(-1), w.reshape(-1)
+            m = fn(xf, of, wf, ub, arg, idx)
+            if m:  # |u| > 2: eager's second formula, numpy's exp
+                finish32(xf, of, wf, ub, np.exp(arg[:m], out=arg[:m]), idx, m)
             return out, w
 
         return gelu_with_cdf_kernel
     gather = kernels.load("gelu_cdf_gather_float64", _GATHER64)
     finish = kernels.load("gelu_cdf_finish_float64", _finish64())
-    n = int(np.prod(x.shape))
-    # scratch arrays of this node's (as the generated code's planned buffers: one per entry)
-    ub, arg, idx = np.empty(n), np.empty(n), np.empty(n, np.int64)
 
     def gelu_with_cdf_kernel(xa):
         out, w = np.empty(xa.shape, dt), np.empty(xa.shape, dt)
