@@ -28,6 +28,7 @@ the passes' value check). tests/test_compiler_residual.py checks each.
 import numpy as np
 
 from tapegrad.compiler import kernels, op_kernels, passes
+from tapegrad.compiler.codegen import recycle
 from tapegrad.compiler.ir import Node, Value, call_node
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -39,7 +40,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 from llvmlite import ir
 
-# kernels_residual v1
+# kernels_residual v6
 
 
 @intrinsic
@@ -100,6 +101,66 @@ def rowsum_short(a, n):
 
 
 @njit(error_model="numpy", cache=True, inline="always")
+def colsums(acc, a, b, t0, T, prod):
+    """acc += a[t0 + l] (prod: a[t0 + l] * b[l]) for l = 0..T-1 in order, acc the first row
+    itself when t0 == 0 (numpy's add.reduce over axis 0: rows in order, the first copied).
+    Full tiles of 8: one pass over the columns adding the 8 rows in order."""
+    C = acc.shape[0]
+    first = t0 == 0
+    if T == 8:
+        r0 = a[t0]
+        r1 = a[t0 + 1]
+        r2 = a[t0 + 2]
+        r3 = a[t0 + 3]
+        r4 = a[t0 + 4]
+        r5 = a[t0 + 5]
+        r6 = a[t0 + 6]
+        r7 = a[t0 + 7]
+        if prod:
+            s0, s1, s2, s3, s4, s5, s6, s7 = b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]
+            for j in range(C):
+                v = r0[j] * s0[j]
+                if not first:
+                    v = acc[j] + v
+                v = v + r1[j] * s1[j]
+                v = v + r2[j] * s2[j]
+                v = v + r3[j] * s3[j]
+                v = v + r4[j] * s4[j]
+                v = v + r5[j] * s5[j]
+                v = v + r6[j] * s6[j]
+                acc[j] = v + r7[j] * s7[j]
+        else:
+            for j in range(C):
+                v = r0[j]
+                if not first:
+                    v = acc[j] + v
+                v = v + r1[j]
+                v = v + r2[j]
+                v = v + r3[j]
+                v = v + r4[j]
+                v = v + r5[j]
+                v = v + r6[j]
+                acc[j] = v + r7[j]
+        return
+    for l in range(T):
+        r = a[t0 + l]
+        if prod:
+            q = b[l]
+            if first and l == 0:
+                for j in range(C):
+                    acc[j] = r[j] * q[j]
+            else:
+                for j in range(C):
+                    acc[j] += r[j] * q[j]
+        elif first and l == 0:
+            for j in range(C):
+                acc[j] = r[j]
+        else:
+            for j in range(C):
+                acc[j] += r[j]
+
+
+@njit(error_model="numpy", cache=True, inline="always")
 def rowsum_long(a, n):
     """numpy's pairwise sum of a[:n], any n."""
     return pairwise_sum(a, 0, n)
@@ -110,12 +171,15 @@ def rowsum_long(a, n):
 ROWS = '''
 
 @njit(error_model="numpy", cache=True)
-def residual_ln_rows(a, b2, has_res, x, w, bias, eps, has_w, has_b, out, mean, rstd):
+def residual_ln_rows(a, b2, has_res, x, w, bias, eps, has_w, has_b, out, st):
     """x[i] = a[i] + b2[i % len(b2)] when has_res (else x is the input), then
     out[i] = (x[i] - mean) / sqrt(var + eps) * w + bias, as ops.nn._norm_forward, op for
-    op; tiles of len(mean) rows, phase by phase. out's rows hold the squares meanwhile."""
+    op; tiles of len(st[0]) rows, phase by phase (st: (2, tile) scratch). out's rows hold
+    the squares meanwhile."""
     R, C = x.shape
-    T = mean.shape[0]
+    T = st.shape[1]
+    mean = st[0]
+    rstd = st[1]
     Rb = b2.shape[0]
     n = x.dtype.type(C)
     one = x.dtype.type(1)
@@ -158,13 +222,13 @@ def residual_ln_rows(a, b2, has_res, x, w, bias, eps, has_w, has_b, out, mean, r
 
 
 @njit(error_model="numpy", cache=True)
-def ln_backward_rows(g, x, w, eps, res, mode, out, gw, gb, with_gb, cs, n_cs, pos, n_pos,
-                     gxh, xh, tmp, st):
+def ln_backward_rows(g, x, w, eps, res, mode, out, acc, n_cs, pos, n_pos, sc, st):
     """LayerNorm's gradient over the last axis (ops.nn._norm_rule, op for op) on tiles of
     len(st[0]) rows, phase by phase; out[i] = gx[i] (mode 0), res[i] + gx[i] (1) or
-    gx[i] + res[i] (2). gw, gb: column sums of g * xhat and g; cs (n_cs > 0): column sums of
-    out; pos (n_pos > 0): out summed over its leading axes, rows i % n_pos (numpy's axis-0
-    add.reduce: rows in order, the first copied). gxh, xh, tmp: (tile, C) scratch."""
+    gx[i] + res[i] (2). acc[0], acc[1]: gw and gb, column sums of g * xhat and g;
+    acc[2:2 + n_cs]: column sums of out; pos (n_pos > 0): out summed over its leading axes,
+    rows i % n_pos (numpy's axis-0 add.reduce: rows in order, the first copied).
+    sc: (3, tile, C) scratch, st: (4, tile)."""
     R, C = x.shape
     T = st.shape[1]
     n = x.dtype.type(C)
@@ -173,6 +237,12 @@ def ln_backward_rows(g, x, w, eps, res, mode, out, gw, gb, with_gb, cs, n_cs, po
     m3 = st[1]
     m4 = st[2]
     rs = st[3]
+    gxh = sc[0]
+    xh = sc[1]
+    tmp = sc[2]
+    gw = acc[0]
+    gb = acc[1]
+    nextrow = 0
     for t0 in range(0, R, T):
         t1 = min(R, t0 + T)
         for i in range(t0, t1):
@@ -224,35 +294,23 @@ def ln_backward_rows(g, x, w, eps, res, mode, out, gw, gb, with_gb, cs, n_cs, po
                 ri = res[i]
                 for j in range(C):
                     o[j] = r * ((p[j] - a3) - h[j] * a4) + ri[j]
-            gi = g[i]
-            if i == 0:
-                for j in range(C):
-                    gw[j] = gi[j] * h[j]
-                if with_gb:
-                    for j in range(C):
-                        gb[j] = gi[j]
-                for k in range(n_cs):
-                    c = cs[k]
-                    for j in range(C):
-                        c[j] = o[j]
-            else:
-                for j in range(C):
-                    gw[j] += gi[j] * h[j]
-                if with_gb:
-                    for j in range(C):
-                        gb[j] += gi[j]
-                for k in range(n_cs):
-                    c = cs[k]
-                    for j in range(C):
-                        c[j] += o[j]
-            if n_pos:
-                pr = pos[i % n_pos]
+            if n_pos:  # each row adds into its own row of pos: no chain from row to row
+                pr = pos[nextrow]
                 if i < n_pos:
                     for j in range(C):
                         pr[j] = o[j]
                 else:
                     for j in range(C):
                         pr[j] += o[j]
+                nextrow += 1  # i % n_pos, counted (a division per row costs)
+                if nextrow == n_pos:
+                    nextrow = 0
+        # the column sums over the tile's rows, in order, each sum held in a register
+        # across them (one load and store a tile, not a store-to-load chain per row)
+        colsums(gb, g, g, t0, t1 - t0, False)
+        colsums(gw, g, xh, t0, t1 - t0, True)
+        for k in range(n_cs):
+            colsums(acc[2 + k], out, out, t0, t1 - t0, False)
 '''
 SOURCE += ROWS.replace("ROWSUM", "rowsum_short").replace("_rows(", "_rows_short(")
 SOURCE += ROWS.replace("ROWSUM", "rowsum_long").replace("_rows(", "_rows_long(")
@@ -421,18 +479,18 @@ def residual_layer_norm_factory(node):
     if swap and tuple(b.shape) != shape:
         return None  # a broadcast first operand: numpy's add(bcast, a) has the same bits,
         # but keep the one layout the kernel is written for
-    tile = min(TILE, R)
+    st = np.empty((2, min(TILE, R)), dt)  # scratch: used only inside the numba call
+    box = [None]
+    both = (2, R, C)
 
     def residual_layer_norm_kernel(a, b, w=None, bias=None, *, axes, eps, param_shape,
                                    swap):
-        sa = np.empty(shape, dt)
-        out = np.empty(shape, dt)
+        buf = recycle(box, both, dt)  # s and y: one array, last call's when nothing holds it
         first, second = (b, a) if swap else (a, b)
-        fn(first.reshape(R, C), second.reshape(Rb, C), True, sa.reshape(R, C),
+        fn(first.reshape(R, C), second.reshape(Rb, C), True, buf[0],
            empty if w is None else w, empty if bias is None else bias, dt.type(eps),
-           w is not None, bias is not None, out.reshape(R, C), np.empty(tile, dt),
-           np.empty(tile, dt))
-        return sa, out
+           w is not None, bias is not None, buf[1], st)
+        return buf[0].reshape(shape), buf[1].reshape(shape)
 
     return residual_layer_norm_kernel
 
@@ -445,13 +503,13 @@ def layer_norm_call(shape, dt):
     R = _rows(shape)
     empty = np.empty(0, dt)
     e2 = np.empty((1, 0), dt)
-    tile = min(TILE, R)
+    st = np.empty((2, min(TILE, R)), dt)
 
     def call(x, w, b, eps):
         out = np.empty(shape, dt)
         fn(e2, e2, False, x.reshape(R, C), empty if w is None else w,
            empty if b is None else b, dt.type(eps), w is not None, b is not None,
-           out.reshape(R, C), np.empty(tile, dt), np.empty(tile, dt))
+           out.reshape(R, C), st)
         return out
 
     return call
@@ -568,18 +626,21 @@ def residual_layer_norm_backward_factory(node):
     fn = _rows_kernel("ln_backward_rows", C)
     tile = min(TILE, R)
     e2 = np.empty((1, C), dt)
+    sc = np.empty((3, tile, C), dt)  # scratch: used only inside the numba call
+    st = np.empty((4, tile), dt)
+    boxes = [None], [None], [None]
+    nacc = 2 + n_cs
+    flat = (R, C)
+    prows = (P, C)
 
     def residual_layer_norm_backward_kernel(g, x, w, *res, axes, eps, residual):
-        out = np.empty(shape, dt)
-        gw = np.empty(C, dt)
-        gb = np.empty(C, dt)
-        cs = np.empty((max(n_cs, 1), C), dt)
-        pos = np.empty(pshape, dt) if P else e2
-        fn(g.reshape(R, C), x.reshape(R, C), w, dt.type(eps),
-           res[0].reshape(R, C) if mode else e2, mode, out.reshape(R, C), gw, gb, with_gb, cs,
-           n_cs, pos.reshape(-1, C), P, np.empty((tile, C), dt), np.empty((tile, C), dt),
-           np.empty((tile, C), dt), np.empty((4, tile), dt))
-        outs = (out, gw, gb) if with_gb else (out, gw)
-        return outs + tuple(cs[:n_cs]) + ((pos,) if P else ())
+        out = recycle(boxes[0], flat, dt)  # last call's arrays when nothing holds them
+        acc = recycle(boxes[1], (nacc, C), dt)  # gw, gb and the column sums: one array
+        pos = recycle(boxes[2], prows, dt) if P else e2
+        fn(g.reshape(flat), x.reshape(flat), w, dt.type(eps),
+           res[0].reshape(flat) if mode else e2, mode, out, acc, n_cs, pos, P, sc, st)
+        main = out.reshape(shape)
+        sums = tuple(acc[2:]) + ((pos.reshape(pshape),) if P else ())
+        return ((main, acc[0], acc[1]) if with_gb else (main, acc[0])) + sums
 
     return residual_layer_norm_backward_kernel
