@@ -426,8 +426,8 @@ def column_sums(graph, value):
     ``(-1, C)`` / ``(rows, C)`` (a linear's bias gradient of a 3-D activation). A kernel that
     writes ``value`` row by row can add each row into these sums as it goes: numpy's
     reduction over the leading axis of a C-contiguous matrix adds the rows in order, one
-    element at a time, starting from the first row (not from 0.0, which would turn a column
-    of -0.0 into 0.0), so the same running sums are its bits. Returns ``[(sum_node,
+    element at a time, into 0.0 (its identity: a column of -0.0 sums to 0.0, numpy 2.4),
+    so the same running sums are its bits. Returns ``[(sum_node,
     reshape_node or None)]``."""
     if len(value.shape) < 2:
         return []
