@@ -194,8 +194,7 @@ def test_compiled_tied_head_step_is_eager_bitwise(monkeypatch, dtype, ignore):
     monkeypatch.setenv("TAPEGRAD_COMPILE_KERNELS", "numba")
     vocab = 23
     rng = np.random.default_rng(8)
-    batches = [(tg.tensor(rng.integers(0, vocab, (4, 8))), tg.tensor(rng.integers(0, vocab, (4, 8))))
-               for _ in range(5)]
+    batches = [tuple(tg.tensor(rng.integers(0, vocab, (4, 8))) for _ in "xy") for _ in range(5)]
     estep, eparams = _lm_step(dtype, vocab, ignore=ignore)
     cstep, cparams = _lm_step(dtype, vocab, ignore=ignore)
     comp = tg.compile(cstep)

@@ -7,9 +7,10 @@ gradient ``(exp(s) / sum(exp(s)) * keep - onehot) * (g * scale)``. The generated
 ``cross_entropy_fused`` runs the same operations as three numba passes around numpy's own
 ``exp`` and ``log`` (numba's C-library ones differ from numpy's SIMD loops in the last bit):
 
-1. ``ce_shift``: the targets checked, each row's max (16 running maxima, numpy's value: max
-   is exact in any order; a row holding a NaN takes it, as ``np.maximum``), ``s = x - max``
-   into one buffer and the target's ``s[i, t[i]]`` set aside; returns the valid rows' count.
+1. ``ce_shift``: the targets checked, each row's max (numpy's value: max is exact in any
+   order; taken on the floats' bits as ordered integers, which vectorise; a row holding a NaN
+   takes it, as ``np.maximum``), ``s = x - max`` into one buffer and the target's
+   ``s[i, t[i]]`` set aside; returns the valid rows' count.
 2. numpy's ``exp`` of that buffer, in place.
 3. ``ce_grad``: each row's sum in numpy's pairwise order (``kernels.PAIRWISE``), the gradient
    row (a division and a multiply an element, the target's element apart) and the column sums
@@ -21,6 +22,12 @@ This replaces numpy's ``maximum.reduce`` over short rows (slow: ~0.7 ns an eleme
 broadcast subtraction's and ``exp``'s separate temporaries and a gradient loop that did not
 vectorise (a branch per element). Without numba the node runs eager's two calls
 (``passes._cross_entropy_impl``).
+
+Tried and dropped: one numba call for everything, 16 rows at a time in an L1 buffer, calling
+numpy's own exp and log C loops through function pointers read from the ufunc objects (the
+same bits): the kernel was no faster than the three passes (58 us on (512, 95) float32) and
+numba's dispatch on ctypes-function arguments added ~20 us a call; in the char-GPT step it
+took 0.14 ms against the three passes' 0.09 ms.
 """
 import sys
 
@@ -35,49 +42,59 @@ from numba import njit
 ''' + kernels.PAIRWISE + '''
 
 @njit(error_model="numpy", cache=True)
-def ce_shift(x, xi, mask, t, ignore_index, s, st):
-    # s = x - rowmax(x), st[i] = s[i, t[i]] (0 for an ignored row); returns the valid rows'
-    # count, or -1 - i for the first row i whose target is out of range (nothing written).
-    # The max is taken on integer keys (xi: x's bits as signed integers; key = bits, its
-    # magnitude bits flipped when negative, orders as the floats do, -0 below +0): integer
-    # maxima vectorise, float ones do not here (numba's select is not IEEE max). A NaN (a key
-    # above +inf's or below -inf's) sends the row to np.maximum's rule: the max is that NaN.
-    N, C = x.shape
+def check_targets(t, ignore_index, C):
+    # the valid rows' count, or -1 - i for the first row i whose target is out of range
     count = 0
-    for i in range(N):
+    for i in range(t.shape[0]):
         ti = t[i]
         if ti != ignore_index:
             if ti < 0 or ti >= C:
                 return -1 - i
             count += 1
-    zero = x.dtype.type(0)
-    mb = np.empty(1, x.dtype)
-    mbi = mb.view(xi.dtype)
-    mb[0] = np.inf
-    top = mbi[0]  # +inf's key; -inf's is -1 - top
-    for i in range(N):
-        row = x[i]
-        bits = xi[i]
-        out = s[i]
-        b = bits[0]
-        hi = b ^ (mask if b < 0 else 0)
-        lo = hi
-        for j in range(1, C):
-            b = bits[j]
-            k = b ^ (mask if b < 0 else 0)
-            hi = k if k > hi else hi
-            lo = k if k < lo else lo
-        mbi[0] = hi ^ (mask if hi < 0 else 0)
-        m = mb[0]
-        if hi > top or lo < -1 - top:  # a NaN in the row
-            for j in range(C):
-                if row[j] != row[j]:
-                    m = row[j]
-                    break
+    return count
+
+
+@njit(error_model="numpy", cache=True, inline="always")
+def shift_row(row, bits, out, mask, top, mval, mbits):
+    # out = row - max(row). The max is taken on integer keys (bits: the row's as signed
+    # integers; key = bits, its magnitude bits flipped when negative, orders as the floats
+    # do, -0 below +0): integer maxima vectorise, float ones do not here (numba's select is
+    # not IEEE max). A NaN (a key above +inf's, ``top``, or below -inf's) is the max, as
+    # np.maximum's. Returns nothing; the max's sign of zero never reaches a result bit
+    C = row.shape[0]
+    b = bits[0]
+    hi = b ^ (mask if b < 0 else 0)
+    lo = hi
+    for j in range(1, C):
+        b = bits[j]
+        k = b ^ (mask if b < 0 else 0)
+        hi = k if k > hi else hi
+        lo = k if k < lo else lo
+    mbits[0] = hi ^ (mask if hi < 0 else 0)  # the key's float, through a one-element view
+    m = mval[0]
+    if hi > top or lo < -1 - top:  # a NaN in the row
         for j in range(C):
-            out[j] = row[j] - m
+            if row[j] != row[j]:
+                m = row[j]
+                break
+    for j in range(C):
+        out[j] = row[j] - m
+
+
+@njit(error_model="numpy", cache=True)
+def ce_shift(x, xi, mask, top, t, ignore_index, s, st):
+    # s = x - rowmax(x), st[i] = s[i, t[i]] (0 for an ignored row); returns check_targets'
+    N, C = x.shape
+    count = check_targets(t, ignore_index, C)
+    if count < 0:
+        return count
+    zero = x.dtype.type(0)
+    mval = np.empty(1, x.dtype)
+    mbits = mval.view(xi.dtype)
+    for i in range(N):
+        shift_row(x[i], xi[i], s[i], mask, top, mval, mbits)
         ti = t[i]
-        st[i] = out[ti] if ti != ignore_index else zero
+        st[i] = s[i, ti] if ti != ignore_index else zero
     return count
 
 
@@ -127,11 +144,14 @@ def ce_loss(lse, st, t, ignore_index):
     for i in range(N):
         st[i] = (lse[i] - st[i]) if t[i] != ignore_index else zero
     return zero + pairwise_sum(st, 0, N)
+
 '''
 
 
 _BITS = {4: np.int32, 8: np.int64}
 _MASK = {k: v(np.iinfo(v).max) for k, v in _BITS.items()}
+_TOP = {4: np.array(np.inf, np.float32).view(np.int32)[()],  # +inf's key (its bits)
+        8: np.array(np.inf, np.float64).view(np.int64)[()]}
 
 
 def _kernels():
@@ -157,6 +177,11 @@ def _reference(x, t, g, ignore_index, mean, with_sum):
     return np.asarray(loss), grad
 
 
+def _out_of_range(x, t, row):
+    raise IndexError(f"cross_entropy: target {t[row]} is out of bounds for {x.shape[1]} "
+                     f"classes (row {row}, logits of shape {tuple(x.shape)})")
+
+
 def cross_entropy_call(with_sum):
     """The generated code's ``cross_entropy_fused(x, t, g, ignore_index, mean)``: the loss (a
     0-d array), the logits' gradient and, ``with_sum``, its column sums; eager's bits, and an
@@ -169,14 +194,12 @@ def cross_entropy_call(with_sum):
                 or not x.flags.c_contiguous:  # (numpy's sums of strided rows: its own order)
             return _reference(x, t, g, ignore_index, mean, with_sum)
         dt = x.dtype.type
+        size = x.dtype.itemsize
         s = np.empty((n, c), x.dtype)
         st = np.empty(n, x.dtype)
-        count = shift(x, x.view(_BITS[x.dtype.itemsize]), _MASK[x.dtype.itemsize], t,
-                      ignore_index, s, st)
+        count = shift(x, x.view(_BITS[size]), _MASK[size], _TOP[size], t, ignore_index, s, st)
         if count < 0:
-            row = -1 - count
-            raise IndexError(f"cross_entropy: target {t[row]} is out of bounds for {c} "
-                             f"classes (row {row}, logits of shape {tuple(x.shape)})")
+            _out_of_range(x, t, -1 - count)
         np.exp(s, out=s)
         scale = ((1.0 / count) if count else 0.0) if mean else 1.0
         grad = np.empty((n, c), x.dtype)
