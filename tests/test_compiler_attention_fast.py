@@ -287,3 +287,28 @@ def test_gradient_products_kernel_declines_a_slice_it_cannot_view():
     assert f(node((4, 2), (1, 0), (2, 12), cols)) is None  # columns at a stride of 12
     narrow = [(1, 0, 2), (1, 2, 4), (1, 4, 6)]
     assert f(node((2, 4), None, (4, 6), narrow)) is None  # (4, 2) as (2, 4): a copy
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(16, 4, 32, 32), (3, 1), (4, 7), (5, 8), (2, 3, 9),
+                                   (2, 130), (2, 300), (7, 40)])
+def test_softmax_backward_kernel_is_eager_bitwise(dtype, shape):
+    """``p * (g - sum(g * p))`` with numpy's pairwise row sum (the products' 8 running sums
+    as vector lanes for rows of 8..128), -0.0, NaN and inf included; strided inputs."""
+    rng = np.random.default_rng(sum(shape))
+    g = rng.standard_normal(shape).astype(dtype)
+    p = rng.random(shape).astype(dtype)
+    flat = g.reshape(-1)
+    flat[::7] = -0.0
+    if g.size > 20:
+        flat[3] = np.nan
+        flat[11] = np.inf
+    node = _node("softmax_backward", [g, p], {}, [shape])
+    fn = KA.softmax_backward(node)
+    assert fn is not None and kernels_gpt.softmax_backward_factory(node) is not None
+    with np.errstate(invalid="ignore"):
+        want = p * (g - np.add.reduce(g * p, axis=-1, keepdims=True))
+        got = fn(g, p)
+        _same(got, want)
+        gt = np.asfortranarray(g)  # not C-contiguous: copied first
+        _same(fn(gt, p), want)

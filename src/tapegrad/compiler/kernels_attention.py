@@ -35,10 +35,89 @@ _K = {}
 # element, which stops LLVM's vectoriser: 35 vs 7 us a pass over the GPT's 2048 rows).
 # numba runs no SLP vectoriser: only loops vectorise, so each step over a row is one loop.
 SOURCE = '''import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+from llvmlite import ir
 
 
 ''' + kernels.PAIRWISE + '''
+
+@intrinsic
+def prod_block8(typingctx, a, b, o, n):
+    """numpy's pairwise block over (a * b)[o:o + n] of two flat C arrays (n a multiple of
+    8, >= 8): each product rounded, accumulator k holds the products k, k + 8, ... added in
+    order, the eight combined ((0+1)+(2+3))+((4+5)+(6+7)). The accumulators are the lanes of
+    256-bit vectors (8 float32, or 2 x 4 float64): the same IEEE operations as the scalar
+    sums (LLVM forms no FMA without fast-math flags), one vector add instead of eight."""
+    ok = all(isinstance(x, types.Array) and x.ndim == 1 and x.layout == "C" and
+             x.dtype in (types.float32, types.float64) for x in (a, b))
+    if not ok or a.dtype != b.dtype:
+        return None
+    sig = a.dtype(a, b, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        arrs = [context.make_array(t)(context, builder, v)
+                for t, v in zip(signature.args[:2], args[:2])]
+        o, n = args[2], args[3]
+        f32 = signature.args[0].dtype == types.float32
+        fty = context.get_value_type(signature.args[0].dtype)
+        size = 4 if f32 else 8
+        lanes = 8 if f32 else 4
+        parts = 8 // lanes
+        vty = ir.VectorType(fty, lanes)
+        ptrs = [builder.bitcast(builder.gep(x.data, [o]), vty.as_pointer()) for x in arrs]
+
+        def prod(at):
+            va = builder.load(builder.gep(ptrs[0], [at]), align=size)
+            vb = builder.load(builder.gep(ptrs[1], [at]), align=size)
+            return builder.fmul(va, vb)
+
+        accs = []
+        for q in range(parts):
+            acc = cgutils.alloca_once(builder, vty)
+            builder.store(prod(ir.Constant(n.type, q)), acc)
+            accs.append(acc)
+        nv = builder.sdiv(n, ir.Constant(n.type, lanes))
+        step = ir.Constant(n.type, parts)
+        with cgutils.for_range_slice(builder, step, nv, step) as (idx, _):
+            for q, acc in enumerate(accs):
+                at = builder.add(idx, ir.Constant(n.type, q))
+                builder.store(builder.fadd(builder.load(acc), prod(at)), acc)
+        e = []
+        for acc in accs:
+            v = builder.load(acc)
+            e += [builder.extract_element(v, ir.Constant(ir.IntType(32), k))
+                  for k in range(lanes)]
+        lo = builder.fadd(builder.fadd(e[0], e[1]), builder.fadd(e[2], e[3]))
+        hi = builder.fadd(builder.fadd(e[4], e[5]), builder.fadd(e[6], e[7]))
+        return builder.fadd(lo, hi)
+
+    return sig, codegen
+
+
+@njit(error_model="numpy", cache=True)
+def softmax_backward_flat(gp, p, out, tmp, C):
+    """Rows of C of the flat C-contiguous gp, p, out: out = p * (gp - sum(gp * p)) per row,
+    softmax's rule op for op with numpy's pairwise row sum (8 <= C <= 128: prod_block8
+    and the rest in order; otherwise the products into tmp, then pairwise_sum)."""
+    N = p.shape[0]
+    CU = np.uint64(C)
+    e = C - C % 8
+    short = 8 <= C <= 128
+    for r in range(N // C):
+        o = r * C
+        if short:
+            sm = prod_block8(gp, p, o, e)
+            for j in range(e, C):
+                sm += gp[o + j] * p[o + j]
+        else:
+            for j in range(C):
+                tmp[j] = gp[o + j] * p[o + j]
+            sm = pairwise_block(tmp, 0, C) if C <= 128 else pairwise_sum(tmp, 0, C)
+        ou = np.uint64(o)
+        for j in range(CU):
+            out[ou + j] = p[ou + j] * (gp[ou + j] - sm)
 
 @njit(error_model="numpy", cache=True)
 def attention_scores(s4, si4, b2, scale, has_bias, c, start, lens, hi, key, val):
@@ -201,7 +280,8 @@ def _kernels():
         import sys
 
         mod = sys.modules[kernels.load("attention_scores", SOURCE).py_func.__module__]
-        for name in ("attention_scores", "attention_norm", "scale_add_zero"):
+        for name in ("attention_scores", "attention_norm", "scale_add_zero",
+                     "softmax_backward_flat"):
             _K[name] = getattr(mod, name)
     return _K
 
@@ -418,3 +498,28 @@ def concatenate_products_factory(node):
         return res
 
     return concatenate_products_kernel
+
+
+# --- softmax's gradient rule (fused by kernels_gpt.fuse_softmax_backward) ----------------
+def softmax_backward(node):
+    """The kernel for a ``softmax_backward`` node over float32/float64 (any shape: rows of
+    its last axis; non-contiguous inputs copied first), or None."""
+    if len(node.inputs) != 2 or not all(isinstance(a, Value) for a in node.inputs):
+        return None
+    gp, p = node.inputs
+    dt = _floats(gp, p)
+    if dt is None or gp.shape != p.shape or not p.shape or any(d == 0 for d in p.shape):
+        return None
+    fn = _kernels()["softmax_backward_flat"]
+    shape = tuple(p.shape)
+    C = shape[-1]
+    size = int(np.prod(shape, dtype=np.int64))
+    tmp = np.empty(C, dt)
+
+    def softmax_backward_fast(gp, p):
+        out = np.empty(shape, dt)
+        fn(np.ascontiguousarray(gp).reshape(size), np.ascontiguousarray(p).reshape(size),
+           out.reshape(size), tmp, C)
+        return out
+
+    return softmax_backward_fast

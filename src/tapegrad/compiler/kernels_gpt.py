@@ -14,10 +14,12 @@ the op's numpy forward runs):
   between them one in-place pass (``* scale + bias``, less the row's max), numpy's ``exp``
   and one pass of row sums and divisions instead of eager's seven numpy calls and their
   temporaries: bitwise eager's. (A numba loop nest for the products themselves measured
-  slower than BLAS: 2 GFLOP/s, its rows may alias, so LLVM keeps them scalar.)
+  slower than BLAS: 2 GFLOP/s, its rows may alias, so LLVM keeps them scalar.) Where the
+  bias is one (T, S) mask or none, kernels_attention.py's kernel serves it instead.
 * ``layer_norm_backward`` and ``softmax_backward``: nodes made by the graph passes
   ``fuse_layer_norm_backward`` / ``fuse_softmax_backward`` (defined here, run from
-  passes.PASSES) out of the traced gradient rules' ~23 / 4 nodes; one pass per row.
+  passes.PASSES) out of the traced gradient rules' ~23 / 4 nodes; one pass per row (the
+  softmax one's kernel is in kernels_attention.py).
 * ``scaled_dot_product_attention_probs``: the pass ``share_attention_probabilities`` makes
   the forward return the probabilities its traced rule would recompute (the rule's own
   q k^T, scale, bias and softmax nodes, on the same arrays: the same bits).
@@ -54,8 +56,7 @@ def _kernels():
 
         mod = sys.modules[kernels.load("attention_shift", SOURCE).py_func.__module__]
         for name in ("layer_norm_rows", "softmax_shift", "softmax_norm", "attention_shift",
-                     "embedding_rows", "layer_norm_backward_rows", "softmax_backward_rows",
-                     "scaled_copy"):
+                     "embedding_rows", "layer_norm_backward_rows", "scaled_copy"):
             _K[name] = getattr(mod, name)
     return _K
 
@@ -231,23 +232,6 @@ def layer_norm_backward_rows(g, x, w, eps, with_gb, gx, gw, gb, xh, gxh, tmp):
             if with_gb:
                 for j in range(C):
                     gb[j] += gi[j]
-
-
-@njit(error_model="numpy", cache=True)
-def softmax_backward_rows(gp, p, out, tmp):
-    """out[i] = p[i] * (gp[i] - sum(gp[i] * p[i])) (softmax's rule, op for op; numpy's
-    pairwise row sum)."""
-    R, C = p.shape
-    short = C <= 128  # one block: pairwise_sum's own call costs (SOURCE's note)
-    for i in range(R):
-        gi = gp[i]
-        pi = p[i]
-        for j in range(C):
-            tmp[j] = gi[j] * pi[j]
-        s = pairwise_block(tmp, 0, C) if short else pairwise_sum(tmp, 0, C)
-        o = out[i]
-        for j in range(C):
-            o[j] = pi[j] * (gi[j] - s)
 '''
 
 
@@ -675,24 +659,11 @@ def fuse_softmax_backward(graph):
 
 @op_kernels.register("softmax_backward")
 def softmax_backward_factory(node):
-    """The fused softmax gradient (``fuse_softmax_backward``) over float32/float64."""
-    if len(node.inputs) != 2 or not all(isinstance(a, Value) for a in node.inputs):
-        return None
-    gp, p = node.inputs
-    dt = _floats(gp, p)
-    if dt is None or gp.shape != p.shape or not p.shape or any(d == 0 for d in p.shape):
-        return None
-    fn = _kernels()["softmax_backward_rows"]
-    shape = tuple(p.shape)
-    C = shape[-1]
-    R = int(np.prod(shape[:-1], dtype=np.int64))
+    """The fused softmax gradient (``fuse_softmax_backward``) over float32/float64
+    (kernels_attention's kernel: its row sums as vector lanes)."""
+    from tapegrad.compiler import kernels_attention
 
-    def softmax_backward_kernel(gp, p):
-        out = np.empty(shape, dt)
-        fn(gp.reshape(R, C), p.reshape(R, C), out.reshape(R, C), np.empty(C, dt))
-        return out
-
-    return softmax_backward_kernel
+    return kernels_attention.softmax_backward(node)
 
 
 # --- attention's probabilities: computed once, for the forward and the backward ----------
