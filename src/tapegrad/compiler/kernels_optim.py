@@ -41,16 +41,6 @@ CHUNK = 8
 FUSED = "clip_grad_norm_optimizer_step"
 
 
-def _chunks(arrays, pad):
-    """(start, count, tuple of CHUNK arrays) for each run of CHUNK arrays, the last
-    padded with ``pad``."""
-    out = []
-    for at in range(0, len(arrays), CHUNK):
-        part = tuple(arrays[at:at + CHUNK])
-        out.append((at, len(part), part + (pad,) * (CHUNK - len(part))))
-    return out
-
-
 def _program(n):
     """numpy's pairwise summation of ``n`` elements as postfix tokens: a leaf's length (a
     block of at most 128 consecutive elements, in order), or -1 (add the last two sums)."""
@@ -66,6 +56,11 @@ def _program(n):
             m2 -= m2 % 8
             todo += [-1, m - m2, m2]  # the left half first, then the right, then the join
     return out
+
+
+def _address(a):
+    """The address of a (C-contiguous) array's first element."""
+    return a.__array_interface__["data"][0]
 
 
 def _programs(sizes):
@@ -90,7 +85,7 @@ def _kernels():
 
 
 SOURCE = '''import numpy as np
-from numba import njit, types
+from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 from llvmlite import ir
@@ -208,20 +203,40 @@ def adam_update(p, g, m, v, c, flags, out, coef, scale):
         v[i] = vi
 
 
+@intrinsic
+def address_as(typingctx, like, addr):
+    """A pointer to like's dtype at the integer address addr."""
+    if not isinstance(like, types.Array) or not isinstance(addr, types.Integer):
+        return None
+    ptr = types.CPointer(like.dtype)
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[1], context.get_value_type(ptr))
+
+    return ptr(like, addr), codegen
+
+
 @njit(error_model="numpy", cache=True)
-def adam_params(k, ps, gs, ms, vs, steps, rows, c, flags, outs, coef, scale):
-    """One Adam/AdamW step of the first k parameters of a chunk (tuples of CHUNK flat
-    C-contiguous arrays of one dtype, padded; 0-d steps of one dtype; sizes checked by the
-    caller): each step += 1 in its own dtype (eager's ``step_t += 1``), then adam_update
-    with the constants of the parameter's group and new step, c[rows[i]], flags[rows[i]]
-    (``scale``: each gradient times coef[()] first, written to outs[i])."""
+def adam_params(k, at, table, gs, outs, rows, c, flags, coef, scale, like, slike):
+    """One Adam/AdamW step of parameters at .. at + k - 1 (the first k of a chunk: tuples
+    of CHUNK flat C-contiguous gradients, padded; sizes checked by the caller). table[j]:
+    parameter j's array, exp_avg, exp_avg_sq and 0-d step addresses and its size (arrays
+    of like's dtype, C-contiguous, kept alive and checked by the caller's plan; the step
+    of slike's dtype): each step += 1 in its own dtype (eager's ``step_t += 1``), then
+    adam_update with the constants of the parameter's group and new step, c[rows[j]],
+    flags[rows[j]] (``scale``: each gradient times coef[()] first, written to outs[i])."""
     for i in range(k):
-        s = steps[i]
-        s[()] = s[()] + s.dtype.type(1)
+        s = carray(address_as(slike, table[at + i, 3]), 1)
+        s[0] = s[0] + s.dtype.type(1)
     f = coef[()]
     for i in range(k):
-        r = rows[i]
-        adam_update(ps[i], gs[i], ms[i], vs[i], c[r], flags[r], outs[i], f, scale)
+        j = at + i
+        n = table[j, 4]
+        r = rows[j]
+        adam_update(carray(address_as(like, table[j, 0]), n), gs[i],
+                    carray(address_as(like, table[j, 1]), n),
+                    carray(address_as(like, table[j, 2]), n), c[r], flags[r], outs[i], f,
+                    scale)
 
 
 @njit(error_model="numpy", cache=True)
@@ -301,7 +316,10 @@ def _constants(group, step):
 class _AdamPlan:
     """A call's parameters, state and groups, checked once (the kernel's conditions) and
     kept while they stay the same objects; the parameters in buckets of one dtype
-    (parameter's, step's), each one numba call per chunk over tuples of flat views."""
+    (parameter's, step's), each one numba call per chunk: the parameters' and state's
+    arrays by address (a table built here: numba unboxes no array object for them; the
+    plan holds the arrays, valid() checks they are still the ones), the gradients as
+    tuples of flat views."""
 
     def __init__(self, opt, arrays):
         self.opt = opt
@@ -339,13 +357,14 @@ class _AdamPlan:
             idx = [i for i, _, _ in ms]
             used = sorted({gi for _, gi, _ in ms})  # its groups: a row of constants each
             local = [used.index(gi) for _, gi, _ in ms]
-            pad, pad0 = np.empty(0, dt), np.zeros((), sdt)
-            flat = [_chunks([arrays[i].reshape(-1) for i in idx], pad)] + [
-                _chunks([entries[i][k].reshape(-1) for i in idx], pad) for k in (1, 2)]
+            pad = np.empty(0, dt)
+            table = np.array([[_address(arrays[i])] + [_address(x) for x in entries[i][1:]]
+                              + [arrays[i].size] for i in idx], np.int64).reshape(-1, 5)
             steps = [entries[i][3] for i in idx]
-            self.buckets.append((dt, sdt, idx, pad, list(zip(*flat, _chunks(steps, pad0))),
-                                 steps, [self.groups[gi] for gi in used], local,
-                                 np.array(local, np.int64)))
+            spans = [(at, min(CHUNK, len(idx) - at)) for at in range(0, len(idx), CHUNK)]
+            self.buckets.append((dt, sdt, idx, pad, table, spans, steps,
+                                 [self.groups[gi] for gi in used], local,
+                                 np.array(local, np.int64), np.empty(0, sdt)))
         self.whole = len(self.buckets) == 1  # one bucket, the call's order
         self.ok = True
 
@@ -377,7 +396,8 @@ class _AdamPlan:
         first, written to its out."""
         update = _kernels()["adam_params"]
         scale = outs is not None
-        for dt, sdt, idx, pad, chunks, steps, groups, local, rows in self.buckets:
+        for dt, sdt, idx, pad, addrs, spans, steps, groups, local, rows, slike in \
+                self.buckets:
             gs = grads if self.whole else [grads[i] for i in idx]
             os_ = (outs if self.whole else [outs[i] for i in idx]) if scale else gs
             # the counts after eager's ``step_t += 1`` (in the step's dtype): the kernel
@@ -393,10 +413,10 @@ class _AdamPlan:
             c = np.array([t[0] for t in table], dt)
             flags = np.array([t[1] for t in table], np.int8)
             f = coef if scale else np.ones((), dt)
-            for (at, k, ps), (_, _, ms), (_, _, vs), (_, _, st) in chunks:
+            for at, k in spans:
                 g8 = tuple(gs[at:at + CHUNK]) + (pad,) * (CHUNK - k)
                 o8 = tuple(os_[at:at + CHUNK]) + (pad,) * (CHUNK - k) if scale else g8
-                update(k, ps, g8, ms, vs, st, rows[at:at + CHUNK], c, flags, o8, f, scale)
+                update(k, at, addrs, g8, o8, rows, c, flags, f, scale, pad, slike)
         for p in self.params:
             p._version[0] += 1
 
