@@ -43,23 +43,19 @@ from llvmlite import ir
 
 ''' + kernels.PAIRWISE + '''
 
-@intrinsic
-def prod_block8(typingctx, a, b, o, n):
-    """numpy's pairwise block over (a * b)[o:o + n] of two flat C arrays (n a multiple of
-    8, >= 8): each product rounded, accumulator k holds the products k, k + 8, ... added in
-    order, the eight combined ((0+1)+(2+3))+((4+5)+(6+7)). The accumulators are the lanes of
-    256-bit vectors (8 float32, or 2 x 4 float64): the same IEEE operations as the scalar
-    sums (LLVM forms no FMA without fast-math flags), one vector add instead of eight."""
-    ok = all(isinstance(x, types.Array) and x.ndim == 1 and x.layout == "C" and
-             x.dtype in (types.float32, types.float64) for x in (a, b))
-    if not ok or a.dtype != b.dtype:
-        return None
-    sig = a.dtype(a, b, types.intp, types.intp)
-
+def _lanes(kind):
+    """The codegen of a reduction over x[o:o + n] (n a multiple of 8, >= 8) of flat C arrays
+    in numpy's pairwise-block order: accumulator k takes x[k], x[k + 8], ... in order, the
+    eight combined ((0+1)+(2+3))+((4+5)+(6+7)); the accumulators are the lanes of 256-bit
+    vectors (8 float32, or 2 x 4 float64): the same IEEE operations as eight scalar
+    accumulators (LLVM forms no FMA without fast-math flags), one vector operation instead
+    of eight. kind "sum": x = a; "prod": x = a * b (each product rounded); "max": the max of
+    a (``x > acc``, select: exact where a holds no NaN, a zero's sign aside)."""
     def codegen(context, builder, signature, args):
+        k_arrays = 1 if kind != "prod" else 2
         arrs = [context.make_array(t)(context, builder, v)
-                for t, v in zip(signature.args[:2], args[:2])]
-        o, n = args[2], args[3]
+                for t, v in zip(signature.args[:k_arrays], args[:k_arrays])]
+        o, n = args[k_arrays], args[k_arrays + 1]
         f32 = signature.args[0].dtype == types.float32
         fty = context.get_value_type(signature.args[0].dtype)
         size = 4 if f32 else 8
@@ -68,32 +64,68 @@ def prod_block8(typingctx, a, b, o, n):
         vty = ir.VectorType(fty, lanes)
         ptrs = [builder.bitcast(builder.gep(x.data, [o]), vty.as_pointer()) for x in arrs]
 
-        def prod(at):
-            va = builder.load(builder.gep(ptrs[0], [at]), align=size)
-            vb = builder.load(builder.gep(ptrs[1], [at]), align=size)
-            return builder.fmul(va, vb)
+        def load(at):
+            v = builder.load(builder.gep(ptrs[0], [at]), align=size)
+            if kind == "prod":
+                v = builder.fmul(v, builder.load(builder.gep(ptrs[1], [at]), align=size))
+            return v
+
+        def join(x, y):  # x the accumulator
+            if kind == "max":
+                return builder.select(builder.fcmp_ordered(">", y, x), y, x)
+            return builder.fadd(x, y)
 
         accs = []
         for q in range(parts):
             acc = cgutils.alloca_once(builder, vty)
-            builder.store(prod(ir.Constant(n.type, q)), acc)
+            builder.store(load(ir.Constant(n.type, q)), acc)
             accs.append(acc)
         nv = builder.sdiv(n, ir.Constant(n.type, lanes))
         step = ir.Constant(n.type, parts)
         with cgutils.for_range_slice(builder, step, nv, step) as (idx, _):
             for q, acc in enumerate(accs):
                 at = builder.add(idx, ir.Constant(n.type, q))
-                builder.store(builder.fadd(builder.load(acc), prod(at)), acc)
+                builder.store(join(builder.load(acc), load(at)), acc)
         e = []
         for acc in accs:
             v = builder.load(acc)
             e += [builder.extract_element(v, ir.Constant(ir.IntType(32), k))
                   for k in range(lanes)]
-        lo = builder.fadd(builder.fadd(e[0], e[1]), builder.fadd(e[2], e[3]))
-        hi = builder.fadd(builder.fadd(e[4], e[5]), builder.fadd(e[6], e[7]))
-        return builder.fadd(lo, hi)
+        lo = join(join(e[0], e[1]), join(e[2], e[3]))
+        hi = join(join(e[4], e[5]), join(e[6], e[7]))
+        return join(lo, hi)
 
-    return sig, codegen
+    return codegen
+
+
+def _flat(*xs):
+    return all(isinstance(x, types.Array) and x.ndim == 1 and x.layout == "C" and
+               x.dtype in (types.float32, types.float64) for x in xs) and \
+        len({x.dtype for x in xs}) == 1
+
+
+@intrinsic
+def prod_block8(typingctx, a, b, o, n):
+    """numpy's pairwise block over (a * b)[o:o + n] (_lanes)."""
+    if not _flat(a, b):
+        return None
+    return a.dtype(a, b, types.intp, types.intp), _lanes("prod")
+
+
+@intrinsic
+def sum_block8(typingctx, a, o, n):
+    """numpy's pairwise block over a[o:o + n] (_lanes)."""
+    if not _flat(a):
+        return None
+    return a.dtype(a, types.intp, types.intp), _lanes("sum")
+
+
+@intrinsic
+def max_block8(typingctx, a, o, n):
+    """The max of a[o:o + n], NaN-free (_lanes)."""
+    if not _flat(a):
+        return None
+    return a.dtype(a, types.intp, types.intp), _lanes("max")
 
 
 @njit(error_model="numpy", cache=True)
@@ -120,18 +152,18 @@ def softmax_backward_flat(gp, p, out, tmp, C):
             out[ou + j] = p[ou + j] * (gp[ou + j] - sm)
 
 @njit(error_model="numpy", cache=True)
-def attention_scores(s4, si4, b2, scale, has_bias, c, start, lens, hi, key, val):
+def attention_scores(s4, b2, scale, has_bias, c, start, lens, hi):
     """Row r of the (B, H, T, S) products s4 seen as (R, S) rows s (r = ((b h) t)), in blocks
     of T rows: t = s[r] * scale (+ b2[r % T], b2 (T, S)) in place, less the row's max (NaN
     when the row holds one), into c from n on, where n then advances by the row's span:
     hi[r % T] when the max is finite (past it t is -inf - max = -inf, exp 0), else S. c
     holds S more than the spans; hi gets 1 + the last j where b2[i, j] is not -inf (S
-    without a bias). si4: s4's bits as integers; key / val: one integer / the same memory as
-    a float. Returns n."""
+    without a bias). The max: max_block8 (exact: the max of numbers is one of them; numpy's
+    may be a zero of the other sign, which no exp sees: t - (+-0) differs only for
+    t = +-0, exp 1 either way). Returns n."""
     B, H, T, S = s4.shape
     R = B * H * T
     s = s4.reshape(R, S)
-    si = si4.reshape(R, S)
     ninf = s.dtype.type(-np.inf)
     for i in range(T):
         h = S
@@ -147,8 +179,7 @@ def attention_scores(s4, si4, b2, scale, has_bias, c, start, lens, hi, key, val)
     sf = s.reshape(R * S)
     bf = b2.reshape(b2.size)
     n = np.uint64(0)
-    mask = (1 << (si.itemsize * 8 - 1)) - 1  # 0x7f..f of the float's width, in int64
-    kmin = -mask - 1  # below every key
+    e = S - S % 8
     for blk in range(R // T):
         # one loop over the block's T rows (a loop per row of 32 costs its setup each time)
         o = np.uint64(blk) * TS
@@ -172,19 +203,15 @@ def attention_scores(s4, si4, b2, scale, has_bias, c, start, lens, hi, key, val)
             if nan:
                 m = s.dtype.type(np.nan)
             else:
-                # the max as integers (an integer max reduction vectorises; a float one
-                # needs fast-math): x ^ ((x >> 63) & 0x7f..f) orders the floats' bit
-                # patterns as their values (-0.0 below +0.0; NaNs are flagged above).
-                # Exact: the max of numbers is one of them; numpy's may be a zero of the
-                # other sign, which no exp sees (t - (+-0) differs only for t = +-0:
-                # exp 1 either way)
-                k = kmin
-                for j in range(S):
-                    x = np.int64(si[r, j])  # (sign-extended: the order of the key holds)
-                    x = x ^ ((x >> 63) & mask)
-                    k = x if x > k else k
-                key[0] = k ^ ((k >> 63) & mask)
-                m = val[0]
+                if e:
+                    m = max_block8(sf, r * S, e)
+                    j0 = e
+                else:
+                    m = s[r, 0]
+                    j0 = 1
+                for j in range(j0, S):
+                    v = s[r, j]
+                    m = v if v > m else m
             h = np.uint64(hi[i]) if m - m == zero else SU
             start[r] = n
             lens[r] = h
@@ -197,62 +224,32 @@ def attention_scores(s4, si4, b2, scale, has_bias, c, start, lens, hi, key, val)
 @njit(error_model="numpy", cache=True)
 def attention_norm(s4, c, start, lens):
     """Row r of s4 seen as (R, S) rows s: s[r] = e / sum(e) with e = c's span of row r,
-    then zeros (exp(-inf)); the sum numpy's pairwise one over the whole row (its 8 running
-    sums over strides of 8, zeros included: adding +0.0 to these sums of exps changes
-    nothing)."""
+    then zeros (exp(-inf)); the sum numpy's pairwise one over the whole row (sum_block8 and
+    the rest in order for 8 <= S <= 128)."""
     S = s4.shape[-1]
     R = s4.size // S
     s = s4.reshape(R, S)
+    sf = s4.reshape(R * S)
     SU = np.uint64(S)
     zero = s.dtype.type(0)
+    e = S - S % 8 if 8 <= S <= 128 else 0
     for r in range(R):
         n0 = start[r]
         h = lens[r]
-        if S < 8:
-            tot = zero
-            for j in range(h):
-                tot += c[n0 + j]
-        else:
-            r0, r1, r2, r3 = c[n0], c[n0 + 1], c[n0 + 2], c[n0 + 3]
-            r4, r5, r6, r7 = c[n0 + 4], c[n0 + 5], c[n0 + 6], c[n0 + 7]
-            if h < 8:  # past the span: zeros (c holds the next row there)
-                r1 = r1 if h > 1 else zero
-                r2 = r2 if h > 2 else zero
-                r3 = r3 if h > 3 else zero
-                r4 = r4 if h > 4 else zero
-                r5 = r5 if h > 5 else zero
-                r6 = r6 if h > 6 else zero
-                r7 = r7 if h > 7 else zero
-            i = np.uint64(8)
-            end = SU - SU % np.uint64(8)
-            while i < end and i < h:
-                if i + np.uint64(8) <= h:
-                    r0 += c[n0 + i]
-                    r1 += c[n0 + i + 1]
-                    r2 += c[n0 + i + 2]
-                    r3 += c[n0 + i + 3]
-                    r4 += c[n0 + i + 4]
-                    r5 += c[n0 + i + 5]
-                    r6 += c[n0 + i + 6]
-                    r7 += c[n0 + i + 7]
-                else:
-                    k = h - i  # 1..7 of these 8 are in the span
-                    r0 += c[n0 + i]
-                    r1 += c[n0 + i + 1] if k > 1 else zero
-                    r2 += c[n0 + i + 2] if k > 2 else zero
-                    r3 += c[n0 + i + 3] if k > 3 else zero
-                    r4 += c[n0 + i + 4] if k > 4 else zero
-                    r5 += c[n0 + i + 5] if k > 5 else zero
-                    r6 += c[n0 + i + 6] if k > 6 else zero
-                    r7 += c[n0 + i + 7] if k > 7 else zero
-                i += np.uint64(8)
-            tot = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
-            while i < h:
-                tot += c[n0 + i]
-                i += np.uint64(1)
         for j in range(SU):
-            e = c[n0 + j] if j < h else zero
-            s[r, j] = e / tot
+            s[r, j] = c[n0 + j] if j < h else zero
+        if e:
+            tot = sum_block8(sf, r * S, e)
+            for j in range(e, S):
+                tot += s[r, j]
+        elif S < 8:
+            tot = zero
+            for j in range(S):
+                tot += s[r, j]
+        else:
+            tot = pairwise_sum(s[r], 0, S)
+        for j in range(SU):
+            s[r, j] = s[r, j] / tot
 
 
 @njit(error_model="numpy", cache=True)
@@ -335,7 +332,6 @@ def attention_forward(node, probs):
     K = _kernels()
     scores, norm = K["attention_scores"], K["attention_norm"]
     sc = dt.type(scale)
-    it = np.dtype(np.int32) if dt == np.float32 else np.dtype(np.int64)
     none2 = np.zeros((1, 1), dt)
     work = T * E * S  # blas.matmul's per-product work: below its switch, plain np.matmul
     direct = blas.LIBRARY is None or not blas.OPENBLAS_SERIAL_WORK < work < blas.SERIAL_WORK
@@ -345,8 +341,6 @@ def attention_forward(node, probs):
     c = np.empty(B * H * T * S + S, dt)
     start, lens, hi = (np.empty(n, t) for n, t in ((B * H * T, np.uint64),
                                                   (B * H * T, np.uint64), (T, np.int64)))
-    key = np.empty(1, it)
-    val = key.view(dt)
 
     def probabilities(q, k, bias):
         s = matmul(q, np.swapaxes(k, -1, -2))  # eager's products (its BLAS calls)
@@ -356,7 +350,7 @@ def attention_forward(node, probs):
             b2 = bias
         else:
             b2 = np.ascontiguousarray(np.broadcast_to(bias.reshape(two), (T, S)))
-        n = scores(s, s.view(it), b2, sc, bias is not None, c, start, lens, hi, key, val)
+        n = scores(s, b2, sc, bias is not None, c, start, lens, hi)
         live = c[:n]
         np.exp(live, out=live)  # numpy's own exp (SIMD), as eager's softmax
         norm(s, c, start, lens)
