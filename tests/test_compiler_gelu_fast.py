@@ -83,9 +83,9 @@ def test_short_fit_forward_is_eager_on_the_float32_range(_numba):
     rng.shuffle(x)  # short and wide lanes in the same blocks
     x[-7:] = EDGE[:7]
     with np.errstate(all="ignore"):
-        out, w = _forward_kernel(x.shape)(x)
-        ref_out, ref_w = kernels_gelu.gelu_with_cdf(x)
-    assert _same(out, ref_out) and _same(w, ref_w)
+        out, w, pa = _forward_kernel(x.shape)(x)
+        ref_out, ref_w, ref_pa = kernels_gelu.gelu_with_cdf(x)
+    assert _same(out, ref_out) and _same(w, ref_w) and _same(pa, ref_pa)
     old = _one_fit_kernel()
     o2, w2 = np.empty_like(x), np.empty_like(x)
     old(x, o2, w2)
@@ -106,9 +106,9 @@ def test_forward_is_eager_where_erf32_was_not(_numba):
     """At the 19 inputs where erf32's float32 rounding made the previous kernel's GELU differ
     from eager's (short-fit lanes and gathered ones), the kernel's is eager's."""
     x = np.concatenate([ERF32_MISSES, np.zeros(13, np.float32)])  # blocks: one flagged
-    out, w = _forward_kernel(x.shape)(x)
-    ref_out, ref_w = kernels_gelu.gelu_with_cdf(x)
-    assert _same(out, ref_out) and _same(w, ref_w)
+    out, w, pa = _forward_kernel(x.shape)(x)
+    ref_out, ref_w, ref_pa = kernels_gelu.gelu_with_cdf(x)
+    assert _same(out, ref_out) and _same(w, ref_w) and _same(pa, ref_pa)
     old = _one_fit_kernel()
     o2, w2 = np.empty_like(x), np.empty_like(x)
     old(x, o2, w2)
@@ -131,9 +131,9 @@ def test_short_fit_forward_any_layout(_numba):
     for x in ((rng.standard_normal((40, 24)) * 2).astype(np.float32).T,
               (rng.standard_normal((3, 5, 7)) * 2).astype(np.float32),
               np.array([2.9, -0.3, 5.0], np.float32), np.zeros((0, 4), np.float32)):
-        out, w = _forward_kernel(x.shape)(x)
-        ref_out, ref_w = kernels_gelu.gelu_with_cdf(x)
-        assert _same(out, ref_out) and _same(w, ref_w)
+        out, w, pa = _forward_kernel(x.shape)(x)
+        ref_out, ref_w, ref_pa = kernels_gelu.gelu_with_cdf(x)
+        assert _same(out, ref_out) and _same(w, ref_w) and _same(pa, ref_pa)
 
 
 def test_short_fit_erf_against_eager(_numba):
@@ -153,7 +153,7 @@ def test_short_fit_erf_against_eager(_numba):
         assert np.all(np.abs(got.view(np.int32) - ref.view(np.int32)) == 1)
         assert _same(np.float32(1) + got, np.float32(1) + ref)
         x = v / np.float32(kernels_gelu._SQRT1_2)  # GELU inputs near these u
-        out, w = _forward_kernel(x.shape)(x)
+        out, w, pa = _forward_kernel(x.shape)(x)
         assert _same(out, kernels_gelu.gelu_with_cdf(x)[0])
 
 

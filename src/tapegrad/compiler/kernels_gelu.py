@@ -34,16 +34,18 @@ def _erf(x):
 
 
 def gelu_with_cdf(x):
-    """``(gelu(x), 1 + erf(x / sqrt 2))`` as eager's ``ops.nn.gelu`` computes them."""
+    """``(gelu(x), 1 + erf(x / sqrt 2), -0.5 * x * x)`` as eager's ``ops.nn.gelu`` computes
+    the first two and ``gelu_backward`` the argument of its ``exp``."""
     w = 1 + _erf(x * _SQRT1_2)
-    return (x * 0.5 * w).astype(x.dtype, copy=False), w.astype(x.dtype, copy=False)
+    return ((x * 0.5 * w).astype(x.dtype, copy=False), w.astype(x.dtype, copy=False),
+            (-0.5 * x * x).astype(x.dtype, copy=False))
 
 
-def gelu_backward_from_cdf(g, x, w):
-    """``gelu_backward(g, x)`` given ``w = 1 + erf(x / sqrt 2)`` (eager's ``ops.nn``
-    expression, operation for operation)."""
+def gelu_backward_from_cdf(g, x, w, a):
+    """``gelu_backward(g, x)`` given ``w = 1 + erf(x / sqrt 2)`` and ``a = -0.5 * x * x``
+    (eager's ``ops.nn`` expression, operation for operation)."""
     cdf = 0.5 * w
-    pdf = np.exp(-0.5 * x * x) * _INV_SQRT_2PI
+    pdf = np.exp(a) * _INV_SQRT_2PI
     return (g * (cdf + x * pdf)).astype(g.dtype, copy=False)
 
 
@@ -51,8 +53,8 @@ def _backward_with_sums(sums):
     """The numpy body of a ``gelu_backward_from_cdf`` that also returns the column sums of
     its result (``sums``: the traced ``sum(., dims=(0,))`` nodes it replaces, run as they
     were on the result or its ``(rows, C)`` reshape)."""
-    def gelu_backward_from_cdf(g, x, w):
-        out = _gelu_backward_from_cdf(g, x, w)
+    def gelu_backward_from_cdf(g, x, w, a):
+        out = _gelu_backward_from_cdf(g, x, w, a)
         return (out,) + tuple(call_node(m, [out.reshape(m.inputs[0].shape)])[0]
                               for m in sums)
 
@@ -89,11 +91,12 @@ def share_gelu_erf(graph):
         if not rules:
             continue
         w = graph.new_value(x.shape, x.dtype, f"{f.outputs[0].name}_cdf")
-        replace[id(f)] = Node(None, "gelu_with_cdf", [x], {}, [f.outputs[0], w],
+        a = graph.new_value(x.shape, x.dtype, f"{f.outputs[0].name}_pdfarg")
+        replace[id(f)] = Node(None, "gelu_with_cdf", [x], {}, [f.outputs[0], w, a],
                               impl=gelu_with_cdf)
         for b in rules:
             sums = [m for m, _ in passes.column_sums(graph, b.outputs[0])]
-            replace[id(b)] = Node(None, "gelu_backward_from_cdf", [b.inputs[0], x, w], {},
+            replace[id(b)] = Node(None, "gelu_backward_from_cdf", [b.inputs[0], x, w, a], {},
                                   list(b.outputs) + [m.outputs[0] for m in sums],
                                   impl=_backward_with_sums(sums) if sums
                                   else gelu_backward_from_cdf)
@@ -157,7 +160,8 @@ def _forward32():
             "s = u * u",
             "wi = np.float32(1.0) + np.float32(erf32_short(u))",
             "w[j] = wi",
-            "out[j] = (xi * np.float32(0.5)) * wi"]
+            "out[j] = (xi * np.float32(0.5)) * wi",
+            "pa[j] = (np.float32(-0.5) * xi) * xi"]
     gather = [f"u = np.float64(x[j] * np.float32({_SQRT1_2!r}))",
               "a = abs(u)",
               f"c = a if a <= {CLAMP!r} else {CLAMP!r}",
@@ -165,7 +169,7 @@ def _forward32():
               "ub[m] = u",
               "arg[m] = (-c) * c",
               f"m += np.int64(u * u > {ERF32_SHORT_BOUND!r})"]
-    return _src(["def gelu_with_cdf_float32(x, out, w, ub, arg, idx):",
+    return _src(["def gelu_with_cdf_float32(x, out, w, pa, ub, arg, idx):",
                  "    n = x.size",
                  "    m = np.int64(0)",
                  f"    for b in range(0, n - n % {b}, {b}):",
@@ -255,7 +259,7 @@ _GATHER64 = _src([
 def _finish64():
     c = CEPHES
     return _src([
-        "def gelu_cdf_finish_float64(x, out, w, ub, e, idx, m):",
+        "def gelu_cdf_finish_float64(x, out, w, pa, ub, e, idx, m):",
         "    for i in range(x.size):",
         "        xi = x[i]",
         f"        u = xi * {_SQRT1_2!r}",
@@ -263,6 +267,7 @@ def _finish64():
         f"        wi = 1.0 + u * {_polevl('z', c['T'])} / {_polevl('z', c['U'], True)}",
         "        w[i] = wi",
         "        out[i] = (xi * 0.5) * wi",
+        "        pa[i] = (-0.5 * xi) * xi",
         "    for k in range(m):",
         "        u = ub[k]",
         "        a = abs(u)",
@@ -277,14 +282,11 @@ def _finish64():
 
 
 def _backward(dtype):
-    """``g * (0.5 w + x pdf)``; first the argument of pdf's exp, ``(-0.5 x) x``; the
-    final pass without and with the result's column sums."""
+    """``g * (0.5 w + x pdf)``, ``pdf``'s exp numpy's of the forward's ``-0.5 x x``; without
+    and with the result's column sums."""
     t = f"np.{np.dtype(dtype).name}"
     value = f"g[i] * (({t}(0.5) * w[i]) + (x[i] * (p[i] * {t}({_INV_SQRT_2PI!r}))))"
-    return (_src([f"def gelu_pdf_argument_{t[3:]}(x, out):",
-                  "    for i in range(x.size):",
-                  f"        out[i] = ({t}(-0.5) * x[i]) * x[i]"]),
-            _src([f"def gelu_backward_from_cdf_{t[3:]}(g, x, w, p, out):",
+    return (_src([f"def gelu_backward_from_cdf_{t[3:]}(g, x, w, p, out):",
                   "    for i in range(x.size):",
                   f"        out[i] = {value}"]),
             # with the column sums of the (R, C) result: each row added in order into 0.0
@@ -318,36 +320,36 @@ def gelu_with_cdf_factory(node):
         finish32 = kernels.load("gelu_cdf_finish_float32", _finish32())
 
         def gelu_with_cdf_kernel(xa):
-            out, w = np.empty(xa.shape, dt), np.empty(xa.shape, dt)
+            out, w, pa = (np.empty(xa.shape, dt) for _ in range(3))
             xf, of, wf = _flat(xa), out.reshape(-1), w.reshape(-1)
-            m = fn(xf, of, wf, ub, arg, idx)
+            m = fn(xf, of, wf, pa.reshape(-1), ub, arg, idx)
             if m:  # |u| > 2: eager's second formula, numpy's exp
                 finish32(xf, of, wf, ub, np.exp(arg[:m], out=arg[:m]), idx, m)
-            return out, w
+            return out, w, pa
 
         return gelu_with_cdf_kernel
     gather = kernels.load("gelu_cdf_gather_float64", _GATHER64)
     finish = kernels.load("gelu_cdf_finish_float64", _finish64())
 
     def gelu_with_cdf_kernel(xa):
-        out, w = np.empty(xa.shape, dt), np.empty(xa.shape, dt)
+        out, w, pa = (np.empty(xa.shape, dt) for _ in range(3))
         xf = _flat(xa)
         m = gather(xf, ub, arg, idx)
         e = np.exp(arg[:m], out=arg[:m])  # numpy's exp, as eager's erf64
-        finish(xf, out.reshape(-1), w.reshape(-1), ub, e, idx, m)
-        return out, w
+        finish(xf, out.reshape(-1), w.reshape(-1), pa.reshape(-1), ub, e, idx, m)
+        return out, w, pa
 
     return gelu_with_cdf_kernel
 
 
 @op_kernels.register("gelu_backward_from_cdf")
 def gelu_backward_from_cdf_factory(node):
-    g, x, w = node.inputs
-    if not (g.dtype == x.dtype == w.dtype) or not (g.shape == x.shape == w.shape):
+    g, x, w, a = node.inputs
+    if not (g.dtype == x.dtype == w.dtype == a.dtype) or \
+            not (g.shape == x.shape == w.shape == a.shape):
         return None
     dt = np.dtype(x.dtype)
-    arg_src, src, sums_src = _backward(dt)
-    argument = kernels.load(f"gelu_pdf_argument_{dt.name}", arg_src)
+    src, sums_src = _backward(dt)
     p = np.empty(int(np.prod(x.shape)), dt)  # exp(-0.5 x x): numpy's exp, as eager
     n_sums = len(node.outputs) - 1
     if n_sums:  # the column sums of the result (share_gelu_erf): (R, C) rows in order
@@ -355,21 +357,18 @@ def gelu_backward_from_cdf_factory(node):
         C = x.shape[-1]
         R = p.size // C if C else 0
 
-        def gelu_backward_from_cdf_kernel(ga, xa, wa):
+        def gelu_backward_from_cdf_kernel(ga, xa, wa, aa):
             out, red = np.empty(xa.shape, dt), np.empty(C, dt)
-            xf = _flat(xa)
-            argument(xf, p)
-            fn(_flat(ga), xf, _flat(wa), np.exp(p, out=p), out.reshape(-1), red, R, C)
+            fn(_flat(ga), _flat(xa), _flat(wa), np.exp(_flat(aa), out=p), out.reshape(-1),
+               red, R, C)
             return (out, red) + tuple(red.copy() for _ in range(n_sums - 1))
 
         return gelu_backward_from_cdf_kernel
     fn = kernels.load(f"gelu_backward_from_cdf_{dt.name}", src)
 
-    def gelu_backward_from_cdf_kernel(ga, xa, wa):
+    def gelu_backward_from_cdf_kernel(ga, xa, wa, aa):
         out = np.empty(xa.shape, dt)
-        xf = _flat(xa)
-        argument(xf, p)
-        fn(_flat(ga), xf, _flat(wa), np.exp(p, out=p), out.reshape(-1))
+        fn(_flat(ga), _flat(xa), _flat(wa), np.exp(_flat(aa), out=p), out.reshape(-1))
         return out
 
     return gelu_backward_from_cdf_kernel
