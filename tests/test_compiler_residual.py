@@ -134,15 +134,24 @@ def test_residual_layer_norm_backward_kernel_is_eager_bitwise(dtype, shape, mode
 
 
 # --- the passes on a compiled residual stack ------------------------------------------------
-def _stack(dtype, seed=0):
+def _stack(dtype, seed=0, embed=False):
     """Embedding + broadcast position rows, three LayerNorms each read from a residual sum,
     linears between them (GPT's residual stream): the gradient's adds, the linears' bias
-    sums and the position embedding's sum_to."""
+    sums and the position embedding's sum_to. ``embed``: the rows are token and position
+    embeddings (nn.Embedding, the GPT's): their tables' gradients are scattered from the
+    last LayerNorm gradient (repeated tokens: rows added in order)."""
     rng = np.random.default_rng(seed)
     B, T, C = 3, 5, 12
     tapegrad.manual_seed(seed)
     x = tapegrad.tensor(rng.standard_normal((B, T, C)).astype(dtype), requires_grad=True)
     pos = tapegrad.tensor(rng.standard_normal((T, C)).astype(dtype), requires_grad=True)
+    if embed:
+        tok_emb, pos_emb = tapegrad.nn.Embedding(7, C), tapegrad.nn.Embedding(T, C)
+        for m in (tok_emb, pos_emb):
+            m.to(getattr(tapegrad, np.dtype(dtype).name))
+        x, pos = tok_emb.weight, pos_emb.weight
+        tokens = tapegrad.tensor(rng.integers(0, 7, (B, T)))  # an argument (a captured
+        # integer tensor would be frozen into the graph: a graph break)
     lns = [tapegrad.nn.LayerNorm(C) for _ in range(3)]
     lins = [tapegrad.nn.Linear(C, C) for _ in range(3)]
     for m in lns + lins:
@@ -153,31 +162,35 @@ def _stack(dtype, seed=0):
     wout = tapegrad.tensor(rng.standard_normal((B, T, C)).astype(dtype))
     params = [x, pos] + [p for m in lns + lins for p in m.parameters()]
 
-    def step():
+    def step(*tok):
         for p in params:
             p.grad = None
-        h = x + pos
+        if embed:
+            h = tok_emb(tok[0]) + pos_emb(tapegrad.arange(T))
+        else:
+            h = x + pos
         h = h + lins[0](lns[0](h))
         h = h + lins[1](lns[1](h))
         loss = (lins[2](lns[2](h)) * wout).sum()
         loss.backward()
         return loss
 
-    return step, params
+    return step, params, ((tokens,) if embed else ())
 
 
 @pytest.mark.parametrize("backend", ["numpy", "numba"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_compiled_residual_stack_is_eager_bitwise(monkeypatch, backend, dtype):
+@pytest.mark.parametrize("embed", [False, True])
+def test_compiled_residual_stack_is_eager_bitwise(monkeypatch, backend, dtype, embed):
     monkeypatch.setenv("TAPEGRAD_COMPILE_KERNELS", backend)
-    step, params = _stack(dtype)
+    step, params, args = _stack(dtype, embed=embed)
     eager = []
     for _ in range(2):
-        loss = step()
+        loss = step(*args)
         eager.append([loss.detach().numpy().copy()] + [p.grad.numpy().copy() for p in params])
     comp = tapegrad.compile(step)
     for i in range(2):
-        loss = comp()
+        loss = comp(*args)
         got = [loss.detach().numpy()] + [p.grad.numpy() for p in params]
         for a, b in zip(got, eager[i]):
             assert a.dtype == b.dtype
@@ -193,6 +206,35 @@ def test_compiled_residual_stack_is_eager_bitwise(monkeypatch, backend, dtype):
     assert not [ln for ln in lines if "= add(" in ln or "sum_to(" in ln]
     assert len([ln for ln in lines if "= sum(" in ln]) == 1
     assert ("residual_layer_norm_kernel" in body) == (backend == "numba")
+    # the two tables' scatters come out of the last LayerNorm gradient's node
+    assert not [ln for ln in lines if "embedding_backward" in ln]
+    assert ("a00" in backward[-1]) == embed
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_embedding_scatter_out_of_range_raises_eagers_error(dtype):
+    """An index outside [-W, W): the kernel leaves the table to eager's op, which raises."""
+    C, shape = 4, (2, 3, 4)
+    g, x, w = _data(shape, dtype, 1), _data(shape, dtype, 2), _data((C,), dtype, 3)
+    ln = _ln_backward_node(g, x, w, True)
+    idx = np.array([[0, 1, 2], [5, 0, -6]])
+    emb = Node(REGISTRY["embedding_backward"], "embedding_backward",
+               [_v("m", shape, dtype), _v("idx", idx.shape, idx.dtype)],
+               {"num_weights": 5, "padding_idx": None, "scale": None},
+               [_v("t", (5, C), dtype)])
+    node = Node(None, "residual_layer_norm_backward", ln.inputs + [emb.inputs[1]],
+                dict(ln.params, residual=0), ln.outputs + emb.outputs,
+                meta={"with_gb": True, "sums": [], "sum_to": [], "embeddings": [(emb, 0)]})
+    fn = KR.residual_layer_norm_backward_factory(node)
+    with pytest.raises(IndexError):
+        N.embedding_backward.forward(g, idx, 5)
+    with pytest.raises(IndexError):
+        fn(g, x, w, idx, **node.params)
+    idx[1] = [4, 0, -5]  # in range (-5 wraps, as numpy's add.at); row 0 twice
+    got = fn(g, x, w, idx, **node.params)
+    want = N.embedding_backward.forward(N._norm_rule(g, None, x, w, w, axes=(2,), eps=1e-5,
+                                                     param_shape=(C,))[0], idx, 5)
+    np.testing.assert_array_equal(_bits(got[-1]), _bits(want))
 
 
 def test_residual_layer_norm_pass_leaves_other_adds():

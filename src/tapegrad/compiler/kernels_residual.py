@@ -40,7 +40,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 from llvmlite import ir
 
-# kernels_residual v6
+# kernels_residual v7
 
 
 @intrinsic
@@ -158,6 +158,25 @@ def colsums(acc, a, b, t0, T, prod):
         else:
             for j in range(C):
                 acc[j] += r[j]
+
+
+@njit(error_model="numpy", cache=True)
+def scatter_rows(g, idx, out):
+    """out[idx[i]] += g[i] for i in order (np.add.at's order) into a zeroed table; False
+    (and nothing written) if an index lies outside [-W, W)."""
+    W = out.shape[0]
+    for i in range(idx.shape[0]):
+        if idx[i] < -W or idx[i] >= W:
+            return False
+    for i in range(g.shape[0]):
+        r = idx[i]
+        if r < 0:
+            r += W
+        o = out[r]
+        gi = g[i]
+        for j in range(g.shape[1]):
+            o[j] += gi[j]
+    return True
 
 
 @njit(error_model="numpy", cache=True, inline="always")
@@ -327,6 +346,7 @@ def _kernels():
         for name in ("residual_ln_rows", "ln_backward_rows"):
             for kind in ("short", "long"):
                 _K[name, kind] = getattr(mod, f"{name}_{kind}")
+        _K["scatter_rows"] = mod.scatter_rows
     return _K
 
 
@@ -526,18 +546,35 @@ def _sum_to_leading(n, value):
         n.outputs[0].dtype == value.dtype
 
 
-def _ln_backward_residual_impl(ln, add, sums, tos):
-    def residual_layer_norm_backward(g, x, w, *res, **params):
+def _ln_backward_residual_impl(ln, add, sums, tos, embs):
+    def residual_layer_norm_backward(g, x, w, *rest, **params):
         outs = call_node(ln, [g, x, w])
         main = outs[0]
+        res, idxs = rest[:len(rest) - len(embs)], rest[len(rest) - len(embs):]
         if add is not None:
             (main,) = call_node(add, [res[0], main] if params["residual"] == 1
                                 else [main, res[0]])
         extra = [call_node(m, [main.reshape(m.inputs[0].shape)])[0] for m in sums]
-        extra += [call_node(m, [main])[0] for m in tos]
-        return (main,) + tuple(outs[1:]) + tuple(extra)
+        lead = [call_node(m, [main])[0] for m in tos]
+        srcs = [main] + lead
+        tables = [call_node(n, [srcs[k], i])[0] for (n, k), i in zip(embs, idxs)]
+        return (main,) + tuple(outs[1:]) + tuple(extra) + tuple(lead) + tuple(tables)
 
     return residual_layer_norm_backward
+
+
+def _embedding_grad(n, v):
+    """``embedding_backward(v, idx, num_weights)`` (no scale): its table can be scattered
+    from ``v``'s rows by the kernel that writes them."""
+    if not _is_op(n, "embedding_backward") or len(n.inputs) != 2 or n.inputs[0] is not v:
+        return False
+    idx = n.inputs[1]
+    p = n.params
+    W, pad = p.get("num_weights"), p.get("padding_idx")
+    return isinstance(idx, Value) and idx.dtype.kind in "iu" and p.get("scale") is None and \
+        type(W) is int and (pad is None or type(pad) is int) and len(v.shape) >= 2 and \
+        int(np.prod(idx.shape, dtype=np.int64)) == _rows(v.shape) and \
+        tuple(n.outputs[0].shape) == (W, v.shape[-1]) and n.outputs[0].dtype == v.dtype
 
 
 def fuse_residual_backward(graph):
@@ -582,20 +619,27 @@ def fuse_residual_backward(graph):
             if view is not None:
                 views.append(view)
         tos = [n for n in uses.get(id(main), ()) if _sum_to_leading(n, main)
-               and id(n) not in drop and pos[id(n)] > pos[id(at)]]
+               and id(n) not in drop and pos[id(n)] > pos[id(at)]][:1]
+        embs = [(n, k) for k, v in enumerate([main] + [t.outputs[0] for t in tos])
+                for n in uses.get(id(v), ()) if _embedding_grad(n, v) and id(n) not in drop
+                and pos[id(n)] > pos[id(at)] and (
+                    n.inputs[1].producer is None or id(n.inputs[1].producer) not in pos
+                    or pos[id(n.inputs[1].producer)] < pos[id(at)])]
         params = dict(ln.params)
         params["residual"] = mode
         outs = [main] + list(ln.outputs[1:]) + [s.outputs[0] for s in sums] + \
-            [t.outputs[0] for t in tos]
-        fused = Node(None, "residual_layer_norm_backward", [g, x, w] + res, params, outs,
-                     impl=_ln_backward_residual_impl(ln, add, sums, tos),
+            [t.outputs[0] for t in tos] + [n.outputs[0] for n, _ in embs]
+        fused = Node(None, "residual_layer_norm_backward",
+                     [g, x, w] + res + [n.inputs[1] for n, _ in embs], params, outs,
+                     impl=_ln_backward_residual_impl(ln, add, sums, tos, embs),
                      meta={"layer_norm_backward": ln, "add": add, "sums": sums, "sum_to": tos,
-                           "with_gb": len(ln.outputs) == 3})
+                           "embeddings": embs, "with_gb": len(ln.outputs) == 3})
         replace[id(at)] = fused
         if add is not None:
             drop.add(id(ln))
         drop.update(id(s) for s in sums)
         drop.update(id(t) for t in tos)
+        drop.update(id(n) for n, _ in embs)
         for view in views:  # a (rows, C) view read by nothing but the absorbed sums
             if all(id(u) in drop for u in uses.get(id(view.outputs[0]), ())):
                 drop.add(id(view))
@@ -606,10 +650,12 @@ def fuse_residual_backward(graph):
 def residual_layer_norm_backward_factory(node):
     """The fused LayerNorm gradient with the residual add and the sums of its result."""
     g, x, w = node.inputs[:3]
-    dt = _floats(*node.inputs)
+    meta = node.meta or {}
+    embs = meta.get("embeddings", ())
+    floats = node.inputs[:len(node.inputs) - len(embs)]
+    dt = _floats(*floats)
     if dt is None or x.shape[-1] == 1 or any(d == 0 for d in x.shape):
         return None  # (C == 1: numpy's sum_to then reduces a contiguous run: pairwise)
-    meta = node.meta or {}
     with_gb = meta.get("with_gb", len(node.outputs) >= 3)
     n_cs = len(meta.get("sums", ()))
     tos = meta.get("sum_to", ())
@@ -632,15 +678,34 @@ def residual_layer_norm_backward_factory(node):
     nacc = 2 + n_cs
     flat = (R, C)
     prows = (P, C)
+    n_res = 1 if mode else 0
+    # the embedding tables scattered from the result (k = 0) or its leading sums (k = 1)
+    plan = [(k, n.params["num_weights"], n.params.get("padding_idx")) for n, k in embs]
+    scatter = _kernels()["scatter_rows"]
+    from tapegrad.ops import nn as nn_ops
 
-    def residual_layer_norm_backward_kernel(g, x, w, *res, axes, eps, residual):
+    eager_table = nn_ops.embedding_backward.forward
+
+    def residual_layer_norm_backward_kernel(g, x, w, *rest, axes, eps, residual):
         out = recycle(boxes[0], flat, dt)  # last call's arrays when nothing holds them
         acc = recycle(boxes[1], (nacc, C), dt)  # gw, gb and the column sums: one array
         pos = recycle(boxes[2], prows, dt) if P else e2
         fn(g.reshape(flat), x.reshape(flat), w, dt.type(eps),
-           res[0].reshape(flat) if mode else e2, mode, out, acc, n_cs, pos, P, sc, st)
+           rest[0].reshape(flat) if n_res else e2, mode, out, acc, n_cs, pos, P, sc, st)
         main = out.reshape(shape)
         sums = tuple(acc[2:]) + ((pos.reshape(pshape),) if P else ())
-        return ((main, acc[0], acc[1]) if with_gb else (main, acc[0])) + sums
+        outs = ((main, acc[0], acc[1]) if with_gb else (main, acc[0])) + sums
+        if not plan:
+            return outs
+        tables = []
+        for (k, W, pad), idx in zip(plan, rest[n_res:]):
+            src = pos if k else out
+            t = np.zeros((W, C), dt)
+            if not scatter(src, idx.reshape(-1), t):
+                t = eager_table(src, idx, W, padding_idx=pad)  # eager's IndexError
+            if pad is not None:
+                t[pad] = 0
+            tables.append(t)
+        return outs + tuple(tables)
 
     return residual_layer_norm_backward_kernel
