@@ -79,7 +79,7 @@ def _kernels():
         import sys
 
         mod = sys.modules[kernels.load("adam_params", SOURCE).py_func.__module__]
-        for name in ("adam_params", "clip_norms", "clip_coef", "clip_scale"):
+        for name in ("adam_params", "step_count", "clip_norms", "clip_coef", "clip_scale"):
             _K[name] = getattr(mod, name)
     return _K
 
@@ -240,6 +240,17 @@ def adam_params(k, at, table, gs, outs, rows, c, flags, coef, scale, like, slike
 
 
 @njit(error_model="numpy", cache=True)
+def step_count(table, slike):
+    """The parameters' common step count (table[j, 3]: 0-d steps of slike's dtype) as a
+    float64, NaN where they differ (or one is NaN)."""
+    s0 = carray(address_as(slike, table[0, 3]), 1)[0]
+    for j in range(1, table.shape[0]):
+        if carray(address_as(slike, table[j, 3]), 1)[0] != s0:
+            return np.nan
+    return np.float64(s0)
+
+
+@njit(error_model="numpy", cache=True)
 def clip_norms(k, gs, prog, starts, sizes, at, norms, vals):
     """norms[at + i] = the 2-norm of the first k gradients of a chunk (flat C-contiguous,
     padded): the square root of numpy's pairwise sum of its squares, as eager's
@@ -394,7 +405,7 @@ class _AdamPlan:
         """The Adam/AdamW step with these flat gradients (in the call's parameter order);
         ``outs`` (flat, the same order) and a 0-d ``coef``: each gradient times coef
         first, written to its out."""
-        update = _kernels()["adam_params"]
+        update, count = _kernels()["adam_params"], _kernels()["step_count"]
         scale = outs is not None
         for dt, sdt, idx, pad, addrs, spans, steps, groups, local, rows, slike in \
                 self.buckets:
@@ -402,10 +413,11 @@ class _AdamPlan:
             os_ = (outs if self.whole else [outs[i] for i in idx]) if scale else gs
             # the counts after eager's ``step_t += 1`` (in the step's dtype): the kernel
             # makes the same increment
-            old = list(map(float, steps))
-            if old.count(old[0]) == len(old):  # one step count (the usual case)
-                table = [_constants(g, float(sdt.type(old[0] + 1.0))) for g in groups]
+            first = count(addrs, slike)
+            if first == first:  # one step count (the usual case)
+                table = [_constants(g, float(sdt.type(first + 1.0))) for g in groups]
             else:
+                old = list(map(float, steps))
                 keys = {}
                 rows = np.array([keys.setdefault((gi, s), len(keys))
                                  for gi, s in zip(local, old)], np.int64)
