@@ -207,3 +207,68 @@ def test_compiled_tied_head_step_is_eager_bitwise(monkeypatch, dtype, ignore):
     names = [n.name for e in comp.entries for n in e.graph.nodes]
     assert "cross_entropy_fused" in names and "cross_entropy_index" not in names
     assert not comp.breaks
+
+
+def _linear_node(xs, ws, dtype, bias):
+    from tapegrad.compiler.ir import Node, Value
+    from tapegrad.ops.nn import linear
+
+    dt = np.dtype(dtype)
+    vals = [Value("x", xs, dt), Value("w", ws, dt)] + ([Value("b", (ws[0],), dt)] if bias else [])
+    return Node(linear, "linear", vals, {}, [Value("out", xs[:-1] + (ws[0],), dt)])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("xs,ws", [((16, 32, 64), (95, 64)), ((16, 32, 64), (192, 64)),
+                                   ((16, 32, 64), (256, 64)), ((16, 32, 256), (64, 256)),
+                                   ((4, 2, 8, 64), (64, 64))])
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_over_a_stack_of_rows_is_eager_bitwise(dtype, xs, ws, bias):
+    """The char GPT's linears (the LM head's (16, 32, 64) x (95, 64) among them): the kernel
+    (numpy's stacked product against w.T made contiguous) serves them, with eager's bits."""
+    from tapegrad.compiler import op_kernels
+    from tapegrad.ops.nn import linear
+
+    fn = op_kernels.lookup(_linear_node(xs, ws, dtype, bias))
+    assert fn is kernels_loss.linear_stacked
+    rng = np.random.default_rng(sum(xs) + sum(ws))
+    for scale in (1.0, 30.0):
+        x = (rng.standard_normal(xs) * scale).astype(dtype)
+        w = rng.standard_normal(ws).astype(dtype)
+        args = (x, w) + ((rng.standard_normal(ws[0]).astype(dtype),) if bias else ())
+        got, want = fn(*args), linear.forward(*args)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(_bits(got), _bits(want))
+
+
+@pytest.mark.parametrize("xs,ws,dtype", [
+    ((512, 1, 64), (64, 64), np.float32),     # one row per index (numpy takes GEMV)
+    ((2, 256, 512), (512, 512), np.float32),  # large: the single GEMM is faster
+    ((512, 64), (95, 64), np.float32),        # 2-D already
+    ((16, 32, 64), (95, 64), np.float16),
+])
+def test_linear_kernel_declines_other_shapes(xs, ws, dtype):
+    from tapegrad.compiler import op_kernels
+
+    assert op_kernels.lookup(_linear_node(xs, ws, dtype, False)) is None
+
+
+def test_linear_kernel_declines_where_the_probe_finds_other_bits(monkeypatch):
+    """The probe compares the two forms' bits on random operands of the node's shape; where
+    they differ in one bit (here: the stacked form's made to) the node keeps eager's linear."""
+    from tapegrad.backend import blas
+    from tapegrad.compiler import op_kernels
+
+    real = blas.matmul
+
+    def off_by_one_ulp(a, b):
+        out = real(a, b)
+        return np.nextafter(out, np.inf) if b.flags.c_contiguous else out
+
+    monkeypatch.setattr(blas, "matmul", off_by_one_ulp)
+    monkeypatch.setattr(kernels_loss, "_stacked_same", {})
+    node = _linear_node((16, 32, 64), (95, 64), np.float32, False)
+    assert op_kernels.lookup(node) is None
+    monkeypatch.setattr(blas, "matmul", real)
+    monkeypatch.setattr(kernels_loss, "_stacked_same", {})
+    assert op_kernels.lookup(node) is kernels_loss.linear_stacked

@@ -35,6 +35,7 @@ _MODULES.append("tapegrad.compiler.kernels_gelu")  # GELU and its gradient shari
 _MODULES.append("tapegrad.compiler.kernels_attention")  # attention's gradient products
 _MODULES.append("tapegrad.compiler.kernels_optim")  # Adam/AdamW, clip_grad_norm_, the two fused
 _MODULES.append("tapegrad.compiler.kernels_residual")  # LayerNorm with the residual stream
+_MODULES.append("tapegrad.compiler.kernels_loss")  # linear over a stack of rows (LM head)
 
 
 def lookup(node):
