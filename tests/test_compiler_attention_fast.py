@@ -312,3 +312,21 @@ def test_softmax_backward_kernel_is_eager_bitwise(dtype, shape):
         _same(got, want)
         gt = np.asfortranarray(g)  # not C-contiguous: copied first
         _same(fn(gt, p), want)
+
+
+def test_gradient_products_only_where_blas_matmul_is_one_np_matmul(monkeypatch):
+    """Absorbed products are called as np.matmul(..., out=): only where backend.blas.matmul
+    would make that very call (not a stack times a matrix, which it may run as one 2-D GEMM;
+    not inside its thread switch; float32/float64 only)."""
+    from tapegrad.backend import blas
+
+    f32, f64 = np.dtype(np.float32), np.dtype(np.float64)
+    assert KA._blas_direct(Value("a", (4, 3, 5, 6), f32), Value("b", (4, 3, 6, 7), f32))
+    assert not KA._blas_direct(Value("a", (4, 5, 6), f32), Value("b", (6, 7), f32))
+    assert not KA._blas_direct(Value("a", (5, 6), f32), Value("b", (6, 7), f64))
+    assert not KA._blas_direct(Value("a", (5, 6), np.dtype(np.int64)),
+                               Value("b", (6, 7), np.dtype(np.int64)))
+    if blas.LIBRARY is not None:
+        monkeypatch.setattr(blas, "OPENBLAS_SERIAL_WORK", 10)
+        monkeypatch.setattr(blas, "SERIAL_WORK", 10 ** 9)
+        assert not KA._blas_direct(Value("a", (2, 5, 6), f32), Value("b", (2, 6, 7), f32))

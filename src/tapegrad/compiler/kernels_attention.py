@@ -1,26 +1,34 @@
-"""Attention's numba kernels for the char-GPT step (op_kernels.py), bitwise eager's.
+"""Attention's numba kernels and one graph pass for the char-GPT step (op_kernels.py),
+bitwise eager's (the same IEEE operations in the same order, numpy's own ``exp``, eager's
+BLAS calls), float32 and float64.
 
 * The forward (``scaled_dot_product_attention`` and ``..._probs``, the one that also returns
   its probabilities for the backward) where the bias is one (T, S) mask for every batch
-  entry and head (the causal mask; or no bias): eager's two batched BLAS products; between
-  them one numba pass per row (``* scale + bias``, the row's max as 16 lanes and a tree,
-  less the max) that copies each row's *live span* (up to its bias's last entry that is not
-  -inf) into one compact buffer, numpy's own ``exp`` over that buffer only (a causal mask:
-  52% of the scores; the rest are -inf - max = -inf, whose exp is exactly 0), and one pass
-  of pairwise row sums (the zeros included, numpy's order) and divisions. A row whose max is
-  not finite (NaN, +-inf scores) is copied whole, so its NaNs come out as eager's. The
-  output is written by BLAS straight through a transposed view of a (B, T, H, D) buffer
-  (``matmul(p, v, out=...)``: the same products, only the stores' stride differs), so the
-  model's ``permute(0, 2, 1, 3)`` and ``reshape`` to (B, T, H D) are views, not a copy.
-* ``softmax_backward`` (the fused rule ``p * (g - sum(g * p))``): one pass over 2-D
-  C-contiguous rows, numpy's pairwise row sum, no per-row views.
-* ``concatenate_gradients`` (the merged q/k/v split gradient) where its sources are
-  C-contiguous: ``x * c + 0.0`` written through the permutation into the output's slice
-  with the innermost axis contiguous on both sides (vectorised), instead of numba's generic
-  strided loop.
+  entry and head (the causal mask) or none: eager's two batched BLAS products; between them
+  ``attention_scores`` (``* scale + bias`` over each (b, h) block in one loop, NaNs flagged,
+  the row's max, less the max) copies each row's *live span* (up to its mask's last entry
+  that is not -inf) into one compact buffer, numpy's ``exp`` runs over that buffer only (a
+  causal mask: 52% of the scores; the rest are -inf - max = -inf, whose exp is exactly 0),
+  and ``attention_norm`` writes each row back (zeros past its span), sums it in numpy's
+  pairwise order and divides. A row whose max is not finite (NaN, +-inf scores, a fully
+  masked row) is copied whole, so its NaNs come out as eager's. The output is written by
+  BLAS through a transposed view of a (B, T, H, E) buffer (``np.matmul(p, v, out=...)``:
+  the same products, only the stores' row stride differs), so the model's
+  ``permute(0, 2, 1, 3)`` and ``reshape`` to (B, T, H E) are views, not a copy. Other
+  biases: kernels_gpt's kernel.
+* ``softmax_backward`` (kernels_gpt.fuse_softmax_backward's rule ``p * (g - sum(g * p))``):
+  the row sums of the products as vector lanes, then one loop a row.
+* ``absorb_gradient_products`` (a pass after kernels_gpt.merge_split_gradients): attention's
+  q/k/v gradient products read only by the split's concatenated gradient become one
+  ``concatenate_products`` node; its kernel has BLAS write each product straight into its
+  slice of the output (``out=`` through the permutation), then scales the q and k parts
+  and adds 0.0 in place (eager's ``* scale`` and its adds of zeros): no product arrays, no
+  concatenating copy.
 
-float32 and float64. The factories fall back to kernels_gpt's where their shapes do not
-fit (a bias varying across batch entries or heads, non-contiguous sources).
+numpy's pairwise row sums (8 running sums over strides of 8, combined as a tree) and the row
+max use ``_lanes``: LLVM intrinsics holding the eight sums in the lanes of 256-bit vectors,
+the same IEEE additions (numba runs no SLP vectoriser, so eight scalar sums stay scalar).
+tests/test_compiler_attention_fast.py checks each kernel against eager.
 """
 import numpy as np
 
@@ -383,6 +391,10 @@ def _blas_direct(a, b):
     (each product's work outside its thread switch), so np.matmul(..., out=) is its call."""
     from tapegrad.backend import blas
 
+    if len(a.shape) > 2 and len(b.shape) == 2:
+        return False  # blas.matmul may run a stack times a matrix as one 2-D GEMM
+    if {np.dtype(a.dtype), np.dtype(b.dtype)} - set(_FLOATS) or a.dtype != b.dtype:
+        return False
     work = a.shape[-2] * b.shape[-1] * a.shape[-1]
     return blas.LIBRARY is None or not blas.OPENBLAS_SERIAL_WORK < work < blas.SERIAL_WORK
 
