@@ -209,6 +209,40 @@ def test_compiled_residual_stack_is_eager_bitwise(monkeypatch, backend, dtype, e
     # the two tables' scatters come out of the last LayerNorm gradient's node
     assert not [ln for ln in lines if "embedding_backward" in ln]
     assert ("a00" in backward[-1]) == embed
+    # the token rows are gathered by the first residual LayerNorm's kernel
+    assert sum("gather=True" in ln for ln in lines) == (1 if embed else 0)
+    assert not [ln for ln in lines if "= embedding(" in ln and "a00" in ln]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_residual_layer_norm_gather_is_eager_bitwise_and_raises_out_of_range(dtype):
+    """The first operand gathered from a table (the token embedding's w[idx], negative
+    indices wrapping as numpy's): the same bits; an index out of range: eager's IndexError."""
+    C, shape = 12, (3, 5, 12)
+    tab, b = _data((7, C), dtype, 1), _data(shape, dtype, 2)
+    w, bias = _data((C,), dtype, 3), _data((C,), dtype, 4)
+    idx = np.random.default_rng(0).integers(-7, 7, shape[:2])
+    params = {"axes": (2,), "eps": 1e-5, "param_shape": (C,), "swap": False, "gather": True}
+    emb = Node(REGISTRY["embedding"], "embedding", [_v("t", tab.shape, dtype),
+                                                    _v("i", idx.shape, idx.dtype)],
+               {"padding_idx": None, "scale": None}, [_v("a", shape, dtype)])
+    add = Node(REGISTRY["add"], "add", [emb.outputs[0], _v("b", shape, dtype)], {},
+               [_v("s", shape, dtype)])
+    ln = Node(REGISTRY["layer_norm"], "layer_norm", [add.outputs[0], _v("w", (C,), dtype),
+                                                     _v("bb", (C,), dtype)],
+              {"axes": (2,), "eps": 1e-5, "param_shape": (C,)}, [_v("y", shape, dtype)])
+    node = Node(None, "residual_layer_norm", emb.inputs + [add.inputs[1]] + ln.inputs[1:],
+                params, [add.outputs[0], ln.outputs[0]],
+                impl=KR._residual_ln_impl(add, None, ln, emb))
+    fn = KR.residual_layer_norm_factory(node)
+    s_want = tab[idx] + b
+    y_want = N.layer_norm.forward(s_want, w, bias, **ln.params)
+    s_got, y_got = fn(tab, idx, b, w, bias, **params)
+    np.testing.assert_array_equal(_bits(s_got), _bits(s_want))
+    np.testing.assert_array_equal(_bits(y_got), _bits(y_want))
+    idx[2, 4] = 7
+    with pytest.raises(IndexError):
+        fn(tab, idx, b, w, bias, **params)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

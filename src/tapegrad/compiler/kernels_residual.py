@@ -40,7 +40,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 from llvmlite import ir
 
-# kernels_residual v7
+# kernels_residual v8
 
 
 @intrinsic
@@ -190,11 +190,13 @@ def rowsum_long(a, n):
 ROWS = '''
 
 @njit(error_model="numpy", cache=True)
-def residual_ln_rows(a, b2, has_res, x, w, bias, eps, has_w, has_b, out, st):
+def residual_ln_rows(a, aidx, b2, has_res, x, w, bias, eps, has_w, has_b, out, st):
     """x[i] = a[i] + b2[i % len(b2)] when has_res (else x is the input), then
     out[i] = (x[i] - mean) / sqrt(var + eps) * w + bias, as ops.nn._norm_forward, op for
     op; tiles of len(st[0]) rows, phase by phase (st: (2, tile) scratch). out's rows hold
-    the squares meanwhile."""
+    the squares meanwhile. A non-empty aidx: a is a table and row i's first operand is
+    a[aidx[i]] (the embedding's w[idx], negative indices wrapping as numpy's); False, with
+    nothing written, where an index lies outside [-len(a), len(a))."""
     R, C = x.shape
     T = st.shape[1]
     mean = st[0]
@@ -202,12 +204,28 @@ def residual_ln_rows(a, b2, has_res, x, w, bias, eps, has_w, has_b, out, st):
     Rb = b2.shape[0]
     n = x.dtype.type(C)
     one = x.dtype.type(1)
+    gather = aidx.shape[0] > 0
+    Wa = a.shape[0]
+    if gather:
+        for i in range(R):
+            if aidx[i] < -Wa or aidx[i] >= Wa:
+                return False
+    rb = 0  # i % Rb, counted (a division per row costs)
     for t0 in range(0, R, T):
         t1 = min(R, t0 + T)
         if has_res:
             for i in range(t0, t1):
-                ai = a[i]
-                bi = b2[i % Rb]
+                if gather:
+                    r = aidx[i]
+                    if r < 0:
+                        r += Wa
+                    ai = a[r]
+                else:
+                    ai = a[i]
+                bi = b2[rb]
+                rb += 1
+                if rb == Rb:
+                    rb = 0
                 xi = x[i]
                 for j in range(C):
                     xi[j] = ai[j] + bi[j]
@@ -238,6 +256,7 @@ def residual_ln_rows(a, b2, has_res, x, w, bias, eps, has_w, has_b, out, st):
             else:
                 for j in range(C):
                     o[j] = (xi[j] - m) * r
+    return True
 
 
 @njit(error_model="numpy", cache=True)
@@ -413,8 +432,14 @@ def _leading_broadcast(v, shape, producer):
     return s, n
 
 
-def _residual_ln_impl(add, bc, f):
-    def residual_layer_norm(a, b, *wb, **params):
+def _residual_ln_impl(add, bc, f, emb):
+    def residual_layer_norm(*arrays, **params):
+        if emb is not None:  # (table, indices): the embedding's rows are the first operand
+            (a,) = call_node(emb, list(arrays[:2]))
+            arrays = arrays[1:]
+        else:
+            a = arrays[0]
+        b, wb = arrays[1], arrays[2:]
         if bc is not None:
             (b,) = call_node(bc, [b])
         (s,) = call_node(add, [b, a] if params["swap"] else [a, b])
@@ -466,9 +491,22 @@ def fuse_residual_layer_norm(graph):
             continue  # a weight made after the add: the node cannot move up to it
         params = dict(f.params)
         params["swap"] = swap
-        fused = Node(None, "residual_layer_norm", [a, b] + wb, params,
-                     [x, f.outputs[0]], impl=_residual_ln_impl(add, bc, f),
-                     meta={"add": add, "broadcast": bc, "layer_norm": f})
+        ins = [a, b]
+        emb = producer.get(id(a))  # the token embedding's rows, read only by the add
+        if not swap and _is_op(emb, "embedding") and len(emb.inputs) == 2 and \
+                all(isinstance(v, Value) for v in emb.inputs) and \
+                emb.inputs[0].dtype == a.dtype and len(emb.inputs[0].shape) == 2 and \
+                emb.inputs[0].shape[1] == a.shape[-1] and emb.inputs[1].dtype.kind in "iu" and \
+                int(np.prod(emb.inputs[1].shape, dtype=np.int64)) == _rows(a.shape) and \
+                uses.get(id(a), []) == [add] and id(emb) not in drop:
+            ins = list(emb.inputs) + [b]
+            params["gather"] = True
+            drop.add(id(emb))
+        else:
+            emb = None
+        fused = Node(None, "residual_layer_norm", ins + wb, params,
+                     [x, f.outputs[0]], impl=_residual_ln_impl(add, bc, f, emb),
+                     meta={"add": add, "broadcast": bc, "layer_norm": f, "embedding": emb})
         replace[id(add)] = fused
         drop.add(id(f))
         if bc is not None:
@@ -483,9 +521,14 @@ def _rows(shape):
 @op_kernels.register("residual_layer_norm")
 def residual_layer_norm_factory(node):
     """The fused residual sum and LayerNorm (``fuse_residual_layer_norm``)."""
-    a, b = node.inputs[:2]
+    gather = bool(node.params.get("gather"))
+    if gather:  # (table, indices, b, ...): the first operand's rows gathered by the kernel
+        a, idx, b = node.inputs[:3]
+        wb = node.inputs[3:]
+    else:
+        a, b = node.inputs[:2]
+        wb = node.inputs[2:]
     s, y = node.outputs
-    wb = node.inputs[2:]
     dt = _floats(a, b, *wb)
     if dt is None or len(wb) > 2:
         return None
@@ -502,14 +545,26 @@ def residual_layer_norm_factory(node):
     st = np.empty((2, min(TILE, R)), dt)  # scratch: used only inside the numba call
     box = [None]
     both = (2, R, C)
+    no_idx = np.empty(0, np.int64)
+    n_in = 3 if gather else 2
+    impl = node.impl
 
-    def residual_layer_norm_kernel(a, b, w=None, bias=None, *, axes, eps, param_shape,
-                                   swap):
+    def residual_layer_norm_kernel(*arrays, axes, eps, param_shape, swap, gather=False):
         buf = recycle(box, both, dt)  # s and y: one array, last call's when nothing holds it
-        first, second = (b, a) if swap else (a, b)
-        fn(first.reshape(R, C), second.reshape(Rb, C), True, buf[0],
-           empty if w is None else w, empty if bias is None else bias, dt.type(eps),
-           w is not None, bias is not None, buf[1], st)
+        wb = arrays[n_in:]
+        w = wb[0] if wb else None
+        bias = wb[1] if len(wb) > 1 else None
+        if gather:
+            first, idx, second = arrays[:3]
+            idx = idx.reshape(-1)
+        else:
+            first, second = (arrays[1], arrays[0]) if swap else arrays[:2]
+            first, idx = first.reshape(R, C), no_idx
+        if not fn(first, idx, second.reshape(Rb, C), True, buf[0],
+                  empty if w is None else w, empty if bias is None else bias, dt.type(eps),
+                  w is not None, bias is not None, buf[1], st):
+            return impl(*arrays, axes=axes, eps=eps, param_shape=param_shape, swap=swap,
+                        gather=gather)  # an index out of range: eager's ops and IndexError
         return buf[0].reshape(shape), buf[1].reshape(shape)
 
     return residual_layer_norm_kernel
@@ -523,11 +578,12 @@ def layer_norm_call(shape, dt):
     R = _rows(shape)
     empty = np.empty(0, dt)
     e2 = np.empty((1, 0), dt)
+    no_idx = np.empty(0, np.int64)
     st = np.empty((2, min(TILE, R)), dt)
 
     def call(x, w, b, eps):
         out = np.empty(shape, dt)
-        fn(e2, e2, False, x.reshape(R, C), empty if w is None else w,
+        fn(e2, no_idx, e2, False, x.reshape(R, C), empty if w is None else w,
            empty if b is None else b, dt.type(eps), w is not None, b is not None,
            out.reshape(R, C), st)
         return out
