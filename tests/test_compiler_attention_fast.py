@@ -232,8 +232,11 @@ def test_gradient_products_written_into_the_concatenation(monkeypatch, backend, 
             np.testing.assert_array_equal(_bits(a), _bits(b))
     e = comp.entries[-1]
     nodes = [n for n in e.graph.nodes if n.name == "concatenate_products"]
-    assert len(nodes) == 1 and not any(n.name == "concatenate_gradients"
+    assert len(nodes) == 1 and not any(n.name in ("concatenate_gradients", "softmax_backward")
                                        for n in e.graph.nodes)
+    # the softmax gradient and its product g v^T joined the node (nothing else reads them)
+    assert [m.name for m in nodes[0].meta["program"]].count("matmul") == 4
+    assert any(m.name == "softmax_backward" for m in nodes[0].meta["program"])
     assert ("concatenate_products_kernel(" in e.source) == (backend == "numba")
 
 

@@ -185,10 +185,11 @@ def test_compiled_gpt_step_with_gpt_kernels_matches_eager_over_100_steps(monkeyp
     got, fn = _gpt_losses(dtype, 100, compiled=True)
     src = fn.entries[-1].source
     # (the attention forward returns its probabilities: no separate softmax node is left;
-    # the embeddings' table gradients come out of the last LayerNorm gradient's kernel)
+    # the embeddings' table gradients come out of the last LayerNorm gradient's kernel;
+    # attention's softmax gradient and products are inside concatenate_products)
     for name in ("layer_norm_kernel", "layer_norm_backward_kernel",
                  "clip_grad_norm_optimizer_step_kernel", "residual_layer_norm_backward_kernel",
-                 "softmax_backward_kernel", "scaled_dot_product_attention_probs_kernel"):
+                 "concatenate_products_kernel", "scaled_dot_product_attention_probs_kernel"):
         assert name in src, name
     assert "embedding_backward(" not in src  # (eager's scatter)
     assert fn.n_hits >= 98 and not fn.breaks

@@ -399,61 +399,104 @@ def _blas_direct(a, b):
     return blas.LIBRARY is None or not blas.OPENBLAS_SERIAL_WORK < work < blas.SERIAL_WORK
 
 
-def _products_impl(mms, concat):
-    """The node's numpy body: the products (eager's matmul nodes), then the concatenation's
-    own body."""
-    def concatenate_products(*ab):
-        xs = [call_node(m, [ab[2 * i], ab[2 * i + 1]])[0] for i, m in enumerate(mms)]
-        return concat(*xs)
+def _products_impl(program, ext, mms, concat):
+    """The node's numpy body: the absorbed nodes in their order (eager's operations), then
+    the concatenation's own body over the products."""
+    def concatenate_products(*arrays):
+        env = {id(v): a for v, a in zip(ext, arrays)}
+        for m in program:
+            args = [env[id(a)] if isinstance(a, Value) else a for a in m.inputs]
+            for v, o in zip(m.outputs, call_node(m, args)):
+                env[id(v)] = o
+        return concat(*[env[id(m.outputs[0])] for m in mms])
 
     return concatenate_products
+
+
+def _absorbable(m, inside):
+    """Whether ``m`` (producing an operand of the nodes ``inside``) can join them: a permute
+    (a view), the fused softmax gradient, or a product blas.matmul runs as one np.matmul."""
+    if m is None or m.op is None and m.name != "softmax_backward" or \
+            not all(isinstance(a, Value) for a in m.inputs):
+        return False
+    if m.name == "permute":
+        return len(m.inputs) == 1
+    if m.name == "softmax_backward":
+        return m.impl is not None and len(m.inputs) == 2 and \
+            all(np.dtype(a.dtype) in _FLOATS for a in m.inputs)
+    return m.name == "matmul" and len(m.inputs) == 2 and not m.params and \
+        all(len(a.shape) >= 2 for a in m.inputs) and _blas_direct(*m.inputs)
 
 
 def absorb_gradient_products(graph):
     """A graph pass: a ``concatenate_gradients`` node (kernels_gpt.merge_split_gradients:
     attention's q/k/v gradients put into the split's (B, T, 3 H D) gradient) whose sources
-    are each a ``matmul`` of two Values read by nothing else becomes ``concatenate_products``
-    over the products' operands: its kernel lets BLAS write each product straight into its
-    slice of the output (np.matmul(..., out=) through the permutation: the same products,
-    only the stores' stride differs), then one in-place pass ``x * c + 0.0``; no product
-    array, no copy."""
+    are each a ``matmul`` read by nothing else becomes ``concatenate_products`` over the
+    products' operands: its kernel lets BLAS write each product straight into its slice of
+    the output (np.matmul(..., out=) through the permutation: the same products, only the
+    stores' stride differs), then one in-place pass ``x * c + 0.0``; no product array, no
+    copy. The nodes making the products' operands join it where nothing else reads them:
+    permutes, attention's fused softmax gradient and the product it reads (g v^T): the
+    kernel computes those into buffers of its own."""
     from tapegrad.compiler.kernels_gpt import _uses_of
 
     uses = _uses_of(graph)
     producer = {id(v): n for n in graph.nodes for v in n.outputs}
+    pos = {id(n): i for i, n in enumerate(graph.nodes)}
     replace, drop = {}, set()
     for n in graph.nodes:
         meta = n.meta or {}
         if n.name != "concatenate_gradients" or n.impl is None or "chains" not in meta:
             continue
         mms = [producer.get(id(x)) for x in n.inputs]
-        if any(m is None or m.name != "matmul" or m.op is None or len(m.inputs) != 2 or
-               m.params or not all(isinstance(a, Value) and len(a.shape) >= 2
-                                   for a in m.inputs) or
-               len(uses.get(id(m.outputs[0]), ())) != 1 or id(m) in drop
-               or not _blas_direct(*m.inputs) for m in mms):
+        if any(m is None or m.name != "matmul" or not _absorbable(m, ()) or
+               len(uses.get(id(m.outputs[0]), ())) != 1 or id(m) in drop for m in mms):
             continue
-        ins = [a for m in mms for a in m.inputs]
-        replace[id(n)] = Node(None, "concatenate_products", ins, {}, list(n.outputs),
-                              impl=_products_impl(mms, n.impl),
-                              meta=dict(meta, nodes=mms + list(meta.get("nodes", ())),
-                                        products=mms))
-        drop.update(id(m) for m in mms)
+        inside = {id(m): m for m in mms}
+        grew = True
+        while grew:  # operands' producers read only by the group join it
+            grew = False
+            for m in list(inside.values()):
+                for a in m.inputs:
+                    pm = producer.get(id(a))
+                    if pm is None or id(pm) in inside or id(pm) in drop or \
+                            not _absorbable(pm, inside):
+                        continue
+                    if all(all(id(u) in inside for u in uses.get(id(v), ()))
+                           for v in pm.outputs):
+                        inside[id(pm)] = pm
+                        grew = True
+        program = sorted(inside.values(), key=lambda m: pos[id(m)])
+        made = {id(v) for m in program for v in m.outputs}
+        ext = []
+        for m in program:
+            for a in m.inputs:
+                if isinstance(a, Value) and id(a) not in made and \
+                        all(a is not e for e in ext):
+                    ext.append(a)
+        replace[id(n)] = Node(None, "concatenate_products", ext, {}, list(n.outputs),
+                              impl=_products_impl(program, ext, mms, n.impl),
+                              meta=dict(meta, nodes=program + list(meta.get("nodes", ())),
+                                        products=mms, program=program))
+        drop.update(inside)
     return passes.replace_nodes(graph, replace, drop)
 
 
 @op_kernels.register("concatenate_products")
 def concatenate_products_factory(node):
-    """``concatenate_products`` over float32/float64: each product written by np.matmul into
-    its slice of a fresh output seen in the product's shape (a view: checked on an empty
-    probe, with rows BLAS can store through, as numpy's matmul requires to call it), then
-    ``scale_add_zero`` over the output. None (the body runs) where a slice's view would
-    be a copy or not a BLAS output."""
+    """``concatenate_products`` over float32/float64: the absorbed permutes as views, the
+    softmax gradient (softmax_backward_flat) and any other product into buffers kept by
+    the kernel (C-contiguous, as eager's fresh results), each concatenated product written
+    by np.matmul into its slice of a fresh output seen in the product's shape (a view:
+    checked on an empty probe, with rows BLAS can store through, as numpy's matmul
+    requires to call it), then ``scale_add_zero`` over the output. None (the body runs)
+    where a slice's view would be a copy or not a BLAS output."""
     meta = node.meta or {}
     chains, cuts, mms = meta.get("chains"), meta.get("cuts"), meta.get("products")
+    program = meta.get("program", mms)
     out = node.outputs[0]
     if chains is None or cuts is None or mms is None or len(mms) != len(chains) or \
-            len(node.inputs) != 2 * len(mms):
+            not all(isinstance(a, Value) for a in node.inputs):
         return None
     dt = _floats(out, *node.inputs)
     shape = tuple(out.shape)
@@ -461,12 +504,13 @@ def concatenate_products_factory(node):
         return None
     axis = cuts[0][0]
     probe = np.empty(shape, dt)
-    plan = []
+    slot = {id(m.outputs[0]): i for i, m in enumerate(mms)}
     cs = np.ones(shape[axis], dt)
+    views = []
     for m, ch, (_, start, stop) in zip(mms, chains, cuts):
         scale, dims = ch if ch is not None else (None, None)
         xs = tuple(m.outputs[0].shape)
-        if np.dtype(m.outputs[0].dtype) != dt:
+        if np.dtype(m.outputs[0].dtype) != dt or len(xs) < 2:
             return None
         seen = xs if dims is None else tuple(xs[d] for d in dims)
         sl = (slice(None),) * axis + (slice(start, stop),)
@@ -480,26 +524,65 @@ def concatenate_products_factory(node):
         if not np.shares_memory(view, probe) or view.base is None:
             return None
         dst = view if dims is None else view.transpose(np.argsort(dims))
-        if dst.shape != xs or len(xs) < 2:
-            return None
         isz = dt.itemsize
-        if dst.strides[-1] != isz or dst.strides[-2] % isz or \
+        if dst.shape != xs or dst.strides[-1] != isz or dst.strides[-2] % isz or \
                 dst.strides[-2] // isz < xs[-1]:
             return None  # numpy's matmul would not hand this output to BLAS
-        plan.append((sl, seen, None if dims is None else tuple(np.argsort(dims))))
+        views.append((sl, seen, None if dims is None else tuple(np.argsort(dims))))
         if scale is not None:
             cs[start:stop] = dt.type(scale)
+    # the program as steps over a list of arrays: the inputs', then each node's result
+    at = {id(v): i for i, v in enumerate(node.inputs)}
+    steps = []
+    sbk = _kernels()["softmax_backward_flat"]
+    for m in program:
+        try:
+            src = [at[id(a)] for a in m.inputs]
+        except KeyError:
+            return None
+        o = m.outputs[0]
+        if np.dtype(o.dtype) != dt:
+            return None
+        if m.name == "permute":
+            steps.append(("view", src, tuple(m.params.get("dims", ())), None))
+        elif id(o) in slot:
+            steps.append(("product", src, slot[id(o)], None))
+        elif m.name == "matmul":
+            steps.append(("matmul", src, None, np.empty(tuple(o.shape), dt)))
+        elif m.name == "softmax_backward" and tuple(m.inputs[0].shape) == tuple(o.shape):
+            size = int(np.prod(o.shape, dtype=np.int64))
+            C = o.shape[-1]
+            if size == 0:
+                return None
+            steps.append(("softmax", src, (size, C, np.empty(C, dt)),
+                          np.empty(tuple(o.shape), dt)))
+        else:
+            return None
+        at[id(o)] = len(at)
     fix = _kernels()["scale_add_zero"]
     P = int(np.prod(shape[:axis], dtype=np.int64))
     Q = int(np.prod(shape[axis + 1:], dtype=np.int64))
 
-    def concatenate_products_kernel(*ab):
+    def concatenate_products_kernel(*arrays):
         res = np.empty(shape, dt)
-        for i, (sl, seen, inv) in enumerate(plan):
-            dst = res[sl].reshape(seen)
-            if inv is not None:
-                dst = dst.transpose(inv)
-            np.matmul(ab[2 * i], ab[2 * i + 1], out=dst)  # BLAS stores into the slice
+        vals = list(arrays)
+        for kind, src, arg, buf in steps:
+            if kind == "view":
+                vals.append(vals[src[0]].transpose(arg))
+            elif kind == "product":
+                sl, seen, inv = views[arg]
+                dst = res[sl].reshape(seen)
+                if inv is not None:
+                    dst = dst.transpose(inv)
+                np.matmul(vals[src[0]], vals[src[1]], out=dst)  # BLAS stores into the slice
+                vals.append(dst)
+            elif kind == "matmul":
+                vals.append(np.matmul(vals[src[0]], vals[src[1]], out=buf))
+            else:  # the softmax gradient
+                size, C, tmp = arg
+                gp, p = (np.ascontiguousarray(vals[i]).reshape(size) for i in src)
+                sbk(gp, p, buf.reshape(size), tmp, C)
+                vals.append(buf)
         fix(res.reshape(P, shape[axis], Q), cs)
         return res
 
