@@ -4,13 +4,18 @@
   (every block's residual sum before its next LayerNorm; ``b`` may be a ``broadcast_to`` over
   leading axes, the position embedding) becomes one ``residual_layer_norm`` node returning
   ``(s, layer_norm(s))``: the kernel writes each row of the sum and normalises it while it is
-  in cache.
+  in cache. An operand made by ``embedding(table, idx)`` and read only by the add (the token
+  rows) is gathered from the table by the kernel (``gather=True``).
 * ``fuse_residual_backward`` (a pass): a ``layer_norm_backward`` node (kernels_gpt's fused
   rule) whose ``gx`` is only read by ``add(r, gx)`` (the residual gradient) becomes one
   ``residual_layer_norm_backward`` node writing ``r + gx`` row by row; the column sums of its
   main output (a linear's bias gradient ``sum(reshape(., (-1, C)), dims=(0,))``, found by
   ``passes.column_sums``) and a ``sum_to`` over its leading axes (the position embedding's
-  gradient) come out of the same pass as extra outputs.
+  gradient) come out of the same pass as extra outputs, and an ``embedding_backward`` of the
+  result or of that leading sum (the token and position tables' gradients) is scattered by
+  the node's wrapper (rows in order into zeros, as ``np.add.at``). The column sums are added a
+  tile of rows at a time, each sum in a register across the tile's rows (the same additions
+  in the same order, without a store-to-load chain per row).
 * The row kernels sum a row as numpy's pairwise sum does for 8 <= C <= 128 (one block of
   eight accumulators, combined ``((0+1)+(2+3))+((4+5)+(6+7))``, the rest added in order)
   with the eight accumulators held in 256-bit vectors (``block8``, an LLVM intrinsic: the
@@ -18,7 +23,9 @@
   ``vaddss`` at a time), and they work on tiles of 8 rows phase by phase (all the tile's
   means, then its variances, ...), so the out-of-order core overlaps the rows' dependency
   chains (reduction, division, square root) instead of waiting on each row's. Other widths
-  use kernels.PAIRWISE's ``pairwise_sum``.
+  use kernels.PAIRWISE's ``pairwise_sum``. Scratch is kept by each kernel (used only inside
+  the numba call, which holds the GIL); outputs are last call's arrays when nothing holds
+  them (``codegen.recycle``).
 
 Every result is bitwise eager's (the same IEEE operations in the same order as
 ``ops.nn._norm_forward`` / ``_norm_rule``, numpy's add and its axis-0 reductions), float32
