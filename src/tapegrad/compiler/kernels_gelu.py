@@ -153,7 +153,10 @@ def _forward32():
     index, u in float64 and eager's exp argument ``-b*b``, b = min(|u|, 6)) for eager's
     second formula (``_finish32``); returns their count. Multiply-adds may contract to FMAs:
     the only adds are the polynomial's and ``1 + erf``, whose operand is a float32 rounding
-    (cannot contract). NaN stays in the short pass (``u*u > 4`` is false): NaN, as eager."""
+    (cannot contract). NaN stays in the short pass (``u*u > 4`` is false): NaN, as eager.
+    Cost (standalone, 131072 lanes): normal inputs of spread 0.88 (the char-GPT's) 0.15 ms,
+    erf32 on every lane 0.18; where |x| > 2.83 is common it is more (spread 1.5: 0.31 ms,
+    4: 0.53 ms: eager's formula, its exp and division, on those lanes)."""
     b = BLOCK32
     lane = ["xi = x[j]",
             f"u = np.float64(xi * np.float32({_SQRT1_2!r}))",
