@@ -647,6 +647,9 @@ def clip_optimizer_step_factory(node):
     nc = len(clip.inputs)
     dt, shapes, chunk = cl.dt, cl.shapes, cl.chunk
     rest = [j for j in range(nc) if j not in set(perm)]  # scaled on their own
+    # (C-level picks: the step's gradients in its order; 1-D outputs are their flat views)
+    pick = operator.itemgetter(*perm) if len(perm) > 1 else lambda a: (a[perm[0]],)
+    one_d = [len(s) == 1 for s in shapes]
     rest_spans = [(at, min(CHUNK, len(rest) - at)) for at in range(0, len(rest), CHUNK)]
     impl = node.impl
     plan = [None]
@@ -671,8 +674,8 @@ def clip_optimizer_step_factory(node):
             return (*clipped, *impl_step(params, clipped, optimizer))
         total, coef = got
         outs = [np.empty(s, dt) for s in shapes]
-        oflat = [o.ravel() for o in outs]
-        pl.step([flat[j] for j in perm], [oflat[j] for j in perm], coef)
+        oflat = [o if d else o.ravel() for o, d in zip(outs, one_d)]
+        pl.step(pick(flat), pick(oflat), coef)
         if rest:
             rf, ro = [flat[j] for j in rest], [oflat[j] for j in rest]
             for at, k in rest_spans:
