@@ -256,7 +256,7 @@ def attention_norm(s4, c, start, lens):
                 tot += s[r, j]
         else:
             tot = pairwise_sum(s[r], 0, S)
-        for j in range(SU):
+        for j in range(h):  # past the span 0 / tot is the +0.0 already there (tot >= 1)
             s[r, j] = s[r, j] / tot
 
 
