@@ -99,21 +99,24 @@ def ce_shift(x, xi, mask, top, t, ignore_index, s, st):
 
 
 @njit(error_model="numpy", cache=True, inline="always")
-def grad_row(row, out, s, ti, ignore_index, gs, zero, one):
-    # eager's ((e / s) * keep - onehot) * gs: keep = 1 for a valid row (q * 1 is q), 0 for an
-    # ignored one (q * 0 - 0 is q * 0); one branch-free loop, then the target's element
+def grad_row(row, s, ti, ignore_index, gs, zero, one):
+    # row = eager's ((row / s) * keep - onehot) * gs, in place: keep = 1 for a valid row
+    # (q * 1 is q), 0 for an ignored one (q * 0 - 0 is q * 0); one branch-free loop, then the
+    # target's element from its value kept before it
     k = one if ti != ignore_index else zero
+    et = row[ti] if ti != ignore_index else zero
     for j in range(row.shape[0]):
-        out[j] = ((row[j] / s) * k) * gs
+        row[j] = ((row[j] / s) * k) * gs
     if ti != ignore_index:
-        out[ti] = ((row[ti] / s) - one) * gs
+        row[ti] = ((et / s) - one) * gs
 
 
 @njit(error_model="numpy", cache=True)
-def ce_grad(e, t, ignore_index, gs, grad, se, red, n_red):
-    # each row's sum (kept for the loss) and its gradient row; then the column sums. The two
-    # row loops differ only in the sum: a branch between them inside one loop keeps LLVM
-    # from vectorising either (2x slower)
+def ce_grad(e, t, ignore_index, gs, se, red, n_red):
+    # each row's sum (kept for the loss), then the row turned into its gradient in place (one
+    # buffer from x - max to the gradient: half the fresh memory a call writes); then the
+    # column sums. The two row loops differ only in the sum: a branch between them inside one
+    # loop keeps LLVM from vectorising either (2x slower)
     N, C = e.shape
     zero = e.dtype.type(0)
     one = e.dtype.type(1)
@@ -121,17 +124,17 @@ def ce_grad(e, t, ignore_index, gs, grad, se, red, n_red):
         for i in range(N):
             s = pairwise_block(e[i], 0, C)
             se[i] = s
-            grad_row(e[i], grad[i], s, t[i], ignore_index, gs, zero, one)
+            grad_row(e[i], s, t[i], ignore_index, gs, zero, one)
     else:
         for i in range(N):
             s = pairwise_sum(e[i], 0, C)
             se[i] = s
-            grad_row(e[i], grad[i], s, t[i], ignore_index, gs, zero, one)
+            grad_row(e[i], s, t[i], ignore_index, gs, zero, one)
     for j in range(n_red):  # numpy's add.reduce over axis 0: from 0, the rows in order
         red[j] = zero
     if n_red:
         for i in range(N):
-            row = grad[i]
+            row = e[i]
             for j in range(C):
                 red[j] += row[j]
 
@@ -195,17 +198,17 @@ def cross_entropy_call(with_sum):
             return _reference(x, t, g, ignore_index, mean, with_sum)
         dt = x.dtype.type
         size = x.dtype.itemsize
-        s = np.empty((n, c), x.dtype)
+        grad = np.empty((n, c), x.dtype)  # x - max, then exp, then the gradient
         st = np.empty(n, x.dtype)
-        count = shift(x, x.view(_BITS[size]), _MASK[size], _TOP[size], t, ignore_index, s, st)
+        count = shift(x, x.view(_BITS[size]), _MASK[size], _TOP[size], t, ignore_index, grad,
+                      st)
         if count < 0:
             _out_of_range(x, t, -1 - count)
-        np.exp(s, out=s)
+        np.exp(grad, out=grad)
         scale = ((1.0 / count) if count else 0.0) if mean else 1.0
-        grad = np.empty((n, c), x.dtype)
         se = np.empty(n, x.dtype)
         red = np.empty(c if with_sum else 0, x.dtype)
-        grad_kernel(s, t, ignore_index, dt(g) * dt(scale), grad, se, red, red.shape[0])
+        grad_kernel(grad, t, ignore_index, dt(g) * dt(scale), se, red, red.shape[0])
         np.log(se, out=se)
         total = dt(loss_kernel(se, st, t, ignore_index))
         if not mean:
