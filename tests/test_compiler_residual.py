@@ -300,3 +300,28 @@ def test_residual_layer_norm_pass_leaves_other_adds():
                          {"axes": (0, 1), "eps": 1e-5, "param_shape": (4, 6)}, [y2]))
     g2.outputs = [y2]
     assert [n.name for n in passes.fuse_residual_layer_norm(g2).nodes] == ["add", "layer_norm"]
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_embedding_rows_added_to_themselves_stay_an_input(monkeypatch, backend):
+    """add(e, e) of one embedding's rows read by a LayerNorm: the rows are both operands, so
+    the embedding is not folded into the kernel's gather (its value is still read)."""
+    monkeypatch.setenv("TAPEGRAD_COMPILE_KERNELS", backend)
+    rng = np.random.default_rng(3)
+    emb, ln = tapegrad.nn.Embedding(6, 8), tapegrad.nn.LayerNorm(8)
+    tokens = tapegrad.tensor(rng.integers(0, 6, (2, 4)))
+
+    def step(tok):
+        emb.weight.grad = None
+        e = emb(tok)
+        loss = (ln(e + e) * 1.5).sum()
+        loss.backward()
+        return loss
+
+    want = [step(tokens).item(), emb.weight.grad.numpy().copy()]
+    comp = tapegrad.compile(step)
+    for _ in range(2):
+        got = [comp(tokens).item(), emb.weight.grad.numpy()]
+    assert got[0] == want[0]
+    np.testing.assert_array_equal(_bits(got[1]), _bits(want[1]))
+    assert "gather=True" not in comp.entries[-1].source

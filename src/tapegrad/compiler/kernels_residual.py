@@ -505,7 +505,7 @@ def fuse_residual_layer_norm(graph):
                 emb.inputs[0].dtype == a.dtype and len(emb.inputs[0].shape) == 2 and \
                 emb.inputs[0].shape[1] == a.shape[-1] and emb.inputs[1].dtype.kind in "iu" and \
                 int(np.prod(emb.inputs[1].shape, dtype=np.int64)) == _rows(a.shape) and \
-                uses.get(id(a), []) == [add] and id(emb) not in drop:
+                uses.get(id(a), []) == [add] and b is not a and id(emb) not in drop:
             ins = list(emb.inputs) + [b]
             params["gather"] = True
             drop.add(id(emb))
