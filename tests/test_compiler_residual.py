@@ -325,3 +325,39 @@ def test_embedding_rows_added_to_themselves_stay_an_input(monkeypatch, backend):
     assert got[0] == want[0]
     np.testing.assert_array_equal(_bits(got[1]), _bits(want[1]))
     assert "gather=True" not in comp.entries[-1].source
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kernels_take_non_contiguous_inputs(dtype):
+    """Transposed (Fortran-ordered) and strided inputs: the kernels read them as contiguous
+    rows (a copy), the same bits as eager."""
+    C = 16
+    x = _data((C, 24), dtype, 1).T  # (24, 16), Fortran order
+    g = _data((48, C), dtype, 2)[::2]
+    w, b = _data((C,), dtype, 3), _data((C,), dtype, 4)
+    got = KR.layer_norm_call((24, C), np.dtype(dtype))(x, w, b, 1e-5)
+    want = N._norm_forward(x, w, b, axes=(1,), eps=1e-5, param_shape=(C,))
+    np.testing.assert_array_equal(_bits(got), _bits(want))
+    ln = _ln_backward_node(np.ascontiguousarray(g), np.ascontiguousarray(x), w, True)
+    node = Node(None, "residual_layer_norm_backward", ln.inputs, dict(ln.params, residual=0),
+                ln.outputs, meta={"with_gb": True, "sums": [], "sum_to": []},
+                impl=KR._ln_backward_residual_impl(ln, None, [], [], []))
+    got = KR.residual_layer_norm_backward_factory(node)(g, x, w, **node.params)
+    want = N._norm_rule(g, None, x, w, w, axes=(1,), eps=1e-5, param_shape=(C,))
+    for a, b_ in zip(got, want):
+        np.testing.assert_array_equal(_bits(a), _bits(b_))
+    # the fused forward: a strided operand of the residual add
+    a2 = _data((C, 24), dtype, 5).T
+    add = Node(REGISTRY["add"], "add", [_v("a", (24, C), dtype), _v("b", (24, C), dtype)], {},
+               [_v("s", (24, C), dtype)])
+    lnf = Node(REGISTRY["layer_norm"], "layer_norm", [add.outputs[0], _v("w", (C,), dtype),
+                                                      _v("bb", (C,), dtype)],
+               {"axes": (1,), "eps": 1e-5, "param_shape": (C,)}, [_v("y", (24, C), dtype)])
+    params = dict(lnf.params, swap=False)
+    fwd = Node(None, "residual_layer_norm", add.inputs + lnf.inputs[1:], params,
+               [add.outputs[0], lnf.outputs[0]], impl=KR._residual_ln_impl(add, None, lnf, None))
+    s_got, y_got = KR.residual_layer_norm_factory(fwd)(a2, g, w, b, **params)
+    s_want = a2 + g
+    np.testing.assert_array_equal(_bits(s_got), _bits(s_want))
+    np.testing.assert_array_equal(_bits(y_got), _bits(N.layer_norm.forward(s_want, w, b,
+                                                                           **lnf.params)))

@@ -566,7 +566,14 @@ def residual_layer_norm_factory(node):
             idx = idx.reshape(-1)
         else:
             first, second = (arrays[1], arrays[0]) if swap else arrays[:2]
-            first, idx = first.reshape(R, C), no_idx
+            idx = no_idx
+        if not second.flags.c_contiguous or not (gather or first.flags.c_contiguous):
+            # numpy's add may keep a strided layout, and LayerNorm then sums its rows in
+            # another order: eager's ops
+            return impl(*arrays, axes=axes, eps=eps, param_shape=param_shape, swap=swap,
+                        gather=gather)
+        if not gather:
+            first = first.reshape(R, C)
         if not fn(first, idx, second.reshape(Rb, C), True, buf[0],
                   empty if w is None else w, empty if bias is None else bias, dt.type(eps),
                   w is not None, bias is not None, buf[1], st):
@@ -580,6 +587,8 @@ def residual_layer_norm_factory(node):
 def layer_norm_call(shape, dt):
     """The row kernel for a plain ``layer_norm`` over the last axis of ``shape`` (no residual
     sum): ``call(x, w, b, eps) -> out`` (kernels_gpt's layer_norm factory serves it)."""
+    from tapegrad.ops.nn import _norm_forward
+
     C = shape[-1]
     fn = _rows_kernel("residual_ln_rows", C)
     R = _rows(shape)
@@ -590,6 +599,8 @@ def layer_norm_call(shape, dt):
 
     def call(x, w, b, eps):
         out = np.empty(shape, dt)
+        if not x.flags.c_contiguous:  # numpy then sums the rows in another order
+            return _norm_forward(x, w, b, axes=(len(shape) - 1,), eps=eps, param_shape=(C,))
         fn(e2, no_idx, e2, False, x.reshape(R, C), empty if w is None else w,
            empty if b is None else b, dt.type(eps), w is not None, b is not None,
            out.reshape(R, C), st)
@@ -748,8 +759,13 @@ def residual_layer_norm_backward_factory(node):
     from tapegrad.ops import nn as nn_ops
 
     eager_table = nn_ops.embedding_backward.forward
+    impl = node.impl
 
     def residual_layer_norm_backward_kernel(g, x, w, *rest, axes, eps, residual):
+        if not (g.flags.c_contiguous and x.flags.c_contiguous and (
+                not n_res or rest[0].flags.c_contiguous)):
+            # numpy sums a strided row in another order (and lays its results out so)
+            return impl(g, x, w, *rest, axes=axes, eps=eps, residual=residual)
         out = recycle(boxes[0], flat, dt)  # last call's arrays when nothing holds them
         acc = recycle(boxes[1], (nacc, C), dt)  # gw, gb and the column sums: one array
         pos = recycle(boxes[2], prows, dt) if P else e2
