@@ -9,13 +9,14 @@ gradient ``(exp(s) / sum(exp(s)) * keep - onehot) * (g * scale)``. The generated
 
 1. ``ce_shift``: the targets checked, each row's max (numpy's value: max is exact in any
    order; taken on the floats' bits as ordered integers, which vectorise; a row holding a NaN
-   takes it, as ``np.maximum``), ``s = x - max`` into one buffer and the target's
-   ``s[i, t[i]]`` set aside; returns the valid rows' count.
+   takes it, as ``np.maximum``), ``s = x - max`` into the buffer that becomes the gradient,
+   and the target's ``s[i, t[i]]`` set aside; returns the valid rows' count.
 2. numpy's ``exp`` of that buffer, in place.
-3. ``ce_grad``: each row's sum in numpy's pairwise order (``kernels.PAIRWISE``), the gradient
-   row (a division and a multiply an element, the target's element apart) and the column sums
-   (rows added in order from 0, as numpy's ``add.reduce`` over axis 0).
-4. numpy's ``log`` of the 512 row sums, then ``ce_loss``: the per-row losses (0 for ignored
+3. ``ce_grad``: each row's sum in numpy's pairwise order (``kernels.PAIRWISE``), the row turned
+   into its gradient in place (a division and a multiply an element, the target's element
+   apart) and the column sums (rows added in order from 0, as numpy's ``add.reduce`` over
+   axis 0).
+4. numpy's ``log`` of the row sums, then ``ce_loss``: the per-row losses (0 for ignored
    rows) summed in numpy's pairwise order.
 
 This replaces numpy's ``maximum.reduce`` over short rows (slow: ~0.7 ns an element), the
