@@ -239,6 +239,11 @@ def test_linear_over_a_stack_of_rows_is_eager_bitwise(dtype, xs, ws, bias):
         got, want = fn(*args), linear.forward(*args)
         assert got.dtype == want.dtype and got.shape == want.shape
         np.testing.assert_array_equal(_bits(got), _bits(want))
+    # strided activations (the same shape, another layout): eager's bits too
+    xt = np.swapaxes(rng.standard_normal(xs[:-3] + (xs[-2], xs[-3], xs[-1])).astype(dtype),
+                     -3, -2)
+    got, want = fn(xt, *args[1:]), linear.forward(xt, *args[1:])
+    np.testing.assert_array_equal(_bits(got), _bits(want))
 
 
 @pytest.mark.parametrize("xs,ws,dtype", [

@@ -257,9 +257,14 @@ def _stacked_is_eagers(xs, ws, dtype):
 
 def linear_stacked(x, w, b=None):
     """``linear(x, w, b)`` (ops.nn's: ``x @ w.T``, then ``+= b``) as numpy's stacked product
-    against ``w.T`` made contiguous."""
+    against ``w.T`` made contiguous. A strided ``x`` runs eager's linear (the shape's probe
+    used contiguous operands only)."""
     from tapegrad.backend import blas
 
+    if not x.flags.c_contiguous:
+        from tapegrad.ops.nn import linear
+
+        return linear.forward(x, w) if b is None else linear.forward(x, w, b)
     out = blas.matmul(x, np.ascontiguousarray(w.T))
     if b is not None:
         out += b
