@@ -1,5 +1,5 @@
 """Every float32 input (all 2^32 bit patterns): the compiled float32 GELU forward
-(compiler/kernels_gelu.py: the short erf fit, the lanes beyond gathered for eager's formula)
+(compiler/kernels_gelu.py: ERF32_SHORT on |u| <= 2, ERF32_MID beyond)
 and the previous one-fit kernel (erf32 on every lane) against eager's GELU (``gelu_with_cdf``,
 ``ops.nn.gelu``'s operations): ``out`` and ``w = 1 + erf(x / sqrt 2)`` compared as bits (NaN
 as NaN). ~3 minutes of one core; prints the counts and the inputs that differ.

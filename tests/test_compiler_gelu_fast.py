@@ -2,7 +2,7 @@
 compiler/kernels_gelu.py).
 
 Forward: lanes with u*u <= 4 (u = x / sqrt 2) take ``ERF32_SHORT`` (degree 15), the others
-are gathered for eager's own second formula (numpy's exp); rounded to float32 and through
+``ERF32_MID`` (degree 21, erf on 2 < |u| <= 4, +-1 beyond); rounded to float32 and through
 ``1 + erf`` the results must be eager's bit for bit. Every float32 bit pattern was checked
 offline (0 differences; the previous one-fit kernel, erf32 on every lane: 19); here a stride
 through the range, normal data, the fit's boundary, the edge values, and the inputs where
@@ -104,7 +104,7 @@ ERF32_MISSES = np.array([
 
 def test_forward_is_eager_where_erf32_was_not(_numba):
     """At the 19 inputs where erf32's float32 rounding made the previous kernel's GELU differ
-    from eager's (short-fit lanes and gathered ones), the kernel's is eager's."""
+    from eager's (lanes of both fits), the kernel's is eager's."""
     x = np.concatenate([ERF32_MISSES, np.zeros(13, np.float32)])  # blocks: one flagged
     out, w, pa = _forward_kernel(x.shape)(x)
     ref_out, ref_w, ref_pa = kernels_gelu.gelu_with_cdf(x)
@@ -137,12 +137,16 @@ def test_short_fit_forward_any_layout(_numba):
 
 
 def test_short_fit_erf_against_eager(_numba):
-    """erf itself (before ``1 + erf``): the short fit against eager's float64 erf rounded to
-    float32 on a stride over |u| <= 2. Of all 1.07e9 float32 u in [0, 2] the short
-    fit differs from eager's rounding at three (1 ulp; erf32 at 263), listed here: there
-    ``1 + erf`` rounds them to the same float32, so GELU's results are eager's."""
-    u = _stride_sample(1 << 9)
-    u = u[np.isfinite(u) & (np.abs(u) <= 2)]
+    """erf itself (before ``1 + erf``): the two fits against eager's float64 erf rounded to
+    float32 on a stride over every bit pattern (infinities included), and every float32 u
+    around the fits' meeting point (|u| = 2) and ERF32_MID's clamp (|u| = 4). On all 2^31
+    float32 u > 2 ERF32_MID's rounding is eager's; of the 1.07e9 in [0, 2] the short fit's
+    differs at three (1 ulp; erf32 at 263), listed here: there ``1 + erf`` rounds them to the
+    same float32, so GELU's results are eager's."""
+    near = [np.arange(np.float32(c - 1e-4).view(np.uint32), np.float32(c + 1e-4).view(
+        np.uint32), dtype=np.uint32).view(np.float32) for c in (2.0, 4.0)]
+    u = np.concatenate([_stride_sample(1 << 10)] + near + [-v for v in near])
+    u = u[~np.isnan(u)]
     got = kernels_gelu.erf_float32(u)
     assert _same(got, erf64(u).astype(np.float32))
     rare = np.array([5.204742592468392e-06, 0.00018398030078969896, 0.0003662518283817917],
@@ -157,16 +161,22 @@ def test_short_fit_erf_against_eager(_numba):
         assert _same(out, kernels_gelu.gelu_with_cdf(x)[0])
 
 
-def test_short_fit_accuracy_in_float64(_numba):
-    """The fit itself (float64, before rounding) within 2e-15 relative of eager's float64 erf
-    (Cephes, ~1e-16 from erf) over [-2, 2], its end points and tiny arguments included: the
-    margin that makes its float32 rounding eager's."""
+def test_fits_accuracy_in_float64(_numba):
+    """The fits themselves (float64, before rounding) against eager's float64 erf (Cephes,
+    ~1e-16 from erf): the short one within 2e-15 relative over [-2, 2] (tiny arguments and
+    signed zeros included), the other within 3e-16 absolute (float64's rounding near 1) over
+    2 < |u| <= 4 and +-1 beyond: the margins that make their float32 roundings eager's."""
     u = np.concatenate([np.linspace(-2, 2, 400_001), np.geomspace(1e-300, 2, 20_001),
                         -np.geomspace(1e-300, 2, 20_001), [0.0, -0.0, 2.0, -2.0]])
-    got, ref = kernels_gelu.erf_short_float64(u), erf64(u)
+    got, ref = kernels_gelu.erf_fits_float64(u), erf64(u)
     nz = ref != 0
     assert np.max(np.abs(got[nz] - ref[nz]) / np.abs(ref[nz])) < 2e-15
     assert _same(got[~nz], ref[~nz])  # signed zeros
+    u = np.linspace(2, 4, 200_001)[1:]
+    u = np.concatenate([u, -u, [4.5, 7.0, 1e30, np.inf, -np.inf]])
+    got, ref = kernels_gelu.erf_fits_float64(u), erf64(u)
+    assert np.max(np.abs(got[:-5] - ref[:-5])) < 3e-16
+    assert np.array_equal(np.float32(got[-5:]), np.float32([1, 1, 1, 1, -1]))
 
 
 def _inputs(g, specs):

@@ -11,8 +11,8 @@ one erf less per GELU per step, the same bits (the same operations on the same v
 
 Each node has a numpy body (eager's own ops, used without numba and as the reference) and
 numba kernels: float32 erf is ``ERF32_SHORT``, a degree-15 fit, where |u| <= 2 (nearly every
-GELU argument) and eager's own second formula beyond (the lanes gathered, numpy's ``exp`` of
-theirs: GELU's float32 results are eager's on every float32 input), float64 erf
+GELU argument) and ``ERF32_MID``, a degree-21 fit of erf on 2 < |u| <= 4, beyond (checked on
+every float32 input: GELU's float32 results are eager's), float64 erf
 is eager's ``erf64`` run as eager runs it (the few lanes with |u| > 1 gathered, numpy's ``exp``
 of theirs only), and the gradient's ``exp(-x*x/2)`` is numpy's of an argument a numba pass
 forms. The gradient node also returns the next linear's bias gradient (the column sums of its
@@ -116,10 +116,10 @@ def _src(lines, erf="", flags=""):
 # may contract to FMAs). Relative error <= 1.2e-15 of erf (mpmath, 20000 points), 1/45 of
 # ``ERF32_COEFFS``'s. Rounded once to float32 it is eager's (float64 Cephes erf, rounded) on
 # all but 3 of the 1.07e9 float32 u in [0, 2] (1 ulp, |u| < 4e-4, where ``1 + erf`` rounds
-# both to the same float32; erf32 differs at 263 of them); odd, as eager's. With the lanes
-# beyond gathered for eager's own formula, the float32 GELU kernel's (out, w) are eager's on
-# every one of the 2^32 float32 inputs (benchmarks/gelu_float32_all_inputs.py; erf32 on every
-# lane: 19 differ). 16 coefficients instead of 24: 1.4x fewer float64 operations an element,
+# both to the same float32; erf32 differs at 263 of them); odd, as eager's. With
+# ``ERF32_MID`` beyond, the float32 GELU kernel's (out, w) are eager's on every one of the
+# 2^32 float32 inputs (benchmarks/gelu_float32_all_inputs.py; erf32 on every lane: 19
+# differ). 16 coefficients instead of 24: 1.4x fewer float64 operations an element,
 # the loop's bound.
 ERF32_SHORT = (
     0.6749332360396545, -0.26111186093124533, 0.11947913860991874, -0.048662777449162455,
@@ -127,8 +127,24 @@ ERF32_SHORT = (
     -0.0003351435347665326, 7.18009644294896e-05, -1.3946268865600212e-05,
     2.4758957031803304e-06, -4.0451986966138103e-07, 6.108547961400175e-08,
     -8.605401204315784e-09, 1.2020242842740404e-09, -1.4770385263261938e-10)
-ERF32_SHORT_BOUND = 4.0  # u*u: the short fit's range (beyond it: eager's second formula)
-BLOCK32 = 16  # lanes a block: one vectorised pass, then its lanes beyond the fit gathered
+ERF32_SHORT_BOUND = 4.0  # u*u: the short fit's range (beyond it: ERF32_MID)
+BLOCK32 = 16  # lanes a block: one vectorised pass, then its lanes beyond the fit again
+
+# float32 erf on 2 < |u| <= 4: P(|u| - 3) with the sign of u, P the degree-21 Chebyshev
+# interpolant of erf itself on [2, 4] (mpmath as above), Horner (FMAs allowed); absolute error
+# 1.2e-16 (mpmath, 20001 points): float64's own rounding of values near 1, as eager's. Beyond
+# |u| = 4 it reads P(1) = erf(4) = 1 - 1.5e-8, which rounds to 1 in float32 as eager's erf of
+# any |u| >= 4 does. Rounded once to float32 it is eager's on all 2^31 float32 u > 2 (both
+# signs by symmetry; benchmarks/gelu_float32_all_inputs.py checks GELU on all 2^32 inputs).
+ERF32_MID = (
+    0.9999779095030015, 0.00013925305194674271, -0.0004177591558412556,
+    0.0007891006276994829, -0.0010443978895603287, 0.0010165472791614273,
+    -0.0007380411759402074, 0.00039057165600032257, -0.00013477705608615903,
+    1.3906879241971658e-05, 1.5616212735273337e-05, -1.0793589415124638e-05,
+    3.030775953859953e-06, 1.2330114803181393e-07, -4.526455657826449e-07,
+    1.6589728761611673e-07, -9.234371291391946e-09, -1.5171225894452588e-08,
+    5.896497955760714e-09, -2.5065252244382397e-10, -4.2997607112188544e-10,
+    1.0070263428361818e-10)
 
 
 def _horner(coeffs, t):
@@ -139,24 +155,28 @@ def _horner(coeffs, t):
 
 
 def erf32_short_source():
-    """The numba source of ``erf32_short(u)`` (float64 u with ``u*u <= 4``; inlined)."""
+    """The numba source of ``erf32_short(u)`` (float64 u with ``u*u <= 4``) and
+    ``erf32_mid(u)`` (float64 u with ``u*u > 4``, not NaN); inlined."""
     return ('@njit(inline="always")\n'
             "def erf32_short(u):\n"
             "    t = u * u * 0.5 - 1.0\n"
-            f"    return u * {_horner(ERF32_SHORT, 't')}\n")
+            f"    return u * {_horner(ERF32_SHORT, 't')}\n\n\n"
+            '@njit(inline="always")\n'
+            "def erf32_mid(u):\n"
+            "    a = abs(u)\n"
+            "    v = (a if a <= 4.0 else 4.0) - 3.0\n"
+            f"    return math.copysign({_horner(ERF32_MID, 'v')}, u)\n")
 
 
 def _forward32():
     """float32: blocks of ``BLOCK32`` lanes, each one vectorised pass of ``ERF32_SHORT``
-    (writing every lane) and a flag of the lanes beyond its range; a flagged block's lanes
-    are gathered without a branch (each written at ``m``, ``m`` advanced for those beyond:
-    index, u in float64 and eager's exp argument ``-b*b``, b = min(|u|, 6)) for eager's
-    second formula (``_finish32``); returns their count. Multiply-adds may contract to FMAs:
-    the only adds are the polynomial's and ``1 + erf``, whose operand is a float32 rounding
-    (cannot contract). NaN stays in the short pass (``u*u > 4`` is false): NaN, as eager.
-    Cost (standalone, 131072 lanes): normal inputs of spread 0.88 (the char-GPT's) 0.15 ms,
-    erf32 on every lane 0.18; where |x| > 2.83 is common it is more (spread 1.5: 0.31 ms,
-    4: 0.53 ms: eager's formula, its exp and division, on those lanes)."""
+    (writing every lane, and the gradient's exp argument) and a flag of the lanes beyond its
+    range; a flagged block's such lanes are written again with ``ERF32_MID`` (a vectorised
+    pass with masked stores). Multiply-adds may contract to FMAs: the only adds are the
+    polynomials' and ``1 + erf``, whose operand is a float32 rounding (cannot contract). NaN
+    stays in the short pass (``u*u > 4`` is false): NaN, as eager. Cost (standalone, 131072
+    lanes): normal inputs of spread 0.88 (the char-GPT's) 0.15 ms, erf32 on every lane 0.18;
+    where |x| > 2.83 is common a flagged block costs both fits (spread 4: ~0.3 ms)."""
     b = BLOCK32
     lane = ["xi = x[j]",
             f"u = np.float64(xi * np.float32({_SQRT1_2!r}))",
@@ -165,16 +185,14 @@ def _forward32():
             "w[j] = wi",
             "out[j] = (xi * np.float32(0.5)) * wi",
             "pa[j] = (np.float32(-0.5) * xi) * xi"]
-    gather = [f"u = np.float64(x[j] * np.float32({_SQRT1_2!r}))",
-              "a = abs(u)",
-              f"c = a if a <= {CLAMP!r} else {CLAMP!r}",
-              "idx[m] = j",
-              "ub[m] = u",
-              "arg[m] = (-c) * c",
-              f"m += np.int64(u * u > {ERF32_SHORT_BOUND!r})"]
-    return _src(["def gelu_with_cdf_float32(x, out, w, pa, ub, arg, idx):",
+    wide = ["xi = x[j]",
+            f"u = np.float64(xi * np.float32({_SQRT1_2!r}))",
+            f"if u * u > {ERF32_SHORT_BOUND!r}:",
+            "    wi = np.float32(1.0) + np.float32(erf32_mid(u))",
+            "    w[j] = wi",
+            "    out[j] = (xi * np.float32(0.5)) * wi"]
+    return _src(["def gelu_with_cdf_float32(x, out, w, pa):",
                  "    n = x.size",
-                 "    m = np.int64(0)",
                  f"    for b in range(0, n - n % {b}, {b}):",
                  "        bad = np.int32(0)",
                  f"        for j in range(b, b + {b}):"] +
@@ -182,60 +200,44 @@ def _forward32():
                 [f"            bad |= np.int32(s > {ERF32_SHORT_BOUND!r})",
                  "        if bad:",
                  f"            for j in range(b, b + {b}):"] +
-                ["                " + s for s in gather] +
+                ["                " + s for s in wide] +
                 [f"    for j in range(n - n % {b}, n):"] +
                 ["        " + s for s in lane] +
-                ["        " + s for s in gather] +
-                ["    return m"], erf32_short_source(), ', fastmath={"contract"}')
-
-
-def _finish32():
-    """The gathered lanes (|u| > 2): eager's erf64 there, its second formula (Cephes'
-    ``1 - exp(-b*b) P(b) / Q(b)`` with the sign of u, numpy's exp read from ``e``) over the
-    gathered values (a vectorised loop), no FMA (numpy's separate multiplies and adds), then
-    rounded once to float32 and scattered."""
-    c = CEPHES
-    return _src([
-        "def gelu_cdf_finish_float32(x, out, w, ub, e, idx, m):",
-        "    for k in range(m):",
-        "        u = ub[k]",
-        "        a = abs(u)",
-        f"        b = a if a <= {CLAMP!r} else {CLAMP!r}",
-        f"        ub[k] = math.copysign(1.0 - (e[k] * {_polevl('b', c['P'])}) / "
-        f"{_polevl('b', c['Q'], True)}, u)",
-        "    for k in range(m):",
-        "        i = idx[k]",
-        "        wi = np.float32(1.0) + np.float32(ub[k])",
-        "        w[i] = wi",
-        "        out[i] = (x[i] * np.float32(0.5)) * wi"])
+                ["        " + s for s in wide], erf32_short_source(), ', fastmath={"contract"}')
 
 
 def _erf_float32():
-    """erf of float32 u with u*u <= 4 as the GELU kernel's short pass computes it (the same
-    source and flags), rounded to float32: the tests' view of it."""
+    """erf of float32 u as the GELU kernel computes it (``erf32_short`` where u*u <= 4,
+    ``erf32_mid`` beyond; the same source and flags), rounded to float32: the tests' view."""
     return _src(["def erf_float32(u, out):",
                  "    for i in range(u.size):",
-                 "        out[i] = np.float32(erf32_short(np.float64(u[i])))"],
+                 "        v = np.float64(u[i])",
+                 f"        if v * v > {ERF32_SHORT_BOUND!r}:",
+                 "            out[i] = np.float32(erf32_mid(v))",
+                 "        else:",
+                 "            out[i] = np.float32(erf32_short(v))"],
                 erf32_short_source(), ', fastmath={"contract"}')
 
 
 def erf_float32(u):
-    """float32 erf of the float32 array ``u`` (|u| <= 2) by the forward kernel's fit."""
+    """float32 erf of the float32 array ``u`` by the forward kernel's two fits (numba)."""
     u = np.ascontiguousarray(u, np.float32)
     out = np.empty_like(u)
     kernels.load("erf_float32", _erf_float32())(u.reshape(-1), out.reshape(-1))
     return out
 
 
-def erf_short_float64(u):
-    """``erf32_short`` of the float64 array ``u`` (u*u <= 4) before its float32 rounding
-    (numba, the kernel's source and flags): the fit's own accuracy, for the tests."""
+def erf_fits_float64(u):
+    """The float32 kernel's erf of the float64 array ``u`` before its float32 rounding
+    (``erf32_short`` where u*u <= 4, else ``erf32_mid``; numba, the kernel's source and
+    flags): the fits' own accuracy, for the tests."""
     u = np.ascontiguousarray(u, np.float64)
     out = np.empty_like(u)
-    kernels.load("erf_short_float64", _src([
-        "def erf_short_float64(u, out):", "    for i in range(u.size):",
-        "        out[i] = erf32_short(u[i])"], erf32_short_source(), ', fastmath={"contract"}'))(
-        u.reshape(-1), out.reshape(-1))
+    kernels.load("erf_fits_float64", _src([
+        "def erf_fits_float64(u, out):", "    for i in range(u.size):",
+        f"        v = u[i]",
+        f"        out[i] = erf32_mid(v) if v * v > {ERF32_SHORT_BOUND!r} else erf32_short(v)"],
+        erf32_short_source(), ', fastmath={"contract"}'))(u.reshape(-1), out.reshape(-1))
     return out
 
 
@@ -315,24 +317,20 @@ def _flat(a):
 def gelu_with_cdf_factory(node):
     x = node.inputs[0]
     dt = np.dtype(x.dtype)
-    n = int(np.prod(x.shape))
-    # scratch arrays of this node's (as the generated code's planned buffers: one per entry)
-    ub, arg, idx = np.empty(n), np.empty(n), np.empty(n, np.int64)
     if dt == np.float32:
         fn = kernels.load("gelu_with_cdf_float32", _forward32())
-        finish32 = kernels.load("gelu_cdf_finish_float32", _finish32())
 
         def gelu_with_cdf_kernel(xa):
             out, w, pa = (np.empty(xa.shape, dt) for _ in range(3))
-            xf, of, wf = _flat(xa), out.reshape(-1), w.reshape(-1)
-            m = fn(xf, of, wf, pa.reshape(-1), ub, arg, idx)
-            if m:  # |u| > 2: eager's second formula, numpy's exp
-                finish32(xf, of, wf, ub, np.exp(arg[:m], out=arg[:m]), idx, m)
+            fn(_flat(xa), out.reshape(-1), w.reshape(-1), pa.reshape(-1))
             return out, w, pa
 
         return gelu_with_cdf_kernel
     gather = kernels.load("gelu_cdf_gather_float64", _GATHER64)
     finish = kernels.load("gelu_cdf_finish_float64", _finish64())
+    n = int(np.prod(x.shape))
+    # scratch arrays of this node's (as the generated code's planned buffers: one per entry)
+    ub, arg, idx = np.empty(n), np.empty(n), np.empty(n, np.int64)
 
     def gelu_with_cdf_kernel(xa):
         out, w, pa = (np.empty(xa.shape, dt) for _ in range(3))
