@@ -549,7 +549,8 @@ def concatenate_products_factory(node):
             steps.append(("product", src, slot[id(o)], None))
         elif m.name == "matmul":
             steps.append(("matmul", src, None, np.empty(tuple(o.shape), dt)))
-        elif m.name == "softmax_backward" and tuple(m.inputs[0].shape) == tuple(o.shape):
+        elif m.name == "softmax_backward" and tuple(m.inputs[0].shape) == tuple(o.shape) \
+                and node.impl is not None:
             size = int(np.prod(o.shape, dtype=np.int64))
             C = o.shape[-1]
             if size == 0:
@@ -562,6 +563,7 @@ def concatenate_products_factory(node):
     fix = _kernels()["scale_add_zero"]
     P = int(np.prod(shape[:axis], dtype=np.int64))
     Q = int(np.prod(shape[axis + 1:], dtype=np.int64))
+    body = node.impl
 
     def concatenate_products_kernel(*arrays):
         res = np.empty(shape, dt)
@@ -580,8 +582,10 @@ def concatenate_products_factory(node):
                 vals.append(np.matmul(vals[src[0]], vals[src[1]], out=buf))
             else:  # the softmax gradient
                 size, C, tmp = arg
-                gp, p = (np.ascontiguousarray(vals[i]).reshape(size) for i in src)
-                sbk(gp, p, buf.reshape(size), tmp, C)
+                gp, p = vals[src[0]], vals[src[1]]
+                if not (gp.flags.c_contiguous and p.flags.c_contiguous):
+                    return body(*arrays)  # strided rows: numpy's own sums (eager's bits)
+                sbk(gp.reshape(size), p.reshape(size), buf.reshape(size), tmp, C)
                 vals.append(buf)
         fix(res.reshape(P, shape[axis], Q), cs)
         return res
@@ -592,7 +596,8 @@ def concatenate_products_factory(node):
 # --- softmax's gradient rule (fused by kernels_gpt.fuse_softmax_backward) ----------------
 def softmax_backward(node):
     """The kernel for a ``softmax_backward`` node over float32/float64 (any shape: rows of
-    its last axis; non-contiguous inputs copied first), or None."""
+    its last axis), or None. Inputs that are not C-contiguous go to the node's own ops:
+    numpy sums a strided row in another order than the pairwise one (eager's bits)."""
     if len(node.inputs) != 2 or not all(isinstance(a, Value) for a in node.inputs):
         return None
     gp, p = node.inputs
@@ -605,7 +610,11 @@ def softmax_backward(node):
     size = int(np.prod(shape, dtype=np.int64))
     tmp = np.empty(C, dt)
 
+    body = node.impl
+
     def softmax_backward_fast(gp, p):
+        if not (gp.flags.c_contiguous and p.flags.c_contiguous) and body is not None:
+            return body(gp, p)
         out = np.empty(shape, dt)
         fn(np.ascontiguousarray(gp).reshape(size), np.ascontiguousarray(p).reshape(size),
            out.reshape(size), tmp, C)
