@@ -133,6 +133,35 @@ def test_residual_layer_norm_backward_kernel_is_eager_bitwise(dtype, shape, mode
         np.testing.assert_array_equal(_bits(a), _bits(b))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_column_sums_of_negative_zero_columns_are_numpys(dtype):
+    """numpy's axis-0 sums add the rows into 0.0: a column of g that is -0.0 in every row
+    gives gb = +0.0 there (the kernel once started from the first row: -0.0)."""
+    shape, C = (4, 8, 16), 16
+    g, x, w = _data(shape, dtype, 7), _data(shape, dtype, 8), _data((C,), dtype, 9)
+    g[..., 3] = -0.0
+    r = _data(shape, dtype, 10)
+    ln = _ln_backward_node(g, x, w, True)
+    gx, gw, gb = N._norm_rule(g, None, x, w, w, axes=(2,), eps=1e-5, param_shape=(C,))
+    assert _bits(gb)[3] == 0  # numpy's: +0.0
+    main = gx + r
+    flat = main.reshape(-1, C)
+    sums = [Node(REGISTRY["sum"], "sum", [_v("flat", flat.shape, dtype)], {"dims": (0,)},
+                 [_v("cs", (C,), dtype)])]
+    tos = [Node(REGISTRY["sum_to"], "sum_to", [_v("m", shape, dtype)], {"shape": shape[1:]},
+                [_v("ps", shape[1:], dtype)])]
+    want = [main, gw, gb, REGISTRY["sum"].forward(flat, dims=(0,)),
+            REGISTRY["sum_to"].forward(main, shape=shape[1:])]
+    node = Node(None, "residual_layer_norm_backward", ln.inputs + [_v("r", shape, dtype)],
+                dict(ln.params, residual=2), [_v("main", shape, dtype)] + ln.outputs[1:] +
+                [sums[0].outputs[0], tos[0].outputs[0]],
+                meta={"with_gb": True, "sums": sums, "sum_to": tos})
+    got = KR.residual_layer_norm_backward_factory(node)(g, x, w, r, **node.params)
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(_bits(a), _bits(b))
+
+
 # --- the passes on a compiled residual stack ------------------------------------------------
 def _stack(dtype, seed=0, embed=False):
     """Embedding + broadcast position rows, three LayerNorms each read from a residual sum,

@@ -109,11 +109,11 @@ def rowsum_short(a, n):
 
 @njit(error_model="numpy", cache=True, inline="always")
 def colsums(acc, a, b, t0, T, prod):
-    """acc += a[t0 + l] (prod: a[t0 + l] * b[l]) for l = 0..T-1 in order, acc the first row
-    itself when t0 == 0 (numpy's add.reduce over axis 0: rows in order, the first copied).
-    Full tiles of 8: one pass over the columns adding the 8 rows in order."""
+    """acc += a[t0 + l] (prod: a[t0 + l] * b[l]) for l = 0..T-1 in order, acc zeroed before
+    the first tile (numpy's add.reduce over axis 0: rows in order into its identity 0.0, so a
+    column of -0.0 sums to 0.0). Full tiles of 8: one pass over the columns adding the 8
+    rows in order."""
     C = acc.shape[0]
-    first = t0 == 0
     if T == 8:
         r0 = a[t0]
         r1 = a[t0 + 1]
@@ -126,9 +126,7 @@ def colsums(acc, a, b, t0, T, prod):
         if prod:
             s0, s1, s2, s3, s4, s5, s6, s7 = b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]
             for j in range(C):
-                v = r0[j] * s0[j]
-                if not first:
-                    v = acc[j] + v
+                v = acc[j] + r0[j] * s0[j]
                 v = v + r1[j] * s1[j]
                 v = v + r2[j] * s2[j]
                 v = v + r3[j] * s3[j]
@@ -138,9 +136,7 @@ def colsums(acc, a, b, t0, T, prod):
                 acc[j] = v + r7[j] * s7[j]
         else:
             for j in range(C):
-                v = r0[j]
-                if not first:
-                    v = acc[j] + v
+                v = acc[j] + r0[j]
                 v = v + r1[j]
                 v = v + r2[j]
                 v = v + r3[j]
@@ -153,15 +149,8 @@ def colsums(acc, a, b, t0, T, prod):
         r = a[t0 + l]
         if prod:
             q = b[l]
-            if first and l == 0:
-                for j in range(C):
-                    acc[j] = r[j] * q[j]
-            else:
-                for j in range(C):
-                    acc[j] += r[j] * q[j]
-        elif first and l == 0:
             for j in range(C):
-                acc[j] = r[j]
+                acc[j] += r[j] * q[j]
         else:
             for j in range(C):
                 acc[j] += r[j]
@@ -272,7 +261,8 @@ def ln_backward_rows(g, x, w, eps, res, mode, out, acc, n_cs, pos, n_pos, sc, st
     len(st[0]) rows, phase by phase; out[i] = gx[i] (mode 0), res[i] + gx[i] (1) or
     gx[i] + res[i] (2). acc[0], acc[1]: gw and gb, column sums of g * xhat and g;
     acc[2:2 + n_cs]: column sums of out; pos (n_pos > 0): out summed over its leading axes,
-    rows i % n_pos (numpy's axis-0 add.reduce: rows in order, the first copied).
+    rows i % n_pos (numpy's axis-0 add.reduce: rows in order into 0.0; acc and pos are
+    zeroed here first).
     sc: (3, tile, C) scratch, st: (4, tile)."""
     R, C = x.shape
     T = st.shape[1]
@@ -288,6 +278,13 @@ def ln_backward_rows(g, x, w, eps, res, mode, out, acc, n_cs, pos, n_pos, sc, st
     gw = acc[0]
     gb = acc[1]
     nextrow = 0
+    zero = x.dtype.type(0)
+    for k in range(2 + n_cs):
+        for j in range(C):
+            acc[k, j] = zero
+    for k in range(n_pos):
+        for j in range(C):
+            pos[k, j] = zero
     for t0 in range(0, R, T):
         t1 = min(R, t0 + T)
         for i in range(t0, t1):
@@ -341,12 +338,8 @@ def ln_backward_rows(g, x, w, eps, res, mode, out, acc, n_cs, pos, n_pos, sc, st
                     o[j] = r * ((p[j] - a3) - h[j] * a4) + ri[j]
             if n_pos:  # each row adds into its own row of pos: no chain from row to row
                 pr = pos[nextrow]
-                if i < n_pos:
-                    for j in range(C):
-                        pr[j] = o[j]
-                else:
-                    for j in range(C):
-                        pr[j] += o[j]
+                for j in range(C):
+                    pr[j] += o[j]
                 nextrow += 1  # i % n_pos, counted (a division per row costs)
                 if nextrow == n_pos:
                     nextrow = 0
