@@ -152,8 +152,11 @@ def matmul(a, b):
         # stack's rows. numpy's stacked product against a non-contiguous matrix is 1.2-1.7x
         # slower (float64/float32, (16, 32, K) @ (K, N) for K, N in 64..256), while against
         # a contiguous one its GEMM per leading index is 1.1-1.2x *faster* than the single
-        # GEMM here (OpenBLAS 0.3.31), so that case is left to numpy. The same bits either
-        # way: each output row is the same dot products
+        # GEMM here (OpenBLAS 0.3.31), so that case is left to numpy. Each output row is the
+        # same K-term dot product either way, and for the shapes the BLAS takes to its GEMM
+        # kernels the bits agree too, but not for every shape (one row per index goes to
+        # GEMV; some tiny products to other kernels): which form runs is fixed by the
+        # operands' layout alone, so eager is consistent with itself
         lead = a.shape[:-1]
         rows = a.reshape(math.prod(lead), a.shape[-1])
         return matmul(rows, b).reshape(*lead, b.shape[-1])
