@@ -235,7 +235,7 @@ def erf_fits_float64(u):
     out = np.empty_like(u)
     kernels.load("erf_fits_float64", _src([
         "def erf_fits_float64(u, out):", "    for i in range(u.size):",
-        f"        v = u[i]",
+        "        v = u[i]",
         f"        out[i] = erf32_mid(v) if v * v > {ERF32_SHORT_BOUND!r} else erf32_short(v)"],
         erf32_short_source(), ', fastmath={"contract"}'))(u.reshape(-1), out.reshape(-1))
     return out
