@@ -3,19 +3,20 @@
 Eager's ``gelu(x)`` computes ``(x * 0.5) * (1 + erf(x / sqrt 2))`` and its gradient rule
 ``gelu_backward(g, x)`` computes ``1 + erf(x / sqrt 2)`` again from the same ``x`` (so does
 PyTorch: the rule keeps no more than ``x``). Erf is most of GELU's cost (float64: one numpy
-``exp`` and two rational fits an element; float32: a degree-23 polynomial), so where a traced
+``exp`` and two rational fits an element; float32: a float64 polynomial), so where a traced
 graph has both on the same value the pass ``share_gelu_erf`` makes the forward return
 ``w = 1 + erf(x / sqrt 2)`` beside its result (``gelu_with_cdf``) and the gradient read it
-(``gelu_backward_from_cdf``): one array of the input's size kept from forward to backward,
-one erf less per GELU per step, the same bits (the same operations on the same values).
+(``gelu_backward_from_cdf``): one array of the input's size kept from forward to backward
+(two: the forward also writes the gradient's exp argument ``(-0.5 x) x``), one erf less per
+GELU per step, the same bits (the same operations on the same values).
 
 Each node has a numpy body (eager's own ops, used without numba and as the reference) and
 numba kernels: float32 erf is ``ERF32_SHORT``, a degree-15 fit, where |u| <= 2 (nearly every
 GELU argument) and ``ERF32_MID``, a degree-21 fit of erf on 2 < |u| <= 4, beyond (checked on
 every float32 input: GELU's float32 results are eager's), float64 erf
 is eager's ``erf64`` run as eager runs it (the few lanes with |u| > 1 gathered, numpy's ``exp``
-of theirs only), and the gradient's ``exp(-x*x/2)`` is numpy's of an argument a numba pass
-forms. The gradient node also returns the next linear's bias gradient (the column sums of its
+of theirs only), and the gradient's ``exp(-x*x/2)`` is numpy's of the argument the forward
+kernel wrote. The gradient node also returns the next linear's bias gradient (the column sums of its
 result), added up row by row as its kernel writes them.
 """
 import numpy as np
