@@ -105,7 +105,7 @@ ERF32_MISSES = np.array([
 def test_forward_is_eager_where_erf32_was_not(_numba):
     """At the 19 inputs where erf32's float32 rounding made the previous kernel's GELU differ
     from eager's (lanes of both fits), the kernel's is eager's."""
-    x = np.concatenate([ERF32_MISSES, np.zeros(13, np.float32)])  # blocks: one flagged
+    x = np.concatenate([ERF32_MISSES, np.zeros(13, np.float32)])  # two blocks, both flagged
     out, w, pa = _forward_kernel(x.shape)(x)
     ref_out, ref_w, ref_pa = kernels_gelu.gelu_with_cdf(x)
     assert _same(out, ref_out) and _same(w, ref_w) and _same(pa, ref_pa)
