@@ -297,3 +297,81 @@ def test_clip_kernel_falls_back_to_eager_for_other_sizes():
         want = nn_utils._clip_arrays(*arrays, **params)
         for a, b in zip(got, want):
             np.testing.assert_array_equal(_bits(a), _bits(b))
+
+
+# --- clipping in place (eager's ``g *= coef``) where nothing else sees the gradient ----------
+def _capture_fused(fn):
+    """Wrap the compiled step's fused kernel: record (inputs, outputs) of its calls."""
+    ns = fn.entries[-1].run.__globals__
+    key = [k for k in ns if k.startswith(f"{FUSED}_kernel")][0]
+    real, seen = ns[key], []
+
+    def spy(*arrays, **kw):
+        out = real(*arrays, **kw)
+        seen.append((arrays, out))
+        return out
+
+    ns[key] = spy
+    return seen
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_private_gradients_are_clipped_in_place(monkeypatch, dtype):
+    """A gradient a fresh op made that only the clip reads (the weights' matmul gradients,
+    the biases' sums) becomes its own clipped output: no new array; the same bits."""
+    monkeypatch.setenv("TAPEGRAD_COMPILE_KERNELS", "numba")
+    plain, _ = _plain(monkeypatch, dtype, "adamw_groups", True)
+    step, model, opt = _mlp(dtype, OPTIMIZERS["adamw_groups"])
+    fn = tapegrad.compile(step)
+    data = _data(dtype)
+    losses = [fn(x, y) for x, y in data[:3]]
+    node = [n for n in _graph(fn).nodes if n.name == FUSED][0]
+    assert any(node.meta["inplace"])
+    seen = _capture_fused(fn)
+    losses += [fn(x, y) for x, y in data[3:]]
+    nc = len(node.meta["clip"].inputs)
+    for arrays, out in seen:
+        same = [o is a for o, a in zip(out[1:1 + nc], arrays[:nc])]
+        assert same == [bool(f) for f in node.meta["inplace"]]
+    _same(plain, (losses, model, opt))
+
+
+def _raw_read_step(dtype):
+    tapegrad.manual_seed(0)
+    nn = tapegrad.nn
+    model = nn.Sequential(nn.Linear(5, 16), nn.Tanh(), nn.Linear(16, 3)).to(
+        getattr(tapegrad, np.dtype(dtype).name))
+    opt = tapegrad.optim.AdamW(model.parameters(), lr=1e-2)
+
+    def step(x, y):
+        loss = ((model(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        raw = model[0].weight.grad * 2.0  # the unclipped gradient, read before the clip
+        nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+        opt.step()
+        return loss.detach(), raw.sum()
+
+    return step, model, opt
+
+
+@pytest.mark.parametrize("kernels_", ["numba", "numpy"])
+def test_a_gradient_read_before_the_clip_is_not_clipped_in_place(monkeypatch, kernels_):
+    """The first weight's gradient has another reader: it gets a new clipped array (the
+    reader sees the unclipped values), the others may go in place; eager's results."""
+    monkeypatch.setenv("TAPEGRAD_COMPILE_KERNELS", kernels_)
+    data = _data(np.float64)
+    estep, em, _ = _raw_read_step(np.float64)
+    want = [tuple(t.item() for t in estep(x, y)) for x, y in data]
+    cstep, cm, _ = _raw_read_step(np.float64)
+    fn = tapegrad.compile(cstep)
+    got = [tuple(t.item() for t in fn(x, y)) for x, y in data]
+    node = [n for n in _graph(fn).nodes if n.name == FUSED][0]
+    w = list(cm.parameters()).index(cm[0].weight)
+    assert not node.meta["inplace"][w] and any(node.meta["inplace"])
+    if kernels_ == "numpy":  # (numba's matmul kernels add in another order than BLAS)
+        assert got == want
+        for p, q in zip(em.parameters(), cm.parameters()):
+            np.testing.assert_array_equal(_bits(p.detach().numpy()), _bits(q.detach().numpy()))
+    else:
+        np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-10)

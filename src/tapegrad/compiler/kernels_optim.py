@@ -173,12 +173,13 @@ def sumsq(a, prog, lo, hi, vals):
 
 
 @njit(error_model="numpy", cache=True)
-def adam_update(p, g, m, v, c, flags, out, coef, scale):
+def adam_update(p, g, m, v, c, flags, out, coef, scale, inplace):
     """One Adam/AdamW step over flat (C-contiguous) param, grad and moments, in eager's
     order of operations (optim/adam.py): each element read and written once. ``c``: the
     hyperparameters in the param's dtype (one array: numba's dispatch is per argument).
     ``scale``: the gradient is first multiplied by coef (clip_grad_norm_'s ``g *= coef``)
-    and that clipped gradient written to ``out``."""
+    and that clipped gradient written to ``out`` (``inplace``: back into g, as eager's
+    in-place clip; a flag, not out aliasing g, so LLVM's alias checks still vectorise)."""
     decay, wd, w1, one_m_w1, beta2, w2, bc2s, eps, neg_step = \\
         c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8]
     w1_low, maximize, decay_mode = flags[0] != 0, flags[1] != 0, flags[2]
@@ -186,7 +187,10 @@ def adam_update(p, g, m, v, c, flags, out, coef, scale):
         gi = g[i]
         if scale:
             gi = gi * coef
-            out[i] = gi
+            if inplace:
+                g[i] = gi
+            else:
+                out[i] = gi
         if maximize:
             gi = -gi
         pi = p[i]
@@ -221,14 +225,15 @@ def address_as(typingctx, like, addr):
 
 
 @njit(error_model="numpy", cache=True)
-def adam_params(k, at, table, gs, outs, rows, c, flags, coef, scale, like, slike):
+def adam_params(k, at, table, gs, outs, rows, c, flags, coef, scale, inpl, like, slike):
     """One Adam/AdamW step of parameters at .. at + k - 1 (the first k of a chunk: tuples
     of CHUNK flat C-contiguous gradients, padded; sizes checked by the caller). table[j]:
     parameter j's array, exp_avg, exp_avg_sq and 0-d step addresses and its size (arrays
     of like's dtype, C-contiguous, kept alive and checked by the caller's plan; the step
     of slike's dtype): each step += 1 in its own dtype (eager's ``step_t += 1``), then
     adam_update with the constants of the parameter's group and new step, c[rows[j]],
-    flags[rows[j]] (``scale``: each gradient times coef[()] first, written to outs[i])."""
+    flags[rows[j]] (``scale``: each gradient times coef[()] first, written to outs[i], or
+    back into it where inpl[j])."""
     for i in range(k):
         s = carray(address_as(slike, table[at + i, 3]), 1)
         s[0] = s[0] + s.dtype.type(1)
@@ -240,7 +245,7 @@ def adam_params(k, at, table, gs, outs, rows, c, flags, coef, scale, like, slike
         adam_update(carray(address_as(like, table[j, 0]), n), gs[i],
                     carray(address_as(like, table[j, 1]), n),
                     carray(address_as(like, table[j, 2]), n), c[r], flags[r], outs[i], f,
-                    scale)
+                    scale, inpl[j] != 0)
 
 
 @njit(error_model="numpy", cache=True)
@@ -381,6 +386,7 @@ class _AdamPlan:
                                  [self.groups[gi] for gi in used], local,
                                  np.array(local, np.int64), np.empty(0, sdt)))
         self.whole = len(self.buckets) == 1  # one bucket, the call's order
+        self.noinplace = {len(b[2]): np.zeros(len(b[2]), np.int8) for b in self.buckets}
         self.ok = True
 
     def _datas(self):
@@ -405,14 +411,17 @@ class _AdamPlan:
             return False
         return len(now) == len(self.datas) and all(map(operator.is_, now, self.datas))
 
-    def step(self, grads, outs=None, coef=None):
+    def step(self, grads, outs=None, coef=None, inplace=None):
         """The Adam/AdamW step with these flat gradients (in the call's parameter order);
         ``outs`` (flat, the same order) and a 0-d ``coef``: each gradient times coef
-        first, written to its out."""
+        first, written to its out (``inplace``, int8 per parameter in the call's order: 1
+        where the out is the gradient itself, written back into it)."""
         update, count = _kernels()["adam_params"], _kernels()["step_count"]
         scale = outs is not None
         for dt, sdt, idx, pad, addrs, spans, steps, groups, local, rows, slike in \
                 self.buckets:
+            inpl = self.noinplace[len(idx)] if inplace is None else \
+                inplace if self.whole else inplace[idx]
             gs = grads if self.whole else [grads[i] for i in idx]
             os_ = (outs if self.whole else [outs[i] for i in idx]) if scale else gs
             # the counts after eager's ``step_t += 1`` (in the step's dtype): the kernel
@@ -432,7 +441,7 @@ class _AdamPlan:
             for at, k in spans:
                 g8 = tuple(gs[at:at + CHUNK]) + (pad,) * (CHUNK - k)
                 o8 = tuple(os_[at:at + CHUNK]) + (pad,) * (CHUNK - k) if scale else g8
-                update(k, at, addrs, g8, o8, rows, c, flags, f, scale, pad, slike)
+                update(k, at, addrs, g8, o8, rows, c, flags, f, scale, inpl, pad, slike)
         for p in self.params:
             p._version[0] += 1
 
@@ -582,10 +591,20 @@ def fuse_clip_optimizer_step(graph):
     ``clip_grad_norm_optimizer_step`` at the step's place (inputs: the clip's gradients,
     then the step's parameters; outputs: the clip's, then the step's), where nothing in
     between reads the clipped gradients or has an effect. Its kernel scales each gradient
-    inside the Adam pass; its numpy body runs the two nodes' bodies."""
+    inside the Adam pass; its numpy body runs the two nodes' bodies. ``meta["inplace"]``:
+    the gradients the kernel may clip in place, as eager's ``g *= coef`` does (a new array
+    of a fresh op, memory.FRESH, that only the clip reads: nothing else sees it)."""
+    from tapegrad.compiler import memory
     from tapegrad.compiler.ir import Node
 
     producer = {id(v): (n, i) for n in graph.nodes for i, v in enumerate(n.outputs)}
+    readers = {}
+    for m in graph.nodes:
+        for a in m.inputs:
+            if isinstance(a, Value):
+                readers.setdefault(id(a), []).append(m)
+    seen = {id(v) for v in graph.outputs if isinstance(v, Value)}
+    seen |= {id(v) for *_, v in graph.writes if v is not None}
     pos = {id(n): i for i, n in enumerate(graph.nodes)}
     replace, drop = {}, set()
     for step in graph.nodes:
@@ -612,13 +631,20 @@ def fuse_clip_optimizer_step(graph):
                 for m in between):
             continue
         perm = [h[1] - 1 for h in hits]
+        inplace = []
+        for j, v in enumerate(clip.inputs):
+            made_by = producer.get(id(v), (None, 0))[0]
+            inplace.append(j in perm and made_by is not None and made_by.op is not None and
+                           made_by.impl is None and made_by.name in memory.FRESH and
+                           readers.get(id(v)) == [clip] and id(v) not in seen and
+                           v.dtype == clip.outputs[1 + j].dtype)
         impl, observe = _fused_parts(clip, step, perm)
         replace[id(step)] = Node(
             None, FUSED, list(clip.inputs) + list(step.inputs[:n]),
             dict(clip.params, optimizer=step.params.get("optimizer")),
             list(clip.outputs) + list(step.outputs), effect=True, impl=impl,
             meta={"optimizer": opt, "clip": clip, "step": step, "perm": perm,
-                  "observe": observe})
+                  "inplace": inplace, "observe": observe})
         drop.add(id(clip))
     return passes.replace_nodes(graph, replace, drop)
 
@@ -628,8 +654,11 @@ def clip_optimizer_step_factory(node):
     """The fused clip and Adam/AdamW step (``fuse_clip_optimizer_step``) where both parts
     have their kernels (the same conditions; one switched off switches this off): the
     norms and the coefficient, then the Adam pass scaling each gradient first and writing
-    the clipped gradient; a gradient the step does not read is scaled on its own. A call
-    the Adam plan does not serve runs the clip kernel, then the node's own step."""
+    the clipped gradient; a gradient the step does not read is scaled on its own. A
+    gradient the pass found private (``meta["inplace"]``) that is a whole C-contiguous
+    writeable array owning its data is clipped in place, as eager's ``g *= coef``: no new
+    array, no second stream of writes. A call the Adam plan does not serve runs the clip
+    kernel, then the node's own step."""
     meta = node.meta if isinstance(node.meta, dict) else {}
     clip, step, perm = meta.get("clip"), meta.get("step"), meta.get("perm")
     if clip is None or step is None or perm is None:
@@ -651,8 +680,14 @@ def clip_optimizer_step_factory(node):
     pick = operator.itemgetter(*perm) if len(perm) > 1 else lambda a: (a[perm[0]],)
     one_d = [len(s) == 1 for s in shapes]
     rest_spans = [(at, min(CHUNK, len(rest) - at)) for at in range(0, len(rest), CHUNK)]
+    cand = [j for j, ok in enumerate(meta.get("inplace") or ()) if ok and j in set(perm)]
+    flags_of = {}  # the in-place set -> int8 flags in the step's order
     impl = node.impl
     plan = [None]
+
+    def private(a):
+        return type(a) is np.ndarray and a.base is None and a.dtype == dt and \
+            a.flags.c_contiguous and a.flags.writeable
 
     def clip_grad_norm_optimizer_step_kernel(*arrays, max_norm, norm_type,
                                              error_if_nonfinite, optimizer=None):
@@ -673,9 +708,18 @@ def clip_optimizer_step_factory(node):
                             error_if_nonfinite=error_if_nonfinite)
             return (*clipped, *impl_step(params, clipped, optimizer))
         total, coef = got
-        outs = [np.empty(s, dt) for s in shapes]
-        oflat = [o if d else o.ravel() for o, d in zip(outs, one_d)]
-        pl.step(pick(flat), pick(oflat), coef)
+        ok = frozenset(j for j in cand if private(arrays[j]))
+        if ok:
+            outs = [arrays[j] if j in ok else np.empty(s, dt) for j, s in enumerate(shapes)]
+            oflat = [flat[j] if j in ok else o if one_d[j] else o.ravel()
+                     for j, o in enumerate(outs)]
+        else:
+            outs = [np.empty(s, dt) for s in shapes]
+            oflat = [o if d else o.ravel() for o, d in zip(outs, one_d)]
+        flags = flags_of.get(ok)
+        if flags is None:
+            flags = flags_of[ok] = np.array([j in ok for j in perm], np.int8)
+        pl.step(pick(flat), pick(oflat), coef, flags)
         if rest:
             rf, ro = [flat[j] for j in rest], [oflat[j] for j in rest]
             for at, k in rest_spans:
