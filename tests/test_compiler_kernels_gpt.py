@@ -194,11 +194,9 @@ def test_compiled_gpt_step_with_gpt_kernels_matches_eager_over_100_steps(monkeyp
     assert "embedding_backward(" not in src  # (eager's scatter)
     assert fn.n_hits >= 98 and not fn.breaks
     assert all(math.isfinite(v) for v in got)
-    rel = max(abs(a - b) / abs(b) for a, b in zip(got, want))
-    if dtype == np.float64:
-        assert rel <= 1e-12, rel
-    else:  # erf32 (<= 1 ulp), libm exp in gelu_backward: float32 rounding, grown over 100 steps
-        assert rel <= 1e-4, rel
+    # every kernel of this step is eager's bits (float32 GELU included: kernels_gelu's erf
+    # equals eager's on every float32 input), so 100 steps agree exactly
+    assert got == want
     assert want[-1] < want[0] - 0.5  # it trains
 
 
