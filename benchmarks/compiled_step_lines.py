@@ -4,9 +4,12 @@ into BLAS, GELU, attention, LayerNorm, ... and the part outside the generated co
 replay: the step's Python rerun each call). Each line is wrapped in two ``time.thread_time``
 calls, whose own cost (~0.2 ms a step for ~90 lines) lands outside the generated lines.
 
-    .venv/bin/python benchmarks/compiled_step_lines.py [float64|float32] [steps] [gpt|cnn]
+    ROWS=40 .venv/bin/python benchmarks/compiled_step_lines.py [float64|float32] [steps] [gpt|cnn]
+
+prints the ROWS (default 30) dearest lines other than the BLAS calls, then the groups' totals.
 """
 import collections
+import os
 import sys
 import time
 
@@ -15,10 +18,12 @@ import numpy as np
 import tapegrad
 from tapegrad.bench import compile as B, harness, models as M
 
-GROUPS = (("linear/matmul", (" linear(", " matmul(")), ("gelu", ("gelu",)),
+GROUPS = (("linear/matmul", (" linear(", " matmul(", " linear_kernel")), ("gelu", ("gelu",)),
           ("attention", ("attention",)), ("layer_norm", ("layer_norm",)),
           ("softmax", ("softmax",)), ("optimizer/clip", ("optimizer", "clip", "adam")),
-          ("cross_entropy", ("cross_entropy",)), ("concat/embedding", ("concat", "embedding")))
+          ("cross_entropy", ("cross_entropy",)),
+          ("attention gradient (its 5 products inside)", ("concatenate_products",)),
+          ("concat/embedding", ("concat", "embedding")))
 
 
 def group(line):
@@ -60,7 +65,8 @@ def main(dtype="float64", steps=30, kind="gpt"):
                   reverse=True)
     inside = sum(t for t, _ in rows)
     print(f"{kind} {dtype}: whole call {whole:.2f} ms; generated lines {inside:.2f} ms")
-    for t, line in rows[:30]:
+    shown = [r for r in rows if group(r[1]) != "linear/matmul"]  # (the BLAS lines left out)
+    for t, line in shown[:int(os.environ.get("ROWS", 30))]:
         print(f"{t:7.3f}  {line[:110]}")
     groups = collections.Counter()
     for t, line in rows:
