@@ -92,12 +92,14 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
     if grads and _grad_state.modes:
         from tapegrad.nn import functional as F
 
-        if F._recorder() is not None:  # the compiler's tracer: one node, written back
+        rec = F._recorder()
+        if rec is not None:  # the compiler's tracer: one node, written back
             out = F._array_fn("clip_grad_norm", _clip_arrays, grads, max_norm=float(max_norm),
                               norm_type=float(norm_type),
                               error_if_nonfinite=error_if_nonfinite)
+            assign = rec.assign  # (F._assign's own lookup of the recorder, once)
             for g, new in zip(grads, out[1:]):
-                F._assign(g, new)
+                assign(g, new)
             return out[0]
     total_norm = get_total_norm(grads, norm_type, error_if_nonfinite, foreach)
     clip_grads_with_norm_(parameters, max_norm, total_norm, foreach)
