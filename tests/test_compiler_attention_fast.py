@@ -164,9 +164,10 @@ def test_attention_forward_declines_what_it_does_not_compute():
              (2, 3, 4, 5), (2, 3, 4, 4)) is None  # a literal bias
 
 
-def _gpt_attention_step(dtype, seed=0, T=8):
+def _gpt_attention_step(dtype, seed=0, T=8, bias=False):
     """A causal self-attention block as the char GPT's (qkv projection split into heads,
-    attention, heads merged, output projection), its loss and its gradients."""
+    attention, heads merged, output projection), its loss and its gradients (``bias``: the
+    qkv projection has one, whose gradient is the column sums of the concatenation)."""
     rng = np.random.default_rng(seed)
     B, H, D = 3, 2, 4
     C = H * D
@@ -175,12 +176,14 @@ def _gpt_attention_step(dtype, seed=0, T=8):
                         requires_grad=True)
     wo = tapegrad.tensor(rng.standard_normal((C, C)).astype(dtype) * 0.5, requires_grad=True)
     tgt = tapegrad.tensor(rng.standard_normal((B, T, C)).astype(dtype))
+    b = tapegrad.tensor(rng.standard_normal(3 * C).astype(dtype), requires_grad=True)
     F = tapegrad.nn.functional
+    leaves = (x, w, wo) + ((b,) if bias else ())
 
     def step():
-        for t in (x, w, wo):
+        for t in leaves:
             t.grad = None
-        qkv = F.linear(x, w)
+        qkv = F.linear(x, w, b) if bias else F.linear(x, w)
         q, k, v = qkv.split(C, dim=2)
         q, k, v = (z.view(B, T, H, D).transpose(1, 2) for z in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -189,7 +192,7 @@ def _gpt_attention_step(dtype, seed=0, T=8):
         loss.backward()
         return loss
 
-    return step, (x, w, wo)
+    return step, leaves
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -238,6 +241,40 @@ def test_gradient_products_written_into_the_concatenation(monkeypatch, backend, 
     assert [m.name for m in nodes[0].meta["program"]].count("matmul") == 4
     assert any(m.name == "softmax_backward" for m in nodes[0].meta["program"])
     assert ("concatenate_products_kernel(" in e.source) == (backend == "numba")
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_qkv_bias_gradient_comes_out_of_the_concatenation(monkeypatch, backend, dtype):
+    """The qkv projection's bias gradient (the column sums of the concatenated q/k/v
+    gradient) is a second output of concatenate_products, added row by row in the kernel's
+    last pass (numpy's axis-0 order, into 0.0): no sum node is left, eager's bits."""
+    monkeypatch.setenv("TAPEGRAD_COMPILE_KERNELS", backend)
+    step, leaves = _gpt_attention_step(dtype, seed=5, T=7, bias=True)
+    eager = []
+    for _ in range(2):
+        loss = step()
+        eager.append([loss.detach().numpy().copy()] + [t.grad.numpy().copy() for t in leaves])
+    step2, leaves2 = _gpt_attention_step(dtype, seed=5, T=7, bias=True)
+    comp = tapegrad.compile(step2)
+    for i in range(2):
+        loss = comp()
+        got = [loss.detach().numpy()] + [t.grad.numpy() for t in leaves2]
+        for a, b in zip(got, eager[i]):
+            np.testing.assert_array_equal(_bits(a), _bits(b))
+    g = comp.entries[-1].graph
+    (node,) = [n for n in g.nodes if n.name == "concatenate_products"]
+    assert len(node.outputs) == 2 and len(node.meta["sums"]) == 1
+    assert not any(n.name == "sum" and n.inputs[0].producer is not None and
+                   n.inputs[0].producer.inputs[0] is node.outputs[0] for n in g.nodes)
+    if backend == "numba":
+        fn = KA.concatenate_products_factory(node)
+        rng = np.random.default_rng(2)
+        arrays = [rng.standard_normal(a.shape).astype(dtype) for a in node.inputs]
+        got, want = fn(*arrays), node.impl(*arrays)
+        assert len(got) == len(want) == 2
+        for a, b in zip(got, want):
+            _same(a, b)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -276,6 +276,22 @@ def scale_add_zero(x, cs):
                 c = cs[a]
                 for q in range(Q):
                     x[p, a, q] = x[p, a, q] * c + zero
+
+
+@njit(error_model="numpy", cache=True)
+def scale_add_zero_sums(x, cs, red):
+    """scale_add_zero over (P, A) x (the concatenation along the last axis) with the column
+    sums of the result: each row added in order into red zeroed first (numpy's add.reduce
+    over axis 0, into 0.0)."""
+    P, A = x.shape
+    zero = x.dtype.type(0)
+    for a in range(A):
+        red[a] = zero
+    for p in range(P):
+        for a in range(A):
+            v = x[p, a] * cs[a] + zero
+            x[p, a] = v
+            red[a] += v
 '''
 
 
@@ -286,7 +302,7 @@ def _kernels():
 
         mod = sys.modules[kernels.load("attention_scores", SOURCE).py_func.__module__]
         for name in ("attention_scores", "attention_norm", "scale_add_zero",
-                     "softmax_backward_flat"):
+                     "scale_add_zero_sums", "softmax_backward_flat"):
             _K[name] = getattr(mod, name)
     return _K
 
@@ -399,16 +415,21 @@ def _blas_direct(a, b):
     return blas.LIBRARY is None or not blas.OPENBLAS_SERIAL_WORK < work < blas.SERIAL_WORK
 
 
-def _products_impl(program, ext, mms, concat):
+def _products_impl(program, ext, mms, concat, sums=()):
     """The node's numpy body: the absorbed nodes in their order (eager's operations), then
-    the concatenation's own body over the products."""
+    the concatenation's own body over the products (and, with ``sums``, the traced column
+    sums of the result: the next linear's bias gradient)."""
     def concatenate_products(*arrays):
         env = {id(v): a for v, a in zip(ext, arrays)}
         for m in program:
             args = [env[id(a)] if isinstance(a, Value) else a for a in m.inputs]
             for v, o in zip(m.outputs, call_node(m, args)):
                 env[id(v)] = o
-        return concat(*[env[id(m.outputs[0])] for m in mms])
+        res = concat(*[env[id(m.outputs[0])] for m in mms])
+        if not sums:
+            return res
+        return (res,) + tuple(call_node(m, [res.reshape(m.inputs[0].shape)])[0]
+                              for m in sums)
 
     return concatenate_products
 
@@ -474,11 +495,14 @@ def absorb_gradient_products(graph):
                 if isinstance(a, Value) and id(a) not in made and \
                         all(a is not e for e in ext):
                     ext.append(a)
-        replace[id(n)] = Node(None, "concatenate_products", ext, {}, list(n.outputs),
-                              impl=_products_impl(program, ext, mms, n.impl),
+        sums = [m for m, _ in passes.column_sums(graph, n.outputs[0])]
+        replace[id(n)] = Node(None, "concatenate_products", ext, {},
+                              list(n.outputs) + [m.outputs[0] for m in sums],
+                              impl=_products_impl(program, ext, mms, n.impl, sums),
                               meta=dict(meta, nodes=program + list(meta.get("nodes", ())),
-                                        products=mms, program=program))
+                                        products=mms, program=program, sums=sums))
         drop.update(inside)
+        drop.update(id(m) for m in sums)
     return passes.replace_nodes(graph, replace, drop)
 
 
@@ -560,10 +584,14 @@ def concatenate_products_factory(node):
         else:
             return None
         at[id(o)] = len(at)
-    fix = _kernels()["scale_add_zero"]
+    fix, fix_sums = _kernels()["scale_add_zero"], _kernels()["scale_add_zero_sums"]
     P = int(np.prod(shape[:axis], dtype=np.int64))
     Q = int(np.prod(shape[axis + 1:], dtype=np.int64))
     body = node.impl
+    sums = meta.get("sums") or ()
+    if sums and (Q != 1 or any(np.dtype(m.outputs[0].dtype) != dt or
+                               tuple(m.inputs[0].shape) != (P, shape[axis]) for m in sums)):
+        return None  # (the column sums of a concatenation along the last axis only)
 
     def concatenate_products_kernel(*arrays):
         res = np.empty(shape, dt)
@@ -587,8 +615,12 @@ def concatenate_products_factory(node):
                     return body(*arrays)  # strided rows: numpy's own sums (eager's bits)
                 sbk(gp.reshape(size), p.reshape(size), buf.reshape(size), tmp, C)
                 vals.append(buf)
-        fix(res.reshape(P, shape[axis], Q), cs)
-        return res
+        if not sums:
+            fix(res.reshape(P, shape[axis], Q), cs)
+            return res
+        red = np.empty(shape[axis], dt)
+        fix_sums(res.reshape(P, shape[axis]), cs, red)
+        return (res, red) + tuple(red.copy() for _ in range(len(sums) - 1))
 
     return concatenate_products_kernel
 
