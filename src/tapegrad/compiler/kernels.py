@@ -584,6 +584,102 @@ def load(fname, source):
 
 
 
+# --- numpy's pairwise block with its eight accumulators as vector lanes --------------------
+# numba runs no SLP vectoriser, so eight scalar accumulators stay eight scalar chains; these
+# intrinsics hold them as the lanes of 256-bit vectors (the same IEEE operations, one vector
+# instruction instead of eight): sum_block8, prod_block8 (each product rounded), max_block8.
+# A kernel module's numba source includes LANES (after its own imports) as it does PAIRWISE.
+LANES = '''from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+from llvmlite import ir
+
+
+def _lanes(kind):
+    """The codegen of a reduction over x[o:o + n] (n a multiple of 8, >= 8) of flat C arrays
+    in numpy's pairwise-block order: accumulator k takes x[k], x[k + 8], ... in order, the
+    eight combined ((0+1)+(2+3))+((4+5)+(6+7)); the accumulators are the lanes of 256-bit
+    vectors (8 float32, or 2 x 4 float64): the same IEEE operations as eight scalar
+    accumulators (LLVM forms no FMA without fast-math flags), one vector operation instead
+    of eight. kind "sum": x = a; "prod": x = a * b (each product rounded); "max": the max of
+    a (``x > acc``, select: exact where a holds no NaN, a zero's sign aside)."""
+    def codegen(context, builder, signature, args):
+        k_arrays = 1 if kind != "prod" else 2
+        arrs = [context.make_array(t)(context, builder, v)
+                for t, v in zip(signature.args[:k_arrays], args[:k_arrays])]
+        o, n = args[k_arrays], args[k_arrays + 1]
+        f32 = signature.args[0].dtype == types.float32
+        fty = context.get_value_type(signature.args[0].dtype)
+        size = 4 if f32 else 8
+        lanes = 8 if f32 else 4
+        parts = 8 // lanes
+        vty = ir.VectorType(fty, lanes)
+        ptrs = [builder.bitcast(builder.gep(x.data, [o]), vty.as_pointer()) for x in arrs]
+
+        def load(at):
+            v = builder.load(builder.gep(ptrs[0], [at]), align=size)
+            if kind == "prod":
+                v = builder.fmul(v, builder.load(builder.gep(ptrs[1], [at]), align=size))
+            return v
+
+        def join(x, y):  # x the accumulator
+            if kind == "max":
+                return builder.select(builder.fcmp_ordered(">", y, x), y, x)
+            return builder.fadd(x, y)
+
+        accs = []
+        for q in range(parts):
+            acc = cgutils.alloca_once(builder, vty)
+            builder.store(load(ir.Constant(n.type, q)), acc)
+            accs.append(acc)
+        nv = builder.sdiv(n, ir.Constant(n.type, lanes))
+        step = ir.Constant(n.type, parts)
+        with cgutils.for_range_slice(builder, step, nv, step) as (idx, _):
+            for q, acc in enumerate(accs):
+                at = builder.add(idx, ir.Constant(n.type, q))
+                builder.store(join(builder.load(acc), load(at)), acc)
+        e = []
+        for acc in accs:
+            v = builder.load(acc)
+            e += [builder.extract_element(v, ir.Constant(ir.IntType(32), k))
+                  for k in range(lanes)]
+        lo = join(join(e[0], e[1]), join(e[2], e[3]))
+        hi = join(join(e[4], e[5]), join(e[6], e[7]))
+        return join(lo, hi)
+
+    return codegen
+
+
+def _flat(*xs):
+    return all(isinstance(x, types.Array) and x.ndim == 1 and x.layout == "C" and
+               x.dtype in (types.float32, types.float64) for x in xs) and \
+        len({x.dtype for x in xs}) == 1
+
+
+@intrinsic
+def prod_block8(typingctx, a, b, o, n):
+    """numpy's pairwise block over (a * b)[o:o + n] (_lanes)."""
+    if not _flat(a, b):
+        return None
+    return a.dtype(a, b, types.intp, types.intp), _lanes("prod")
+
+
+@intrinsic
+def sum_block8(typingctx, a, o, n):
+    """numpy's pairwise block over a[o:o + n] (_lanes)."""
+    if not _flat(a):
+        return None
+    return a.dtype(a, types.intp, types.intp), _lanes("sum")
+
+
+@intrinsic
+def max_block8(typingctx, a, o, n):
+    """The max of a[o:o + n], NaN-free (_lanes)."""
+    if not _flat(a):
+        return None
+    return a.dtype(a, types.intp, types.intp), _lanes("max")\n\n\n'''
+
+
 # --- numpy's pairwise sum ------------------------------------------------------------------
 # numpy's pairwise sum as numba source, shared by the kernel modules that sum rows as eager does.
 # pairwise_block is inlined into its callers (numba IR inlining): compiled on its own, LLVM

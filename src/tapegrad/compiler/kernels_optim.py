@@ -21,7 +21,7 @@ of squares: numpy's recursion for a given length (halves, the left one a multipl
 blocks of at most 128 summed with 8 accumulators) is the same each call, so its leaves and
 additions are precomputed per gradient size as a postfix program (``_program``) that one
 loop walks (numba's cache cannot load recursive functions); a block's 8 accumulators are the
-lanes of 256-bit vectors (``rows8_sumsq``, an LLVM intrinsic: numba's LLVM vectorises no
+lanes of 256-bit vectors (``kernels.LANES``' ``prod_block8`` of a with itself: numba's LLVM vectorises no
 chain of scalar sums, and lane by lane the operations are the scalar code's).
 
 Every kernel is bitwise eager's, float32 and float64: the same IEEE operations in the same
@@ -95,58 +95,13 @@ from numba.extending import intrinsic
 from llvmlite import ir
 
 
-@intrinsic
-def rows8_sumsq(typingctx, arr, start, nrows):
-    """numpy's pairwise block of squares over the nrows >= 1 rows of 8 from arr[start]:
-    accumulator k holds arr[start + k]**2 + arr[start + 8 + k]**2 + ... in order, the eight
-    combined ((0+1)+(2+3))+((4+5)+(6+7)). The accumulators are lanes of 256-bit vectors (one
-    of 8 float32, two of 4 float64: per lane the scalar code's multiplies and additions;
-    numba's LLVM vectorises no such chain of scalar sums itself)."""
-    if not isinstance(arr, types.Array) or arr.ndim != 1 or arr.layout != "C" or \\
-            arr.dtype not in (types.float32, types.float64):
-        return None
-    sig = arr.dtype(arr, types.intp, types.intp)
-
-    def codegen(context, builder, signature, args):
-        ary = context.make_array(signature.args[0])(context, builder, args[0])
-        start, nrows = args[1], args[2]
-        f32 = signature.args[0].dtype == types.float32
-        fty = context.get_value_type(signature.args[0].dtype)
-        size = 4 if f32 else 8
-        lanes = 8 if f32 else 4
-        parts = 8 // lanes
-        vty = ir.VectorType(fty, lanes)
-        vptr = builder.bitcast(builder.gep(ary.data, [start]), vty.as_pointer())
-        accs = []
-        for p in range(parts):
-            acc = cgutils.alloca_once(builder, vty)
-            v = builder.load(builder.gep(vptr, [ir.Constant(start.type, p)]), align=size)
-            builder.store(builder.fmul(v, v), acc)
-            accs.append(acc)
-        nv = builder.mul(nrows, ir.Constant(start.type, parts))
-        step = ir.Constant(start.type, parts)
-        with cgutils.for_range_slice(builder, step, nv, step) as (idx, _):
-            for p, acc in enumerate(accs):
-                at = builder.add(idx, ir.Constant(start.type, p))
-                v = builder.load(builder.gep(vptr, [at]), align=size)
-                builder.store(builder.fadd(builder.load(acc), builder.fmul(v, v)), acc)
-        e = []
-        for acc in accs:
-            a = builder.load(acc)
-            e += [builder.extract_element(a, ir.Constant(ir.IntType(32), k))
-                  for k in range(lanes)]
-        lo = builder.fadd(builder.fadd(e[0], e[1]), builder.fadd(e[2], e[3]))
-        hi = builder.fadd(builder.fadd(e[4], e[5]), builder.fadd(e[6], e[7]))
-        return builder.fadd(lo, hi)
-
-    return sig, codegen
-
+''' + kernels.LANES + '''
 
 @njit(error_model="numpy", cache=True)
 def sumsq(a, prog, lo, hi, vals):
     """np.add.reduce(a * a) of a flat C-contiguous array: the postfix program prog[lo:hi] of
     its length (a leaf: the next block's sum; -1: the last two sums added); vals: a stack.
-    A block of 8 or more: 8 accumulators (rows8_sumsq), then its remainder; every block
+    A block of 8 or more: 8 accumulators (prod_block8 of a with a), then its remainder; every block
     starts at a multiple of 8 (each split's left part is one)."""
     zero = a.dtype.type(0)
     row = 0
@@ -163,7 +118,7 @@ def sumsq(a, prog, lo, hi, vals):
                 res += a[i] * a[i]
         else:
             nb = t // 8
-            res = rows8_sumsq(a, row * 8, nb)
+            res = prod_block8(a, a, row * 8, nb * 8)
             for i in range((row + nb) * 8, row * 8 + t):
                 res += a[i] * a[i]
         vals[nv] = res

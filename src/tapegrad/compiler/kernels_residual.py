@@ -18,7 +18,7 @@
   in the same order, without a store-to-load chain per row).
 * The row kernels sum a row as numpy's pairwise sum does for 8 <= C <= 128 (one block of
   eight accumulators, combined ``((0+1)+(2+3))+((4+5)+(6+7))``, the rest added in order)
-  with the eight accumulators held in 256-bit vectors (``block8``, an LLVM intrinsic: the
+  with the eight accumulators held in 256-bit vectors (``kernels.LANES``' ``sum_block8``: the
   same lane-wise IEEE additions; numba's scalar code keeps them in eight registers one
   ``vaddss`` at a time), and they work on tiles of 8 rows phase by phase (all the tile's
   means, then its variances, ...), so the out-of-order core overlaps the rows' dependency
@@ -50,58 +50,13 @@ from llvmlite import ir
 # kernels_residual v8
 
 
-@intrinsic
-def block8(typingctx, arr, n):
-    """numpy's pairwise block over arr[:n] (n a multiple of 8, >= 8): accumulator k holds
-    arr[k] + arr[k + 8] + ... in order; the eight are combined ((0+1)+(2+3))+((4+5)+(6+7)).
-    The accumulators are lanes of 256-bit vectors (one of 8 float32, two of 4 float64)."""
-    if not isinstance(arr, types.Array) or arr.ndim != 1 or arr.layout != "C" or \\
-            arr.dtype not in (types.float32, types.float64):
-        return None
-    sig = arr.dtype(arr, types.intp)
-
-    def codegen(context, builder, signature, args):
-        ary = context.make_array(signature.args[0])(context, builder, args[0])
-        n = args[1]
-        f32 = signature.args[0].dtype == types.float32
-        fty = context.get_value_type(signature.args[0].dtype)
-        size = 4 if f32 else 8
-        lanes = 8 if f32 else 4
-        parts = 8 // lanes
-        vty = ir.VectorType(fty, lanes)
-        vptr = builder.bitcast(ary.data, vty.as_pointer())
-        accs = []
-        for p in range(parts):
-            acc = cgutils.alloca_once(builder, vty)
-            builder.store(builder.load(builder.gep(vptr, [ir.Constant(n.type, p)]),
-                                       align=size), acc)
-            accs.append(acc)
-        nv = builder.sdiv(n, ir.Constant(n.type, lanes))
-        step = ir.Constant(n.type, parts)
-        with cgutils.for_range_slice(builder, step, nv, step) as (idx, _):
-            for p, acc in enumerate(accs):
-                at = builder.add(idx, ir.Constant(n.type, p))
-                v = builder.load(builder.gep(vptr, [at]), align=size)
-                builder.store(builder.fadd(builder.load(acc), v), acc)
-        e = []
-        for acc in accs:
-            a = builder.load(acc)
-            e += [builder.extract_element(a, ir.Constant(ir.IntType(32), k))
-                  for k in range(lanes)]
-        lo = builder.fadd(builder.fadd(e[0], e[1]), builder.fadd(e[2], e[3]))
-        hi = builder.fadd(builder.fadd(e[4], e[5]), builder.fadd(e[6], e[7]))
-        return builder.fadd(lo, hi)
-
-    return sig, codegen
-
-
-''' + kernels.PAIRWISE + '''
+''' + kernels.LANES + kernels.PAIRWISE + '''
 
 @njit(error_model="numpy", cache=True, inline="always")
 def rowsum_short(a, n):
     """numpy's pairwise sum of a[:n] for 8 <= n <= 128 (one block)."""
     e = n - n % 8
-    s = block8(a, e)
+    s = sum_block8(a, 0, e)
     for k in range(e, n):
         s += a[k]
     return s
