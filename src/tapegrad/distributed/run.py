@@ -16,6 +16,7 @@ import runpy
 import shutil
 import subprocess
 import sys
+import time
 import traceback
 
 
@@ -76,6 +77,10 @@ def _worker(args):
         sys.stderr.write(f"tapegrad.distributed: rank {rank} failed with {text}\n"
                          "tapegrad.distributed: aborting all ranks\n")
         sys.stderr.flush()
+        # let the launcher forward what was just written before the abort tears the job
+        # down (on a loaded machine an immediate abort lost the report's last lines, as
+        # init_process_group's own hook knows)
+        time.sleep(1.0)
         MPI.COMM_WORLD.Abort(1)
 
     sys.excepthook = early_failure
