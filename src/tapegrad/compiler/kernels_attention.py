@@ -244,9 +244,11 @@ def _mask_shape(bias, T, S):
     return two
 
 
-def attention_forward(node, probs):
-    """The kernel for a ``scaled_dot_product_attention`` node (``probs``: its ``_probs``
-    form, returning (out, p)), or None where it does not apply."""
+def attention_operands(node):
+    """A ``scaled_dot_product_attention[_probs]`` node's checks shared by the kernels: 4-D
+    q (B, H, T, D), k (B, H, S, D), v (B, H, S, E) of one float dtype (and an optional bias
+    Value of it), no dropout, a number as scale: ``(bias, (B, H, T, D, S, E), dtype,
+    scale)``, or None."""
     ins = list(node.inputs) + [None] * (4 - len(node.inputs))
     q, k, v, bias = ins[:4]
     if len(node.inputs) not in (3, 4) or node.params.get("keep") is not None or \
@@ -265,6 +267,16 @@ def attention_forward(node, probs):
     scale = node.params.get("scale", 1.0)
     if dt is None or not isinstance(scale, (int, float)) or isinstance(scale, bool):
         return None
+    return bias, (B, H, T, D, S, E), dt, scale
+
+
+def attention_forward(node, probs):
+    """The kernel for a ``scaled_dot_product_attention`` node (``probs``: its ``_probs``
+    form, returning (out, p)), or None where it does not apply."""
+    got = attention_operands(node)
+    if got is None:
+        return None
+    bias, (B, H, T, D, S, E), dt, scale = got
     two = None if bias is None else _mask_shape(bias, T, S)
     if bias is not None and two is None:
         return None

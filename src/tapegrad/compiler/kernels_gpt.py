@@ -319,23 +319,10 @@ def attention_factory(node):
     fast = kernels_attention.attention_forward(node, probs=False)
     if fast is not None:
         return fast
-    ins = list(node.inputs) + [None] * (4 - len(node.inputs))
-    q, k, v, bias = ins[:4]
-    if not all(isinstance(a, Value) for a in (q, k, v)) or node.params.get("keep") is not None:
+    got = kernels_attention.attention_operands(node)
+    if got is None:
         return None
-    if bias is not None and not isinstance(bias, Value):
-        return None
-    if len(q.shape) != 4 or len(k.shape) != 4 or len(v.shape) != 4:
-        return None
-    B, H, T, D = q.shape
-    S, E = k.shape[2], v.shape[3]
-    if tuple(k.shape) != (B, H, S, D) or tuple(v.shape) != (B, H, S, E) or \
-            0 in (B, H, T, D, S, E):
-        return None
-    dt = _floats(q, k, v, bias)
-    scale = node.params.get("scale", 1.0)
-    if dt is None or not isinstance(scale, (int, float)) or isinstance(scale, bool):
-        return None
+    bias, (B, H, T, D, S, E), dt, scale = got
     if bias is not None:
         try:
             if np.broadcast_shapes(tuple(bias.shape), (B, H, T, S)) != (B, H, T, S):
