@@ -584,6 +584,19 @@ def load(fname, source):
 
 
 
+FLOATS = (np.dtype(np.float32), np.dtype(np.float64))  # the dtypes the numba kernels take
+
+
+def float_dtype(*values):
+    """The one float dtype (float32 or float64) of these Values (None entries skipped), or
+    None: a hand-written kernel's dtype check."""
+    dts = {np.dtype(v.dtype) for v in values if v is not None}
+    if len(dts) != 1:
+        return None
+    dt = dts.pop()
+    return dt if dt in FLOATS else None
+
+
 # --- numpy's pairwise block with its eight accumulators as vector lanes --------------------
 # numba runs no SLP vectoriser, so eight scalar accumulators stay eight scalar chains; these
 # intrinsics hold them as the lanes of 256-bit vectors (the same IEEE operations, one vector

@@ -35,7 +35,7 @@ import numpy as np
 from tapegrad.compiler import kernels, op_kernels, passes
 from tapegrad.compiler.ir import Node, Value, call_node
 
-_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_FLOATS = kernels.FLOATS
 _K = {}
 
 # Each row is 2-D indexed (a row view costs its reference counts: 1.5 ns a row) and the
@@ -224,12 +224,7 @@ def _kernels():
     return _K
 
 
-def _floats(*vals):
-    dts = {np.dtype(v.dtype) for v in vals if v is not None}
-    if len(dts) != 1:
-        return None
-    dt = dts.pop()
-    return dt if dt in _FLOATS else None
+_floats = kernels.float_dtype  # (the one float dtype of Values, or None)
 
 
 def _mask_shape(bias, T, S):

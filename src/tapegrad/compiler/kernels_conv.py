@@ -38,7 +38,7 @@ from tapegrad.backend.blas import matmul as blas_matmul
 from tapegrad.compiler import kernels, op_kernels
 from tapegrad.compiler.ir import Value
 
-_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_FLOATS = kernels.FLOATS
 
 
 def _floats(node, n_float):

@@ -43,7 +43,7 @@ import numpy as np
 from tapegrad.compiler import kernels, op_kernels, passes
 from tapegrad.compiler.ir import Value
 
-_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_FLOATS = kernels.FLOATS
 _K = {}
 
 
@@ -235,13 +235,7 @@ def layer_norm_backward_rows(g, x, w, eps, with_gb, gx, gw, gb, xh, gxh, tmp):
 '''
 
 
-def _floats(*vals):
-    """The one float dtype of these Values (float32 or float64), else None."""
-    dts = {np.dtype(v.dtype) for v in vals if v is not None}
-    if len(dts) != 1:
-        return None
-    dt = dts.pop()
-    return dt if dt in _FLOATS else None
+_floats = kernels.float_dtype  # (the one float dtype of Values, or None)
 
 
 def _value(a):

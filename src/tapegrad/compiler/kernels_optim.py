@@ -38,7 +38,7 @@ import numpy as np
 from tapegrad.compiler import kernels, op_kernels, passes
 from tapegrad.compiler.ir import Value
 
-_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_FLOATS = kernels.FLOATS
 _data_of = operator.attrgetter("_data")
 _size_of = operator.attrgetter("size")
 CHUNK = 8

@@ -38,7 +38,7 @@ from tapegrad.compiler import kernels, op_kernels, passes
 from tapegrad.compiler.codegen import recycle
 from tapegrad.compiler.ir import Node, Value, call_node
 
-_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_FLOATS = kernels.FLOATS
 TILE = 8  # rows per tile: enough independent chains for the core, a few KB of scratch
 
 SOURCE = '''import numpy as np
@@ -329,12 +329,7 @@ def _rows_kernel(name, C):
     return _kernels()[name, "short" if 8 <= C <= 128 else "long"]
 
 
-def _floats(*vals):
-    dts = {np.dtype(v.dtype) for v in vals if v is not None}
-    if len(dts) != 1:
-        return None
-    dt = dts.pop()
-    return dt if dt in _FLOATS else None
+_floats = kernels.float_dtype  # (the one float dtype of Values, or None)
 
 
 def _layer_norm_ok(f, x):
