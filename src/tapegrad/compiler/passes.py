@@ -6,6 +6,8 @@ check=arrays)`` runs them in order; with ``check`` it is the value-check mode: t
 evaluated before and after every pass on the same inputs and a ``PassCheckError`` names
 the first pass that changed a result (outputs, write-backs, or what effect nodes consume).
 """
+import importlib
+
 import numpy as np
 
 from tapegrad.compiler.ir import Graph, Node, Value, call_node, evaluate
@@ -467,74 +469,42 @@ def _cross_entropy_impl(f, rule, sums):
     return cross_entropy_fused
 
 
-def fuse_layer_norm_backward(graph):
-    """LayerNorm's traced gradient rule as one node (compiler/kernels_gpt.py: the pass and
-    the node's numba kernel)."""
-    from tapegrad.compiler.kernels_gpt import fuse_layer_norm_backward as fuse_ln
+def _kernel_pass(module, name, doc):
+    """A pass defined beside its node's hand-written kernel, in ``compiler/<module>.py``
+    (imported at the first run: those modules import this one)."""
+    def run(graph):
+        return getattr(importlib.import_module(f"tapegrad.compiler.{module}"), name)(graph)
 
-    return fuse_ln(graph)
-
-
-def fuse_residual_layer_norm(graph):
-    """A residual sum read by a LayerNorm as one node (compiler/kernels_residual.py)."""
-    from tapegrad.compiler.kernels_residual import fuse_residual_layer_norm as fuse_res
-
-    return fuse_res(graph)
+    run.__name__ = run.__qualname__ = name
+    run.__doc__ = f"{doc} (compiler/{module}.py)."
+    return run
 
 
-def fuse_residual_backward(graph):
-    """A LayerNorm gradient, the residual add of its gx and their column sums as one node
-    (compiler/kernels_residual.py)."""
-    from tapegrad.compiler.kernels_residual import fuse_residual_backward as fuse_res
-
-    return fuse_res(graph)
-
-
-def fuse_softmax_backward(graph):
-    """softmax's traced gradient rule as one node (compiler/kernels_gpt.py)."""
-    from tapegrad.compiler.kernels_gpt import fuse_softmax_backward as fuse_sm
-
-    return fuse_sm(graph)
-
-
-def share_attention_probabilities(graph):
-    """attention's forward also returns its probabilities for its traced rule
-    (compiler/kernels_gpt.py)."""
-    from tapegrad.compiler.kernels_gpt import share_attention_probabilities as share
-
-    return share(graph)
-
-
-def merge_split_gradients(graph):
-    """A split's three slice gradients added into zeros as one concatenation
-    (compiler/kernels_gpt.py)."""
-    from tapegrad.compiler.kernels_gpt import merge_split_gradients as merge
-
-    return merge(graph)
-
-
-def absorb_gradient_products(graph):
-    """attention's q/k/v gradient products written by BLAS into the merged concatenation
-    (compiler/kernels_attention.py)."""
-    from tapegrad.compiler.kernels_attention import absorb_gradient_products as absorb
-
-    return absorb(graph)
-
-
-def share_gelu_erf(graph):
-    """GELU's forward returns ``1 + erf(x / sqrt 2)`` for its gradient on the same value
-    (compiler/kernels_gelu.py)."""
-    from tapegrad.compiler.kernels_gelu import share_gelu_erf as share
-
-    return share(graph)
-
-
-def fuse_clip_optimizer_step(graph):
-    """clip_grad_norm_ and the Adam/AdamW step reading its clipped gradients as one node
-    (compiler/kernels_optim.py)."""
-    from tapegrad.compiler.kernels_optim import fuse_clip_optimizer_step as fuse_step
-
-    return fuse_step(graph)
+fuse_layer_norm_backward = _kernel_pass(
+    "kernels_gpt", "fuse_layer_norm_backward", "LayerNorm's traced gradient rule as one node")
+fuse_residual_layer_norm = _kernel_pass(
+    "kernels_residual", "fuse_residual_layer_norm",
+    "A residual sum read by a LayerNorm as one node")
+fuse_residual_backward = _kernel_pass(
+    "kernels_residual", "fuse_residual_backward",
+    "A LayerNorm gradient, the residual add of its gx and their column sums as one node")
+fuse_softmax_backward = _kernel_pass(
+    "kernels_gpt", "fuse_softmax_backward", "softmax's traced gradient rule as one node")
+share_attention_probabilities = _kernel_pass(
+    "kernels_gpt", "share_attention_probabilities",
+    "attention's forward also returns its probabilities for its traced rule")
+merge_split_gradients = _kernel_pass(
+    "kernels_gpt", "merge_split_gradients",
+    "A split's three slice gradients added into zeros as one concatenation")
+absorb_gradient_products = _kernel_pass(
+    "kernels_attention", "absorb_gradient_products",
+    "attention's q/k/v gradient products written by BLAS into the merged concatenation")
+share_gelu_erf = _kernel_pass(
+    "kernels_gelu", "share_gelu_erf",
+    "GELU's forward returns ``1 + erf(x / sqrt 2)`` for its gradient on the same value")
+fuse_clip_optimizer_step = _kernel_pass(
+    "kernels_optim", "fuse_clip_optimizer_step",
+    "clip_grad_norm_ and the Adam/AdamW step reading its clipped gradients as one node")
 
 
 PASSES = (("simplify", simplify), ("cse", cse), ("fold_constants", fold_constants),
