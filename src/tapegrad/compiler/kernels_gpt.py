@@ -4,9 +4,9 @@ Each factory sees one graph node and returns a callable with the op forward's si
 (arrays, then the node's params as keywords), or None where its kernel does not apply (then
 the op's numpy forward runs):
 
-* ``layer_norm`` over the last axis: one pass per row (mean, centred variance, scale and
-  shift). The row sums are numpy's pairwise sum (8 partial sums, blocks of 128 split in
-  two), in the op's own order of operations, so the result is bitwise eager's.
+* ``layer_norm`` over the last axis: kernels_residual's row kernel (mean, centred variance,
+  scale and shift on tiles of rows; the row sums numpy's pairwise sum), in the op's own
+  order of operations, so the result is bitwise eager's.
 * ``softmax`` over the last axis of a float array: ``x - max`` per row, numpy's own ``exp``
   (its SIMD loop: numba's libm ``exp`` is 6x slower), then the rows' pairwise sums and the
   division: bitwise eager's.
@@ -55,7 +55,7 @@ def _kernels():
         import sys
 
         mod = sys.modules[kernels.load("attention_shift", SOURCE).py_func.__module__]
-        for name in ("layer_norm_rows", "softmax_shift", "softmax_norm", "attention_shift",
+        for name in ("softmax_shift", "softmax_norm", "attention_shift",
                      "embedding_rows", "layer_norm_backward_rows", "scaled_copy"):
             _K[name] = getattr(mod, name)
     return _K
@@ -69,32 +69,6 @@ from numba import njit
 
 
 ''' + kernels.PAIRWISE + '''
-
-@njit(error_model="numpy", cache=True)
-def layer_norm_rows(x, w, b, eps, has_w, has_b, out, xc):
-    """out[i] = (x[i] - mean) / sqrt(var + eps) * w + b, as ops.nn._norm_forward."""
-    R, C = x.shape
-    short = C <= 128  # one block: pairwise_sum's own call costs (SOURCE's note)
-    n = x.dtype.type(C)
-    one = x.dtype.type(1)
-    for i in range(R):
-        xi = x[i]
-        mean = (pairwise_block(xi, 0, C) if short else pairwise_sum(xi, 0, C)) / n
-        for j in range(C):
-            xc[j] = xi[j] - mean
-        sq = out[i]
-        for j in range(C):
-            sq[j] = xc[j] * xc[j]
-        rstd = one / np.sqrt((pairwise_block(sq, 0, C) if short else pairwise_sum(sq, 0, C))
-                             / n + eps)
-        for j in range(C):
-            v = xc[j] * rstd
-            if has_w:
-                v = v * w[j]
-            if has_b:
-                v = v + b[j]
-            sq[j] = v
-
 
 @njit(error_model="numpy", cache=True)
 def softmax_shift(x, out):
@@ -266,7 +240,7 @@ def layer_norm_factory(node):
     from tapegrad.compiler.kernels_residual import layer_norm_call
 
     # (kernels_residual's row kernel: tiles of rows, the pairwise blocks summed in vectors,
-    # the same operations as layer_norm_rows: 1.5-2x faster)
+    # ops.nn._norm_forward's operations; 1.5-2x faster than a row at a time)
     call = layer_norm_call(tuple(x.shape), dt)
 
     def layer_norm_kernel(x, w=None, b=None, *, axes, eps, param_shape):
