@@ -195,21 +195,29 @@ def _gpt_attention_step(dtype, seed=0, T=8, bias=False):
     return step, leaves
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_compiled_attention_block_is_eager_bitwise(monkeypatch, dtype):
-    monkeypatch.setenv("TAPEGRAD_COMPILE_KERNELS", "numba")
-    step, leaves = _gpt_attention_step(dtype)
+def _compiled_equals_eager(calls, **kw):
+    """``calls`` calls of the attention block eagerly and compiled (``_gpt_attention_step(
+    **kw)`` each, from the same values): loss and gradients bitwise equal at every call.
+    Returns the compiled function."""
+    step, leaves = _gpt_attention_step(**kw)
     eager = []
-    for _ in range(3):
+    for _ in range(calls):
         loss = step()
         eager.append([loss.detach().numpy().copy()] + [t.grad.numpy().copy() for t in leaves])
-    step2, leaves2 = _gpt_attention_step(dtype)
+    step2, leaves2 = _gpt_attention_step(**kw)
     comp = tapegrad.compile(step2)
-    for i in range(3):
+    for i in range(calls):
         loss = comp()
         got = [loss.detach().numpy()] + [t.grad.numpy() for t in leaves2]
         for a, b in zip(got, eager[i]):
             np.testing.assert_array_equal(_bits(a), _bits(b))
+    return comp
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_compiled_attention_block_is_eager_bitwise(monkeypatch, dtype):
+    monkeypatch.setenv("TAPEGRAD_COMPILE_KERNELS", "numba")
+    comp = _compiled_equals_eager(3, dtype=dtype)
     names = {getattr(fn, "__name__", "") for fn in comp.entries[-1].run.__globals__.values()}
     assert "attention_probs_fast" in names
 
@@ -221,18 +229,7 @@ def test_gradient_products_written_into_the_concatenation(monkeypatch, backend, 
     body on the numpy backend, BLAS into the slices on numba's): the step's values and
     gradients are eager's bits either way."""
     monkeypatch.setenv("TAPEGRAD_COMPILE_KERNELS", backend)
-    step, leaves = _gpt_attention_step(dtype, seed=3, T=6)
-    eager = []
-    for _ in range(2):
-        loss = step()
-        eager.append([loss.detach().numpy().copy()] + [t.grad.numpy().copy() for t in leaves])
-    step2, leaves2 = _gpt_attention_step(dtype, seed=3, T=6)
-    comp = tapegrad.compile(step2)
-    for i in range(2):
-        loss = comp()
-        got = [loss.detach().numpy()] + [t.grad.numpy() for t in leaves2]
-        for a, b in zip(got, eager[i]):
-            np.testing.assert_array_equal(_bits(a), _bits(b))
+    comp = _compiled_equals_eager(2, dtype=dtype, seed=3, T=6)
     e = comp.entries[-1]
     nodes = [n for n in e.graph.nodes if n.name == "concatenate_products"]
     assert len(nodes) == 1 and not any(n.name in ("concatenate_gradients", "softmax_backward")
@@ -250,18 +247,7 @@ def test_qkv_bias_gradient_comes_out_of_the_concatenation(monkeypatch, backend, 
     gradient) is a second output of concatenate_products, added row by row in the kernel's
     last pass (numpy's axis-0 order, into 0.0): no sum node is left, eager's bits."""
     monkeypatch.setenv("TAPEGRAD_COMPILE_KERNELS", backend)
-    step, leaves = _gpt_attention_step(dtype, seed=5, T=7, bias=True)
-    eager = []
-    for _ in range(2):
-        loss = step()
-        eager.append([loss.detach().numpy().copy()] + [t.grad.numpy().copy() for t in leaves])
-    step2, leaves2 = _gpt_attention_step(dtype, seed=5, T=7, bias=True)
-    comp = tapegrad.compile(step2)
-    for i in range(2):
-        loss = comp()
-        got = [loss.detach().numpy()] + [t.grad.numpy() for t in leaves2]
-        for a, b in zip(got, eager[i]):
-            np.testing.assert_array_equal(_bits(a), _bits(b))
+    comp = _compiled_equals_eager(2, dtype=dtype, seed=5, T=7, bias=True)
     g = comp.entries[-1].graph
     (node,) = [n for n in g.nodes if n.name == "concatenate_products"]
     assert len(node.outputs) == 2 and len(node.meta["sums"]) == 1
