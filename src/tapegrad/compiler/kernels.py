@@ -583,7 +583,6 @@ def load(fname, source):
     return fn
 
 
-
 FLOATS = (np.dtype(np.float32), np.dtype(np.float64))  # the dtypes the numba kernels take
 
 

@@ -47,8 +47,6 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 from llvmlite import ir
 
-# kernels_residual v8
-
 
 ''' + kernels.LANES + kernels.PAIRWISE + '''
 
