@@ -56,7 +56,7 @@ def _kernels():
 
         mod = sys.modules[kernels.load("attention_shift", SOURCE).py_func.__module__]
         for name in ("softmax_shift", "softmax_norm", "attention_shift",
-                     "embedding_rows", "layer_norm_backward_rows", "scaled_copy"):
+                     "layer_norm_backward_rows", "scaled_copy"):
             _K[name] = getattr(mod, name)
     return _K
 
@@ -147,21 +147,6 @@ def scaled_copy(src, dst, scale, has_scale):
                 else:
                     for k in range(D):
                         d[k] = s[k] + zero
-
-
-@njit(error_model="numpy", cache=True)
-def embedding_rows(g, idx, out):
-    """out[idx[i]] += g[i] for i in order (np.add.at's order), into a zeroed (W, D) table;
-    indices already checked to lie in [-W, W)."""
-    W = out.shape[0]
-    for i in range(g.shape[0]):
-        r = idx[i]
-        if r < 0:
-            r += W
-        o = out[r]
-        gi = g[i]
-        for j in range(g.shape[1]):
-            o[j] += gi[j]
 
 
 @njit(error_model="numpy", cache=True)
@@ -332,17 +317,17 @@ def embedding_backward_factory(node):
         return None
     dt = _floats(g)
     D = g.shape[-1]
-    rows = _kernels()["embedding_rows"]
+    from tapegrad.compiler.kernels_residual import _kernels as residual_kernels
     from tapegrad.ops import nn as nn_ops
 
+    scatter = residual_kernels()["scatter_rows"]  # (it checks the indices' range first)
     forward = nn_ops.embedding_backward.forward
 
     def embedding_backward_kernel(g, idx, num_weights, padding_idx=None, scale=None):
-        flat = idx.reshape(-1)
-        if flat.size and (flat.min() < -W or flat.max() >= W):
-            return forward(g, idx, num_weights, padding_idx=padding_idx, scale=scale)
         out = np.zeros((W, D), dt)
-        rows(np.ascontiguousarray(g).reshape(-1, D), flat.astype(np.int64, copy=False), out)
+        if not scatter(np.ascontiguousarray(g).reshape(-1, D),
+                       idx.reshape(-1).astype(np.int64, copy=False), out):
+            return forward(g, idx, num_weights, padding_idx=padding_idx, scale=scale)
         if padding_idx is not None:
             out[padding_idx] = 0
         return out
