@@ -337,3 +337,16 @@ def graph_node(g, name, ins, **params):
     v = g.new_value(out.shape, out.dtype)
     g.nodes.append(Node(op, name, ins, params, [v]))
     return v
+
+
+def graph_inputs(g, specs):
+    """Append one array input Value to the compiler graph ``g`` for each ``(shape, dtype)``
+    in ``specs`` (input ``i`` is the run's argument ``i``); returns the Values."""
+    from tapegrad.compiler.ir import Input
+
+    vs = []
+    for i, (shape, dtype) in enumerate(specs):
+        v = g.new_value(shape, dtype, f"a{i}")
+        g.inputs.append((v, Input("array", index=i)))
+        vs.append(v)
+    return vs

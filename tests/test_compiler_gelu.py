@@ -11,9 +11,9 @@ import pytest
 
 import tapegrad as tg
 import tapegrad.nn.functional as F
-from helpers import graph_node
+from helpers import graph_inputs, graph_node
 from tapegrad.compiler import codegen, kernels, kernels_gelu, passes
-from tapegrad.compiler.ir import Graph, Input
+from tapegrad.compiler.ir import Graph
 
 
 @pytest.fixture
@@ -26,13 +26,7 @@ def _numba(monkeypatch):
 _node = graph_node  # (tests/helpers.py)
 
 
-def _inputs(g, specs):
-    vs = []
-    for i, (shape, dtype) in enumerate(specs):
-        v = g.new_value(shape, dtype, f"a{i}")
-        g.inputs.append((v, Input("array", index=i)))
-        vs.append(v)
-    return vs
+_inputs = graph_inputs  # (tests/helpers.py)
 
 
 def _same_bits(a, w):

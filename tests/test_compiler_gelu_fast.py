@@ -17,9 +17,9 @@ import pytest
 
 import tapegrad as tg
 import tapegrad.nn.functional as F
-from helpers import graph_node
+from helpers import graph_inputs, graph_node
 from tapegrad.compiler import codegen, kernels, kernels_gelu, passes
-from tapegrad.compiler.ir import Graph, Input
+from tapegrad.compiler.ir import Graph
 from tapegrad.ops.error_function import erf64
 
 _node = graph_node  # (tests/helpers.py)
@@ -179,13 +179,7 @@ def test_fits_accuracy_in_float64(_numba):
     assert np.array_equal(np.float32(got[-5:]), np.float32([1, 1, 1, 1, -1]))
 
 
-def _inputs(g, specs):
-    vs = []
-    for i, (shape, dtype) in enumerate(specs):
-        v = g.new_value(shape, dtype, f"a{i}")
-        g.inputs.append((v, Input("array", index=i)))
-        vs.append(v)
-    return vs
+_inputs = graph_inputs  # (tests/helpers.py)
 
 
 def _values(shape, dtype, seed, scale=2.0):
