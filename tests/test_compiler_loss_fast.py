@@ -121,11 +121,11 @@ def test_kernel_empty_batch_as_eager(dtype):
 
 
 @pytest.mark.parametrize("bad", [7, -1, 100])
-def test_kernel_target_out_of_range_raises_naming_the_op_and_shape(bad):
+def test_kernel_target_out_of_range_raises_eagers_error(bad):
     x = np.zeros((5, 7), np.float32)
     t = np.array([0, 1, bad, 3, 4])
-    with pytest.raises(IndexError, match=r"cross_entropy.*target -?\d+.*7 classes.*row 2.*"
-                                         r"\(5, 7\)"):
+    with pytest.raises(IndexError, match=rf"^cross_entropy: Target {bad} is out of bounds "
+                                         r"\(7 classes\)$"):
         kernels_loss.cross_entropy_call(False)(x, t, np.ones((), np.float32))
     # an ignored row's target may be anything
     t[2] = -100

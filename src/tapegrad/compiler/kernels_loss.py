@@ -181,15 +181,20 @@ def _reference(x, t, g, ignore_index, mean, with_sum):
     return np.asarray(loss), grad
 
 
-def _out_of_range(x, t, row):
-    raise IndexError(f"cross_entropy: target {t[row]} is out of bounds for {x.shape[1]} "
-                     f"classes (row {row}, logits of shape {tuple(x.shape)})")
+def _out_of_range(x, t, ignore_index):
+    """Eager's IndexError for the targets (the graph's ``check_index`` node has already
+    raised it where the targets come from the call: this is the kernel's own guard)."""
+    from tapegrad.nn.functional import _target_message
+    from tapegrad.ops.indexing import check_index
+
+    check_index.forward(t, x.shape[1], _target_message("cross_entropy", x.shape[1]),
+                        "IndexError", ignore_index)
 
 
 def cross_entropy_call(with_sum):
     """The generated code's ``cross_entropy_fused(x, t, g, ignore_index, mean)``: the loss (a
-    0-d array), the logits' gradient and, ``with_sum``, its column sums; eager's bits, and an
-    IndexError naming the first target out of range."""
+    0-d array), the logits' gradient and, ``with_sum``, its column sums; eager's bits, and
+    eager's IndexError for a target out of range."""
     shift, grad_kernel, loss_kernel = _kernels()
 
     def cross_entropy_fused(x, t, g, ignore_index=-100, mean=True):
@@ -204,7 +209,7 @@ def cross_entropy_call(with_sum):
         count = shift(x, x.view(_BITS[size]), _MASK[size], _TOP[size], t, ignore_index, grad,
                       st)
         if count < 0:
-            _out_of_range(x, t, -1 - count)
+            _out_of_range(x, t, ignore_index)
         np.exp(grad, out=grad)
         scale = ((1.0 / count) if count else 0.0) if mean else 1.0
         se = np.empty(n, x.dtype)

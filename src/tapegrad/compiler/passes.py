@@ -14,6 +14,7 @@ from tapegrad.compiler.ir import Graph, Node, Value, call_node, evaluate
 from tapegrad.compiler.codegen import UFUNCS, UNARY_WITH_CONST
 from tapegrad.compiler import kernels
 from tapegrad.ops.registry import REGISTRY
+from tapegrad.ops.indexing import check_index
 
 # ops whose output is the elementwise image of their (same-shaped or scalar) inputs
 POINTWISE = frozenset(set(UFUNCS) | set(UNARY_WITH_CONST) | {
@@ -70,12 +71,14 @@ def _uses(graph):
 
 
 def dce(graph):
-    """Dead-node elimination: keep effect nodes and what the outputs, write-backs and
-    effects read; drop everything else (gradients nobody reads, unused forward values)."""
+    """Dead-node elimination: keep effect nodes, index range checks and what the outputs,
+    write-backs and effects read; drop everything else (gradients nobody reads, unused
+    forward values). A check stays even when nothing reads its indices: eager raises on a
+    bad index whatever is done with the result (``scatter_add``'s input gradient)."""
     live = {id(v) for v in graph.used_values()}
     keep = []
     for n in reversed(graph.nodes):
-        if n.effect or any(id(v) in live for v in n.outputs):
+        if n.effect or n.op is check_index or any(id(v) in live for v in n.outputs):
             keep.append(n)
             live.update(id(a) for a in n.inputs if isinstance(a, Value))
     g = graph.copy()

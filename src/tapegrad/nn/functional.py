@@ -15,7 +15,8 @@ from tapegrad.ops.elementwise import where, sqrt, to_dtype, exp, log, expm1, log
 from tapegrad.ops.linalg import matmul
 from tapegrad.ops.movement import reshape_op, permute_op, broadcast_to, pad  # noqa: F401
 from tapegrad.ops.movement import _dim  # the one dim normaliser (negative dims, range error)
-from tapegrad.ops.indexing import out_of_range  # the one index range check
+from tapegrad.ops.indexing import check_index, range_checked  # the one index range check
+from tapegrad.ops.indexing import recorder as _recorder
 from tapegrad.ops.reduce import sum_op
 from tapegrad.amp.autocast_mode import autocast_composite  # PyTorch's autocast lists
 from tapegrad.tensor import Tensor
@@ -50,14 +51,6 @@ def _traced(x):
         if tangent is not None and tangent(x) is not None:
             return True
     return False
-
-
-def _recorder():
-    """The active interpreter that records array code as graph nodes (the compiler's tracer)."""
-    for m in reversed(grad_state.modes):
-        if hasattr(m, "array_fn"):
-            return m
-    return None
 
 
 def _array_fn(name, fn, tensors, random=False, **params):
@@ -441,6 +434,10 @@ def _same_dtype(name, input, target):
                            f"{tuple(target.shape)})")
 
 
+def _target_message(name, n_classes):
+    return f"{name}: Target {{}} is out of bounds ({n_classes} classes)"
+
+
 def _class_targets(name, input, target, weight, ignore_index):
     """One-hot (class dim 1, or 0 for 1-D input) with the class weight folded in."""
     if input.ndim == 0:
@@ -456,12 +453,10 @@ def _class_targets(name, input, target, weight, ignore_index):
     if t.dtype != xp.int64 and t.dtype != xp.uint8:
         raise RuntimeError(f"{name}: expected target dtype to be Long (int64) or Byte (uint8) "
                            f"for class indices, but got {target.dtype}")
+    check_index.forward(t, n_classes, _target_message(name, n_classes), "IndexError",
+                        ignore_index)
     valid = t != ignore_index
     everything = bool(valid.all())
-    picked = t if everything else t[valid]
-    if out_of_range(picked, n_classes) is not None:
-        bad = picked[(picked < 0) | (picked >= n_classes)]
-        raise IndexError(f"{name}: Target {int(bad[0])} is out of bounds ({n_classes} classes)")
     if weight is not None and weight.requires_grad and grad_state.enabled:
         raise RuntimeError(f"{name}: the class weight is not differentiable; this input cannot "
                            "have requires_grad=True (pass weight.detach())")
@@ -533,15 +528,11 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     if (weight is None and not label_smoothing and reduction != "none" and input.ndim == 2
             and target.ndim == 1 and target._data.dtype == xp.int64
             and target.shape[0] == input.shape[0]):
-        t = _values(target)  # the common case: one node, no one-hot target (under vmap: checks
-        # read every example's indices)
+        # the common case: one node, no one-hot target (under vmap: checks read every
+        # example's indices)
         c = input.shape[1]
-        if out_of_range(t, c) is not None:  # then check what is not ignored
-            safe = t[t != ignore_index]
-            bad = safe[(safe < 0) | (safe >= c)]
-            if bad.size:
-                raise IndexError(f"cross_entropy: Target {int(bad[0])} is out of bounds "
-                                 f"({c} classes)")
+        target = range_checked(target, _values(target), c, _target_message("cross_entropy", c),
+                               "IndexError", ignore_index)[0]
         return N.cross_entropy_index(input, target, ignore_index=ignore_index,
                                      mean=reduction == "mean")
     if not 0.0 <= label_smoothing <= 1.0:
@@ -881,21 +872,23 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
             raise AssertionError(f"embedding: Padding_idx must be within num_embeddings (got "
                                  f"{padding_idx} for {num} rows)")
         padding_idx %= num
+    checked = idx
     if idx.size:
         if num == 0:
             raise RuntimeError(f"embedding: index_select(): self indexing axis dim should be "
                                f"positive (weight {tuple(weight.shape)} has no rows)")
-        bad = out_of_range(idx, num)
-        if bad is not None:  # PyTorch's index_select: RuntimeError if weight is empty
-            raise (RuntimeError if weight.shape[1] == 0 else IndexError)(
-                f"embedding: index out of range in self (index {bad}, weight has {num} rows)")
+        # PyTorch's index_select: RuntimeError if weight is empty
+        # (the lookup reads the checked indices: under the compiler, the check's result)
+        checked = range_checked(input, idx, num, f"embedding: index out of range in self "
+                                f"(index {{}}, weight has {num} rows)",
+                                "RuntimeError" if weight.shape[1] == 0 else "IndexError")[1]
     if max_norm is not None:
         _embedding_renorm(weight, idx, max_norm, norm_type)
     scale = None
     if scale_grad_by_freq:
         counts = xp.bincount(idx.reshape(-1), minlength=num)
         scale = (1.0 / counts[idx]).astype(weight._data.dtype)
-    return N.embedding(weight, _const(idx), padding_idx=padding_idx, scale=scale)
+    return N.embedding(weight, _const(checked), padding_idx=padding_idx, scale=scale)
 
 
 def _embedding_renorm(weight, idx, max_norm, norm_type):

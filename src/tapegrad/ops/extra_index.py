@@ -195,7 +195,7 @@ def _scatter_reduce_args(name, input, dim, index, src):
         raise RuntimeError(f"{name}(): Expected index {list(idx.shape)} to be no larger than "
                            f"self {list(input.shape)} apart from dimension {d} and to be no "
                            f"larger size than src {list(src.shape)}")
-    _check_gather_bounds(idx, input.shape[d] if input.ndim else 1, d, name)
+    idx = _check_gather_bounds(index, idx, input.shape[d] if input.ndim else 1, d, name)
     return idx, d
 
 

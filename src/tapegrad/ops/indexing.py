@@ -8,6 +8,7 @@ check of the index-taking ops). Split out of ``movement.py``, whose shape ops th
 import operator
 import warnings
 
+from tapegrad.autograd.grad_mode import state as grad_state
 from tapegrad.ops.registry import op, xp
 from tapegrad.backend import array_module, add_at
 from tapegrad.ops import registry as _registry
@@ -146,6 +147,52 @@ def out_of_range(idx, n):
     return int(lo) if lo < 0 else int(idx.max())
 
 
+_ERRORS = {"IndexError": IndexError, "RuntimeError": RuntimeError}
+
+
+@op(saves="none", differentiable=False)
+def check_index(idx, n, message, error="IndexError", ignore=None):
+    """``idx`` itself once every entry (those equal to ``ignore`` aside) lies in [0, n), else
+    ``error`` with ``message.format(bad)``; ``bad``: ``out_of_range``'s, or with ``ignore`` the
+    first offending entry. An op so that a compiled graph checks each call's indices (numpy
+    would wrap a negative one around where eager raises); params are literals the printout
+    shows."""
+    bad = out_of_range(idx, n)
+    if bad is not None and ignore is not None:
+        safe = idx[idx != ignore]
+        wrong = safe[(safe < 0) | (safe >= n)]
+        bad = int(wrong[0]) if wrong.size else None
+    if bad is not None:
+        raise _ERRORS[error](message.format(bad))
+    return idx
+
+
+@check_index.batch
+def _(args, bdims, **params):
+    return check_index(args[0], **params), bdims[0]  # every example's indices at once
+
+
+def recorder():
+    """The active interpreter that records array code as graph nodes (the compiler's tracer),
+    or None."""
+    for m in reversed(grad_state.modes):
+        if hasattr(m, "array_fn"):
+            return m
+    return None
+
+
+def range_checked(index, idx, n, message, error="IndexError", ignore=None):
+    """``(index, idx)`` once ``check_index`` passed on ``idx`` (``index``'s integer array).
+    Under the compiler's tracer (or its replay) a Tensor index goes through the op and both
+    stand for its result, which every later node must read: no node reads the indices
+    before the check."""
+    if isinstance(index, _registry.Tensor) and grad_state.modes and recorder() is not None:
+        index = check_index(index, n=n, message=message, error=error, ignore=ignore)
+        return index, index._data
+    check_index.forward(idx, n, message, error, ignore)
+    return index, idx
+
+
 def _out_of_bounds(idx, n):
     """The first index in ``idx`` outside [-n, n), or None."""
     if idx.size == 0:
@@ -178,11 +225,10 @@ def _check_index_shape(input, d, idx, name):
                 f"dimension {d}")
 
 
-def _check_gather_bounds(idx, n, d, name):
-    bad = out_of_range(idx, n)
-    if bad is not None:
-        raise RuntimeError(f"{name}(): index {bad} is out of bounds for dimension {d} with "
-                           f"size {n}")
+def _check_gather_bounds(index, idx, n, d, name):
+    """``idx`` once in range (``range_checked``)."""
+    return range_checked(index, idx, n, f"{name}(): index {{}} is out of bounds for dimension "
+                         f"{d} with size {n}", "RuntimeError")[1]
 
 
 def gather(input, dim, index, *, sparse_grad=False):
@@ -190,11 +236,11 @@ def gather(input, dim, index, *, sparse_grad=False):
     idx = _index_array(index, "gather")
     d = _dim(dim, input.ndim, "gather")
     _check_index_shape(input, d, idx, "gather")
+    idx = _check_gather_bounds(index, idx, input.shape[d] if input.ndim else 1, d, "gather")
     if input.ndim == 0 or idx.ndim == 0:
         flat = reshape_op(input, shape=(1,)) if input.ndim == 0 else input
         out = gather(flat, 0, idx.reshape((1,) * flat.ndim))
         return reshape_op(out, shape=idx.shape)
-    _check_gather_bounds(idx, input.shape[d], d, "gather")
     return index_op(input, index=_grid(idx, d), accumulate=True)
 
 
@@ -216,7 +262,7 @@ def scatter_add(input, dim, index, src):
         out = scatter_add(reshape_op(input, shape=(1,)), 0, idx.reshape(1),
                           reshape_op(src, shape=(1,)))
         return reshape_op(out, shape=())
-    _check_gather_bounds(idx, input.shape[d], d, "scatter_add")
+    idx = _check_gather_bounds(index, idx, input.shape[d], d, "scatter_add")
     if src.shape != idx.shape:  # only src[:index.shape] takes part
         src = getitem(src, index=tuple(slice(0, n) for n in idx.shape) + (Ellipsis,))
     return index_put_op(input, src, index=_grid(idx, d), accumulate=True)
@@ -235,14 +281,12 @@ def index_select(input, dim, index):
             raise RuntimeError(f"index_select(): self indexing axis dim should be positive "
                                f"(dimension {d} of input {tuple(input.shape)} has size 0, index "
                                f"has {idx.size} entries)")
-        bad = out_of_range(idx, n)
-        if bad is not None:
-            # PyTorch's CPU kernels raise IndexError, but RuntimeError on their dim-1 and
-            # empty-input paths
-            exc = RuntimeError if input.ndim > 1 and (d == 1 or input.numel() == 0) else \
-                IndexError
-            raise exc(f"index_select(): index {bad} is out of range "
-                      f"for dimension {d} with size {n}")
+        # PyTorch's CPU kernels raise IndexError, but RuntimeError on their dim-1 and
+        # empty-input paths
+        exc = "RuntimeError" if input.ndim > 1 and (d == 1 or input.numel() == 0) else \
+            "IndexError"
+        idx = range_checked(index, idx, n, f"index_select(): index {{}} is out of range for "
+                            f"dimension {d} with size {n}", exc)[1]
     if input.ndim == 0:
         return reshape_op(index_op(reshape_op(input, shape=(1,)), index=(idx, Ellipsis)),
                           shape=())
@@ -256,9 +300,8 @@ def take_along_dim(input, indices, dim=None):
     any index outside [0, numel) raises."""
     idx = _index_array(indices, "take_along_dim")
     if dim is None:
-        idx = idx.reshape(-1)
-        _check_gather_bounds(idx, input.numel(), 0, "take_along_dim")
-        return gather(reshape_op(input, shape=(-1,)), 0, idx)
+        idx = _check_gather_bounds(indices, idx, input.numel(), 0, "take_along_dim")
+        return gather(reshape_op(input, shape=(-1,)), 0, idx.reshape(-1))
     if idx.dtype != xp.int64:
         raise RuntimeError(f"take_along_dim(): dtype of indices should be int64 (Long) but got "
                            f"{idx.dtype}")
