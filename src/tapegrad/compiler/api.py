@@ -11,26 +11,33 @@ again (that call runs eagerly while it is recorded, so its result is exact), up 
 A call whose trace hits a graph break runs to the end eagerly; further calls with the same
 argument types run eagerly at once.
 """
+import functools
 import operator
 import os
 import sys
+import sysconfig
+import threading
 import time
+import types
 import warnings
 import weakref
 
 import numpy as np
 
+from tapegrad.amp.autocast_mode import _state as _autocast_state
 from tapegrad.autograd.grad_mode import state as grad_state
 from tapegrad.compiler import codegen, passes
-from tapegrad.autograd.engine import DispatchMode
 from tapegrad.compiler.ir import Graph, Input, Node, Value, call_node, freeze
-from tapegrad.compiler.tracer import (GraphBreak, _sgd_key, _traced_class, slot_params,
-                                      trace_call, unflatten, user_frame)
+from tapegrad.compiler.tracer import (MODULE_EPOCH, CompilerMode, GraphBreak, _sgd_key,
+                                      _traced_class, slot_params, trace_call, unflatten,
+                                      user_frame)
 from tapegrad.compiler.tracer import active as active_tracer
+from tapegrad.dtypes import _default as _default_dtype
 from tapegrad.ops.registry import _prepare_elementwise, dispatch
 from tapegrad.tensor import Tensor
 
 cache_size_limit = 8  # as torch._dynamo.config.cache_size_limit
+_calls = threading.local()  # .depth: compiled calls running in this thread
 DEBUG = os.environ.get("TAPEGRAD_COMPILE_DEBUG", "") not in ("", "0")
 LOG_KINDS = ("graphs", "passes", "code", "breaks", "guards")
 
@@ -123,72 +130,448 @@ def _state_tensors(fn, modules):
     return {id(t): weakref.ref(t) for t in found if isinstance(t, Tensor)}
 
 
+_SCALARS = frozenset((int, float, bool, complex, str, bytes, type(None)))
+_LIMIT = 4096  # elements one guard may walk: beyond, a container is too large to guard
+
+
+class Unguardable(Exception):
+    """Python state too large to guard (a container of more than ``_LIMIT`` elements)."""
+
+
+def _scalar_key(v):
+    """A Python scalar by type and value: ``True``, ``1`` and ``1.0`` differ, and so do
+    ``0.0`` and ``-0.0``; a NaN equals itself."""
+    if type(v) is float and (v != v or v == 0.0):
+        return (float, repr(v))
+    return (type(v), v)
+
+
+def _arg_key(a, tensors):
+    """A non-tensor argument's key: scalars by type and value, tuples, lists and dicts by
+    structure and their elements' keys (recursively), other hashable values by type and
+    equality, the rest by identity. Each tensor inside is appended to ``tensors`` (in walk
+    order) and keyed as the call's tensors are: shape, dtype, requires_grad."""
+    t = type(a)
+    if t in _SCALARS:
+        return _scalar_key(a)
+    if isinstance(a, Tensor):
+        tensors.append(a)
+        d = a._data
+        return ("T", d.shape, d.dtype.str, a._requires_grad)
+    if isinstance(a, (tuple, list)):
+        if len(a) > _LIMIT:
+            raise Unguardable(f"an argument of {len(a)} elements")
+        return (t, tuple([_arg_key(x, tensors) for x in a]))
+    if isinstance(a, dict):
+        if len(a) > _LIMIT:
+            raise Unguardable(f"an argument of {len(a)} elements")
+        return (t, tuple([(_arg_key(k, tensors), _arg_key(x, tensors)) for k, x in a.items()]))
+    try:
+        hash(a)
+        return ("V", t, a)
+    except TypeError:
+        return ("O", id(a))
+
+
 def _spec(args, kwargs):
-    """The call's argument types: the eager-after-break key and part of every guard."""
+    """The call's argument types: the eager-after-break key and part of every guard. Returns
+    ``(key, tensors)``: ``tensors`` every tensor of the call in walk order when a container
+    argument holds some, else None (they are the arguments themselves)."""
     out = []
+    nested = None
     for a in args:
         if isinstance(a, Tensor):
             d = a._data
             out.append(("T", d.shape, d.dtype.str, a._requires_grad))
+        elif type(a) in _SCALARS:
+            out.append(_scalar_key(a))
         else:
-            try:
-                hash(a)
-                out.append(("V", type(a), a))
-            except TypeError:
-                out.append(("O", id(a)))
+            inner = []
+            out.append(_arg_key(a, inner))
+            if inner:
+                nested = (nested or []) + inner
     for k in sorted(kwargs):
         v = kwargs[k]
-        out.append(("K", k, ("T", v._data.shape, v._data.dtype.str, v._requires_grad)
-                         if isinstance(v, Tensor)
-                    else (type(v), v if _hashable(v) else id(v))))
+        if isinstance(v, Tensor):
+            out.append(("K", k, ("T", v._data.shape, v._data.dtype.str, v._requires_grad)))
+            continue
+        inner = []
+        out.append(("K", k, _arg_key(v, inner)))
+        if inner:
+            nested = (nested or []) + inner
+    if nested is not None:
+        flat = [a for a in args if isinstance(a, Tensor)] + nested
+        flat += [kwargs[k] for k in sorted(kwargs) if isinstance(kwargs[k], Tensor)]
+    else:
+        flat = None
     n = len(args) + len(kwargs)
-    if n > 1 and len(set(map(id, (*args, *kwargs.values())))) < n:  # an object passed twice
+    if nested is not None or n > 1 and len(set(map(id, (*args, *kwargs.values())))) < n:
+        # an object passed twice: which tensors of the walk are the same one is part of the key
         seen, alias = {}, []
-        for k, a in enumerate(list(args) + [kwargs[k] for k in sorted(kwargs)]):
+        walk = flat if flat is not None else list(args) + [kwargs[k] for k in sorted(kwargs)]
+        for k, a in enumerate(walk):
             if isinstance(a, Tensor):
                 j = seen.setdefault(id(a), k)
                 if j != k:
                     alias.append((k, j))
         if alias:
             out.append(("A", tuple(alias)))
-    return tuple(out)
+    return tuple(out), flat
 
 
 def _arg_places(args, kwargs):
-    """id(tensor) -> where the call passed it: ("a", i) or ("k", name)."""
+    """id(tensor) -> where the call passed it: ("a", i), ("k", name), or ("p", path) for a
+    tensor inside a tuple, list or dict argument (path: the argument's position or keyword,
+    then the keys down to the tensor)."""
     places = {}
+
+    def walk(o, path):
+        if isinstance(o, Tensor):
+            places.setdefault(id(o), ("p", path))
+        elif isinstance(o, (tuple, list)):
+            for j, x in enumerate(o[:_LIMIT]):
+                walk(x, path + (j,))
+        elif isinstance(o, dict):
+            for k, x in list(o.items())[:_LIMIT]:
+                walk(x, path + (k,))
+
     for i, a in enumerate(args):
         if isinstance(a, Tensor):
             places.setdefault(id(a), ("a", i))
     for k, v in (kwargs or {}).items():
         if isinstance(v, Tensor):
             places.setdefault(id(v), ("k", k))
+    for i, a in enumerate(args):
+        if isinstance(a, (tuple, list, dict)):
+            walk(a, (i,))
+    for k, v in (kwargs or {}).items():
+        if isinstance(v, (tuple, list, dict)):
+            walk(v, (k,))
     return places
 
 
 def _resolve(place, args, kwargs):
-    """The tensor a place names in this call: an argument, or the ``.grad`` (read now) of an
-    argument or of a fixed tensor (a gradient the graph writes in place)."""
+    """The tensor a place names in this call: an argument (or a tensor inside one), or the
+    ``.grad`` (read now) of one or of a fixed tensor (a gradient the graph writes in place)."""
     kind, key, grad = place
-    t = args[key] if kind == "a" else kwargs[key] if kind == "k" else key
+    if kind == "a":
+        t = args[key]
+    elif kind == "k":
+        t = kwargs[key]
+    elif kind == "p":
+        t = args[key[0]] if type(key[0]) is int else kwargs[key[0]]
+        for k in key[1:]:
+            t = t[k]
+    else:
+        t = key
     return t.grad if grad else t
 
 
-def _hashable(v):
-    try:
-        hash(v)
+def mode_key():
+    """The thread's modes a trace consults, part of every guard: grad and inference mode,
+    CPU autocast (on, its dtype, inside an autocast op), the default dtype (of Python floats),
+    and the interpreters on the thread's stack."""
+    st = grad_state
+    ac = _autocast_state
+    return (st.enabled, st.inference, _default_dtype[0], ac.cpu and ac.dtype["cpu"],
+            ac.excluded, tuple(map(type, st.modes)) if st.modes else ())
+
+
+# --- guards on the Python state a function reads ---------------------------------------------
+# The walk finds what a function can read besides its arguments: the globals its code names
+# (and the code of the user functions those lead to, and of nested code objects), its closure
+# cells, the attributes those names pick out of the objects, classes and Python modules it
+# reaches, and every nn.Module it reaches. A guard item is checked before a cached graph runs.
+_MISSING = object()
+_GET, _CELL, _MRO, _CONTENTS = 0, 1, 2, 3
+_LIBRARY = tuple({os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep} |
+                 {p + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib")
+                  for p in [sysconfig.get_paths().get(k)] if p})
+_MODULE_PLAIN = (str, bytes, int, float, bool, type(None))
+
+
+def _library_code(code):
+    """Code of tapegrad, the standard library or an installed package: its globals and
+    names are not walked (only what the user's code reaches is guarded)."""
+    return code.co_filename.startswith(_LIBRARY) or code.co_filename.startswith("<frozen")
+
+
+def _state_key(v, keep):
+    """A value read by reference, keyed for a guard: scalars by type and value, tuples, lists
+    and dicts by structure and their elements' keys, everything else (a tensor too: the graph
+    reads it by reference) by identity. ``keep`` (a list, at the snapshot) holds each object
+    keyed by identity, so no new object can take its id while the guard lives."""
+    t = type(v)
+    if t in _SCALARS:
+        return _scalar_key(v)
+    if t is tuple or t is list or isinstance(v, (tuple, list)):
+        if len(v) > _LIMIT:
+            raise Unguardable(f"a {t.__name__} of {len(v)} elements")
+        if keep is not None:
+            keep.append(v)
+        return (t, tuple([_state_key(x, keep) for x in v]))
+    if isinstance(v, dict):
+        if len(v) > _LIMIT:
+            raise Unguardable(f"a {t.__name__} of {len(v)} elements")
+        if keep is not None:
+            keep.append(v)
+        return (t, tuple([(_state_key(k, keep), _state_key(x, keep)) for k, x in v.items()]))
+    if keep is not None:
+        keep.append(v)
+    return ("o", id(v))
+
+
+def _mro_lookup(cls, name):
+    """What ``cls.name`` resolves to in its classes' dicts (the raw descriptor: a
+    classmethod is not bound anew each time)."""
+    for k in cls.__mro__:
+        d = k.__dict__
+        if name in d:
+            return d[name]
+    return _MISSING
+
+
+def _module_fact(m, keep):
+    """What an nn.Module holds: its class, and each entry of its ``__dict__`` (parameters,
+    buffers, children and hooks by identity; plain values by value; the rest by identity).
+    Changed only through Module methods, which move ``tracer.MODULE_EPOCH`` on."""
+    out = [id(type(m))]
+    for k, v in m.__dict__.items():
+        t = type(v)
+        if t in _SCALARS:
+            out.append((k, _scalar_key(v)))
+        elif isinstance(v, dict):
+            if keep is not None:
+                keep.append(list(v.values()))
+            out.append((k, id(v), tuple([(kk, id(x)) for kk, x in v.items()])))
+        elif isinstance(v, (set, frozenset)):
+            out.append((k, id(v), frozenset(v)))
+        elif t is tuple:
+            out.append((k, _state_key(v, keep)))
+        else:
+            if keep is not None:
+                keep.append(v)
+            out.append((k, id(v)))
+    return tuple(out)
+
+
+class StateGuard:
+    """The Python state a function can read, as found before a trace; ``check()`` tells
+    whether it is all still the same. Items are ``(kind, source, key, object, value key)``:
+    the value at ``source[key]`` (a dict: globals, a Python module's or an object's
+    ``__dict__``), in a closure cell, or found in a class's MRO, must be that object or,
+    with a value key, equal by value; ``_CONTENTS`` items re-key a mutable container (a
+    list, dict) found there. nn.Modules are checked by ``_module_fact``, only when
+    ``tracer.MODULE_EPOCH`` moved since the last check that passed."""
+
+    def __init__(self, fn, args=(), kwargs=None, modules=()):
+        self.items = []
+        self.keep = []
+        self.modules = []  # (module, its fact)
+        self.epoch = MODULE_EPOCH[0]
+        self._seen = set()
+        self._objects = []  # (object, attribute names already guarded)
+        self._names = set()
+        self._codes = []
+        for m in modules:
+            self._visit(m)
+        self._root(fn)
+        for a in (*args, *(kwargs or {}).values()):  # objects passed in: their attributes
+            if not isinstance(a, Tensor) and type(a) not in _SCALARS:
+                self._visit(a, contents=False)
+        while self._codes or any(len(done) < len(self._names) for _, done in self._objects):
+            while self._codes:
+                self._code(*self._codes.pop())
+            for obj, done in list(self._objects):
+                for name in self._names - done:
+                    done.add(name)
+                    self._attribute(obj, name)
+        self._seen = self._objects = self._codes = None
+
+    def _root(self, fn):
+        func = fn
+        if isinstance(fn, functools.partial):
+            for a in (*fn.args, *fn.keywords.values()):
+                self._visit(a)
+            func = fn.func
+        target = getattr(func, "__self__", None)
+        if target is not None and not isinstance(target, types.ModuleType):
+            self._visit(target)
+        func = getattr(func, "__func__", func)
+        if isinstance(func, types.FunctionType):
+            self._function(func, root=True)
+        elif not isinstance(func, types.BuiltinFunctionType):
+            self._visit(func)
+
+    def _function(self, f, root=False):
+        code = f.__code__
+        if root or not _library_code(code):
+            self._codes.append((code, f.__globals__, f.__closure__))
+
+    def _code(self, code, g, closure):
+        if id(code) in self._seen:
+            return
+        self._seen.add(id(code))
+        self.keep.append(code)
+        self._names.update(code.co_names)
+        builtins = g.get("__builtins__")
+        builtins = getattr(builtins, "__dict__", builtins) or {}
+        for name in code.co_names:
+            if name in g:
+                self._item(_GET, g, name, g[name])
+            elif name in builtins:  # a global of that name made later would shadow it
+                self.items.append((_GET, g, name, _MISSING, None))
+        for cell in closure or ():
+            try:
+                v = cell.cell_contents
+            except ValueError:
+                v = _MISSING
+            self._item(_CELL, cell, None, v)
+        for c in code.co_consts:
+            if isinstance(c, types.CodeType):
+                self._codes.append((c, g, None))
+
+    def _attribute(self, obj, name):
+        if isinstance(obj, type):
+            v = _mro_lookup(obj, name)
+            if v is not _MISSING:
+                self._item(_MRO, obj, name, v)
+            return
+        d = getattr(obj, "__dict__", None)
+        if isinstance(d, dict) and name in d and not isinstance(obj, _module_class()):
+            self._item(_GET, d, name, d[name])
+
+    def _item(self, kind, source, key, v):
+        t = type(v)
+        if t in _SCALARS:
+            self.items.append((kind, source, key, v, _scalar_key(v)))
+            return
+        if t is tuple and all(type(x) in _SCALARS for x in v):
+            self.items.append((kind, source, key, v, _state_key(v, None)))
+            return
+        self.keep.append(v)
+        self.items.append((kind, source, key, v, None))
+        if v is not _MISSING:
+            self._visit(v)
+
+    def _visit(self, v, contents=True):
+        """Guard what ``v`` holds (a container's contents, a module's state) and walk on."""
+        if id(v) in self._seen or type(v) in _SCALARS or isinstance(v, Tensor):
+            return
+        self._seen.add(id(v))
+        self.keep.append(v)
+        if isinstance(v, (tuple, list, dict)):
+            if contents:
+                key = _state_key(v, self.keep)
+                if type(v) is not tuple:
+                    self.items.append((_CONTENTS, v, None, None, key))
+            for x in (v.values() if isinstance(v, dict) else v):
+                self._visit(x)
+            return
+        if isinstance(v, (types.FunctionType, types.MethodType)):
+            if isinstance(v, types.MethodType):
+                self._visit(v.__self__)
+                v = v.__func__
+            if isinstance(v, types.FunctionType):
+                self._function(v)
+            return
+        if isinstance(v, (types.BuiltinFunctionType, types.CodeType)):
+            return
+        if isinstance(v, (staticmethod, classmethod)):
+            self._visit(v.__func__)
+            return
+        if isinstance(v, property):
+            for f in (v.fget, v.fset):
+                if f is not None:
+                    self._visit(f)
+            return
+        if isinstance(v, _module_class()):
+            self.modules.append((v, _module_fact(v, self.keep)))
+            for x in v.__dict__.values():
+                if isinstance(x, dict):
+                    for y in x.values():
+                        self._visit(y)
+                elif isinstance(x, (list, tuple)) or not isinstance(x, _MODULE_PLAIN):
+                    self._visit(x)
+            self._class(type(v))
+            return
+        if isinstance(v, type):
+            self._objects.append((v, set()))
+            self._class(v)
+            return
+        self._objects.append((v, set()))  # a Python module, any other object
+        if not isinstance(v, types.ModuleType):
+            self._objects.append((type(v), set()))
+
+    def _class(self, cls):
+        """A user class's own functions are code the call may run (a Module's forward)."""
+        for k in cls.__mro__:
+            if id(k) in self._seen:
+                continue
+            self._seen.add(id(k))
+            for x in list(vars(k).values()):
+                f = getattr(x, "__func__", x)
+                if isinstance(f, types.FunctionType) and not _library_code(f.__code__):
+                    self._function(f)
+
+    def check(self):
+        """Whether the state is as found; cheap enough for every call."""
+        for kind, source, key, want, value in self.items:
+            if kind == _GET:
+                v = source.get(key, _MISSING)
+            elif kind == _CELL:
+                try:
+                    v = source.cell_contents
+                except ValueError:
+                    v = _MISSING
+            elif kind == _MRO:
+                v = _mro_lookup(source, key)
+            else:
+                try:
+                    if _state_key(source, None) != value:
+                        return False
+                except Unguardable:
+                    return False
+                continue
+            if v is not want and (value is None or type(v) not in _SCALARS and
+                                  type(v) is not tuple or _state_key(v, None) != value):
+                return False
+        epoch = MODULE_EPOCH[0]
+        if self.epoch != epoch and self.modules:
+            for m, fact in self.modules:
+                if _module_fact(m, None) != fact:
+                    return False
+            self.epoch = epoch
         return True
-    except TypeError:
-        return False
+
+    def describe(self):
+        """One line per item (``TAPEGRAD_LOGS=guards``)."""
+        names = {_GET: "value", _CELL: "closure cell", _MRO: "class attribute",
+                 _CONTENTS: "contents of"}
+        lines = []
+        for kind, source, key, want, value in self.items:
+            what = key if key is not None else type(source).__name__
+            how = f"== {value[1]!r}" if value is not None and kind != _CONTENTS else \
+                "unchanged" if kind == _CONTENTS else f"is {type(want).__name__}@{id(want)}"
+            lines.append(f"state {names[kind]} {what} {how}")
+        lines += [f"state module {type(m).__name__}@{id(m)} unchanged" for m, _ in self.modules]
+        return lines
+
+
+def _module_class():
+    from tapegrad.nn.module import Module
+
+    return Module
 
 
 class Entry:
     """One compiled graph and the guards under which it is valid."""
 
-    def __init__(self, spec, grad_mode, training, graph, tracer):
+    def __init__(self, spec, modes, training, graph, tracer):
         self.spec = spec
-        self.grad_mode = grad_mode
+        self.modes = modes
         self.training = training
+        self.state = None  # a StateGuard (None: the call's Python reruns, as in a replay)
         self.refs = [src.ref if src.kind in ("ref", "grad") else None
                      for _, src in graph.inputs]
         # tensors the trace met as the call's arguments (and their gradients) are named by
@@ -240,9 +623,8 @@ class Entry:
         place = self.arg_places.get(id(t))
         return t if place is None else _resolve(place + (False,), args, kwargs)
 
-    def check(self, spec, training, args=(), kwargs=None):
-        if spec != self.spec or grad_state.enabled != self.grad_mode or \
-                training != self.training:
+    def check(self, spec, modes, training, args=(), kwargs=None):
+        if spec != self.spec or modes != self.modes or training != self.training:
             return False
         for kind, t, expected in self.checks:
             if type(t) is tuple:  # the gradient of an argument
@@ -259,7 +641,7 @@ class Entry:
                     return False
             elif not _grad_as_traced(t.grad, expected):
                 return False
-        return True
+        return self.state is None or self.state.check()
 
 
 def _grad_as_traced(g, expected):
@@ -332,6 +714,8 @@ class CompiledFunction:
         self._warned = False
         self._modules = None
         self._state = None  # id -> weakref of the tensors fn reads by reference
+        self._lock = threading.RLock()
+        self.n_contended = 0  # calls run eagerly: another thread was inside this function
         self.__wrapped__ = fn
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
         self.__doc__ = getattr(fn, "__doc__", None)
@@ -342,9 +726,9 @@ class CompiledFunction:
         return tuple(m.training for m in self._modules)
 
     def __call__(self, *args, **kwargs):
-        self.n_calls += 1
         why = _inside_transform()
         if why is not None:  # a replay would bypass the transform: eager, with the reason
+            self.n_calls += 1
             brk = GraphBreak(why, user_frame())
             if not any(b.reason == why for b in self.breaks):
                 self.breaks.append(brk)
@@ -354,23 +738,46 @@ class CompiledFunction:
             if outer is not None:  # traced by an enclosing compile/explain: tell its report
                 outer.inner.append((self.__name__, brk))
             return self.fn(*args, **kwargs)
-        spec = _spec(args, kwargs)
+        # One call at a time: a function's graphs reuse their buffers, placeholders and
+        # argument boxes from call to call. A thread already inside a compiled call never
+        # waits for another (no two threads can wait on each other): it runs eagerly instead.
+        depth = getattr(_calls, "depth", 0)
+        if not self._lock.acquire(blocking=not depth):
+            self.n_calls += 1
+            self.n_contended += 1
+            return self.fn(*args, **kwargs)
+        _calls.depth = depth + 1
+        try:
+            return self._call(args, kwargs)
+        finally:
+            _calls.depth = depth
+            self._lock.release()
+
+    def _call(self, args, kwargs):
+        self.n_calls += 1
+        try:
+            spec, flat = _spec(args, kwargs)
+        except Unguardable as e:
+            self._break(f"{e}: too large to guard; runs eagerly")
+            return self.fn(*args, **kwargs)
+        modes = mode_key()
         training = self._training(args)
         state = self._state
         if state is None:
             state = self._state = _state_tensors(self.fn, self._modules)
-        if state and not state.keys().isdisjoint(map(id, args)):
+        tensors = args if flat is None else flat
+        if state and not state.keys().isdisjoint(map(id, tensors)):
             # an argument that is also state the function reads by reference: its identity
-            same = tuple((i, id(a)) for i, a in enumerate(args)  # is part of the key
+            same = tuple((i, id(a)) for i, a in enumerate(tensors)  # is part of the key
                          if id(a) in state and state[id(a)]() is a)
             if same:
                 spec = spec + (("S", same),)
         last = self._last  # fast path: the entry that ran last time is checked first
-        if last is not None and last.check(spec, training, args, kwargs):
+        if last is not None and last.check(spec, modes, training, args, kwargs):
             self.n_hits += 1
             return self._run(last, args, kwargs)
         for e in self.entries:
-            if e is not last and e.check(spec, training, args, kwargs):
+            if e is not last and e.check(spec, modes, training, args, kwargs):
                 self.n_hits += 1
                 self._last = e
                 return self._run(e, args, kwargs)
@@ -380,21 +787,32 @@ class CompiledFunction:
             if not self._warned:
                 warnings.warn(f"tapegrad.compile: {self.__name__} hit the cache size limit "
                               f"({cache_size_limit} graphs); it now runs eagerly for new "
-                              "guard sets", RuntimeWarning, stacklevel=2)
+                              "guard sets", RuntimeWarning, stacklevel=3)
                 self._warned = True
             return self.fn(*args, **kwargs)
-        return self._compile(args, kwargs, spec, training)
+        return self._compile(args, kwargs, spec, modes, training)
 
-    def _compile(self, args, kwargs, spec, training):
+    def _break(self, reason):
+        """Record a reason the function runs eagerly (once), as a graph break."""
+        if not any(b.reason == reason for b in self.breaks):
+            brk = GraphBreak(reason, user_frame())
+            self.breaks.append(brk)
+            if "breaks" in log_kinds():
+                _log(self.__name__, "breaks", f"{brk.reason}\n    at {brk.where}")
+
+    def _compile(self, args, kwargs, spec, modes, training):
         t0 = time.perf_counter()
-        grad_mode = grad_state.enabled
+        try:  # the Python state it reads, as it is before the call (its own writes included)
+            guard = StateGuard(self.fn, args, kwargs, self._modules)
+        except Exception as e:  # noqa: BLE001 - state too large or too odd to walk: eager
+            guard = e if isinstance(e, Unguardable) else Unguardable(f"{type(e).__name__}: {e}")
         result, graph, tracer = trace_call(self.fn, args, kwargs, self.fullgraph, joint=True,
                                            split_reads=True)
         self.inner_fallbacks.extend(tracer.inner)
         logs = log_kinds()
         if graph is not None and tracer.splits:
             if _splittable(graph, tracer):
-                entry = SplitEntry(spec, grad_mode, training, graph, tracer, self.passes,
+                entry = SplitEntry(spec, modes, training, graph, tracer, self.passes,
                                    _fname(self.__name__))
                 self.breaks.extend(b for _, _, b in tracer.splits)
                 self.entries.append(entry)
@@ -406,7 +824,7 @@ class CompiledFunction:
                     _log(self.__name__, "code", entry.source)
                 return result
             if _tail_reads(graph, tracer):  # e.g. ``loss.item()`` after ``optimizer.step()``
-                entry = TailEntry(spec, grad_mode, training, graph, tracer, self.passes,
+                entry = TailEntry(spec, modes, training, graph, tracer, self.passes,
                                   _fname(self.__name__))
                 self.entries.append(entry)
                 self.compile_times.append(time.perf_counter() - t0)
@@ -426,7 +844,14 @@ class CompiledFunction:
                 _log(self.__name__, "breaks", "\n".join(f"{b.reason}\n    at {b.where}"
                                                         for b in tracer.breaks[:1]))
             return result
-        entry = Entry(spec, grad_mode, training, graph, tracer)
+        if isinstance(guard, Unguardable):
+            self._break(f"the Python state it reads: {guard}; runs eagerly")
+            self.eager_specs.add(spec)
+            return result
+        entry = Entry(spec, modes, training, graph, tracer)
+        entry.state = guard
+        entry.keep_args = [a for a in (*args, *kwargs.values())  # (ids in the key stay theirs)
+                           if not isinstance(a, Tensor) and type(a) not in _SCALARS]
         if tracer.joint is not None:
             self._build_joint(entry, tracer, args)
         else:
@@ -442,8 +867,9 @@ class CompiledFunction:
                                                     for name, a, b in entry.log))
         if "guards" in logs:
             _log(self.__name__, "guards", "\n".join(
-                [f"args {spec}", f"grad mode {grad_mode}", f"training flags {training}"] +
-                [f"{kind} {_guard_label(t)} {exp}" for kind, t, exp in entry.checks]))
+                [f"args {spec}", f"modes {modes}", f"training flags {training}"] +
+                [f"{kind} {_guard_label(t)} {exp}" for kind, t, exp in entry.checks] +
+                entry.state.describe()))
         if "code" in logs:
             _log(self.__name__, "code", entry.source)
         self.entries.append(entry)
@@ -555,8 +981,8 @@ class SplitEntry(Entry):
     them; the read then sees real values. Any divergence (another branch taken, an op not
     seen when recording) evaluates what was issued so far and finishes the call eagerly."""
 
-    def __init__(self, spec, grad_mode, training, graph, tracer, passes_, name):
-        super().__init__(spec, grad_mode, training, graph, tracer)
+    def __init__(self, spec, modes, training, graph, tracer, passes_, name):
+        super().__init__(spec, modes, training, graph, tracer)
         bounds = sorted({k for k, _, _ in tracer.splits if 0 < k < len(graph.nodes)})
         # a Python number operand after a read (``y * v`` with v = t.item()) is an input of
         # its piece, read from ``self.slots`` at each call (a weak scalar, as in eager)
@@ -815,7 +1241,7 @@ def _replay_plan(entry, nodes):
     return plan
 
 
-class _Replay(DispatchMode):
+class _Replay(CompilerMode):
     """Runs a SplitEntry's function again, issuing its ops lazily into compiled pieces."""
 
     def __init__(self, entry, args, kwargs=None):
@@ -1142,8 +1568,8 @@ class TailEntry(Entry):
     before that point, so a call whose Python diverges from the trace is run again eagerly
     from its start (exact; Python side effects before the divergence happen twice)."""
 
-    def __init__(self, spec, grad_mode, training, graph, tracer, passes_, name):
-        super().__init__(spec, grad_mode, training, graph, tracer)
+    def __init__(self, spec, modes, training, graph, tracer, passes_, name):
+        super().__init__(spec, modes, training, graph, tracer)
         self.spans = tracer.spans
         self.rg_values = tracer.rg_values
         self.slots, self.slot_values, self.ends = {}, set(), set()

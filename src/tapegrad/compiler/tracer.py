@@ -19,6 +19,7 @@ made outside ops. On a break the call finishes eagerly (its result is exact) and
 with its source line, is reported.
 """
 import gc
+import itertools
 import os
 import sys
 import threading
@@ -27,6 +28,7 @@ import weakref
 
 import numpy as np
 
+from tapegrad.amp import autocast_mode
 from tapegrad.autograd import engine
 from tapegrad.autograd.engine import DispatchMode
 from tapegrad.autograd.grad_mode import state as grad_state
@@ -328,7 +330,35 @@ def _vjp_impl(rule, has_out, pick):
     return vjp
 
 
-class Tracer(DispatchMode):
+class CompilerMode(DispatchMode):
+    """A mode of the compiler (the tracer, a compiled function's replay). It enters below the
+    other modes at the top of the thread's stack (an autocast region the call runs in), so
+    the casts they make reach it as ops and the graph holds what eager runs; and with a fresh
+    autocast cast cache, so a cast cached before the call (a tensor the graph would read by
+    reference, stale in a later region) is made again as a recorded op."""
+
+    def __enter__(self):
+        modes = grad_state.modes
+        k = len(modes)
+        while k and not isinstance(modes[k - 1], CompilerMode):
+            k -= 1
+        grad_state.modes = modes[:k] + [self] + modes[k:]
+        engine.add_watcher(self)
+        st = autocast_mode._state
+        self._cast_cache, st.cache = st.cache, {}
+        return self
+
+    def __exit__(self, *exc):
+        modes = grad_state.modes
+        if not any(m is self for m in modes):
+            raise RuntimeError(f"{type(self).__name__}: exited twice or in another thread")
+        grad_state.modes = [m for m in modes if m is not self]
+        engine.remove_watcher(self)
+        autocast_mode._state.cache = self._cast_cache
+        return False
+
+
+class Tracer(CompilerMode):
     """Records the ops of one eager call into ``self.graph`` (see the module docstring)."""
 
     def __init__(self, args):
@@ -1442,6 +1472,7 @@ def _scheduler_step(original):
 def _install():
     from tapegrad.optim.optimizer import Optimizer
 
+    _install_module_epoch()
     if getattr(Optimizer.step, "_compiler_hook", False):
         return
     import tapegrad
@@ -1502,6 +1533,40 @@ def _install():
     module_zero_grad.__name__ = "zero_grad"
     module_zero_grad.__wrapped__ = module_zero
     Module.zero_grad = module_zero_grad
+
+
+# A number that changes whenever any nn.Module's attributes, parameters, buffers, children or
+# hooks change through their methods (set, delete, register, a hook's handle made or removed).
+# A compiled function re-checks the modules it reads only when it differs from the last check.
+MODULE_EPOCH = [0]
+_next_epoch = itertools.count(1).__next__  # (one C call: two threads never take one number)
+
+
+def _bumps_epoch(method):
+    def bumped(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        finally:
+            MODULE_EPOCH[0] = _next_epoch()
+
+    bumped.__name__ = method.__name__
+    bumped.__qualname__ = method.__qualname__
+    bumped.__doc__ = method.__doc__
+    bumped.__wrapped__ = method
+    bumped._compiler_hook = True
+    return bumped
+
+
+def _install_module_epoch():
+    from tapegrad.nn import module
+
+    if getattr(module.Module.__setattr__, "_compiler_hook", False):
+        return
+    for cls, names in ((module.Module, ("__setattr__", "__delattr__", "register_buffer",
+                                        "register_parameter", "add_module")),
+                       (module.RemovableHandle, ("__init__", "remove"))):
+        for name in names:
+            setattr(cls, name, _bumps_epoch(cls.__dict__[name]))
 
 
 def trace_call(fn, args, kwargs=None, fullgraph=False, joint=False, split_reads=False):
