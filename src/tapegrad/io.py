@@ -22,8 +22,12 @@ Loading distrusts the file (both formats): ZIP's CRC-32 of every member is check
 member's declared size must match what the file holds (stored members), a compressed member
 may inflate at most ``_MAX_INFLATE_RATIO`` times and never past its declared size, and the
 members together at most that many times the file's size; an ``.npy`` header must describe
-exactly the bytes that follow it; nesting too deep for the decoder is refused. Every such
-failure raises ``CheckpointError`` (a ``RuntimeError``) naming the file and what is wrong.
+exactly the bytes that follow it; an array's dtype must be one tapegrad has (or, for a plain
+numpy array, numeric); nesting too deep for the decoder is refused; two members with one name,
+encrypted members and members needing a newer zip version are refused. Every such failure
+raises ``CheckpointError`` (a ``RuntimeError``) naming the file and what is wrong; objects
+from the file appear in messages through ``_bounded_repr``. A non-seekable stream is read
+into memory first.
 
 Writes to a path are atomic: the data goes to a temporary file in the same directory,
 is flushed and fsync'ed, then ``os.replace``-d over the target (and the directory fsync'ed),
@@ -276,6 +280,60 @@ class _CorruptCheckpoint(Exception):
     pass
 
 
+def _bounded_repr(obj, limit=80):
+    """``repr(obj)`` cut to about ``limit`` characters, built piece by piece so that the full
+    repr is never formed: a few hundred bytes of pickle can make a list that holds the list
+    below it twice per level, whose full repr is exponential in its depth. Objects other than
+    builtin scalars and containers show as their type (their own repr may be anything)."""
+    out, length = [], 0
+    for piece in _repr_pieces(obj, _REPR_DEPTH, limit):
+        out.append(piece)
+        length += len(piece)
+        if length > limit:
+            return "".join(out)[:limit] + "..."
+    return "".join(out)
+
+
+_REPR_DEPTH = 4
+_BRACKETS = {list: "[]", tuple: "()", set: "{}", frozenset: "{}", dict: "{}"}
+
+
+def _repr_pieces(obj, depth, limit):
+    if obj is None or isinstance(obj, (bool, float, complex)):
+        yield repr(obj)
+    elif isinstance(obj, int):  # a huge int's decimal form is slow (and limited) to build
+        yield repr(obj) if obj.bit_length() <= 256 else f"<int of {obj.bit_length()} bits>"
+    elif isinstance(obj, (str, bytes, bytearray)):
+        yield repr(obj[:limit]) + ("..." if len(obj) > limit else "")
+    elif isinstance(obj, type):
+        yield f"<class '{obj.__module__}.{obj.__qualname__}'>"
+    elif isinstance(obj, (list, tuple, set, frozenset, dict)):
+        base = next(t for t in _BRACKETS if isinstance(obj, t))
+        if type(obj) is not base:
+            yield type(obj).__name__ + "("
+        yield _BRACKETS[base][0]
+        if obj and depth == 0:
+            yield "..."
+        elif obj:
+            for i, item in enumerate(obj.items() if base is dict else obj):
+                if i:
+                    yield ", "
+                if base is dict:
+                    yield from _repr_pieces(item[0], depth - 1, limit)
+                    yield ": "
+                    item = item[1]
+                yield from _repr_pieces(item, depth - 1, limit)
+        if base is tuple and len(obj) == 1:
+            yield ","
+        yield _BRACKETS[base][1]
+        if type(obj) is not base:
+            yield ")"
+    elif type(obj).__module__.startswith("tapegrad."):  # our own reprs are short
+        yield repr(obj)[:limit]
+    else:
+        yield f"<{type(obj).__module__}.{type(obj).__qualname__} object>"
+
+
 _MAX_INFLATE_RATIO = 100  # tensor data barely compresses; a member inflating more is a bomb
 _NPY_MAX_HEADER = 10000
 
@@ -287,11 +345,20 @@ class _Archive:
         start = f.tell()
         length = f.seek(0, os.SEEK_END) - start
         f.seek(start)
-        self.z = zipfile.ZipFile(f, "r")
+        try:
+            self.z = zipfile.ZipFile(f, "r")
+        except NotImplementedError as e:  # zipfile's own refusal of a newer zip version
+            raise _CorruptCheckpoint(f"a member needs {e} to extract; this reader supports up "
+                                     f"to {zipfile.MAX_EXTRACT_VERSION / 10:.1f}") from None
         self.infos = {}
         total = 0
         for info in self.z.infolist():
             name, size = info.filename, info.file_size
+            if name in self.infos:  # zip readers disagree on which copy counts
+                raise _CorruptCheckpoint(f"it holds two members named {name}; refused as "
+                                         "ambiguous")
+            if info.flag_bits & 0x1:
+                raise _CorruptCheckpoint(f"member {name} is encrypted; checkpoints are not")
             if info.compress_type == zipfile.ZIP_STORED:
                 if info.compress_size != size:
                     raise _CorruptCheckpoint(f"member {name} declares {size} bytes but stores "
@@ -321,8 +388,12 @@ class _Archive:
         info = self.infos.get(name)
         if info is None:
             raise _CorruptCheckpoint(f"member {name} is missing")
-        with self.z.open(info) as member:  # inflates at most file_size bytes; checks CRC-32
-            data = member.read()
+        try:
+            with self.z.open(info) as member:  # inflates at most file_size bytes; checks CRC-32
+                data = member.read()
+        except zlib.error as e:
+            raise _CorruptCheckpoint(f"member {name} is corrupt: its deflate data does not "
+                                     f"inflate ({e})") from None
         if len(data) != info.file_size:
             raise _CorruptCheckpoint(f"member {name} holds {len(data)} bytes, its header "
                                      f"declares {info.file_size}")
@@ -358,17 +429,27 @@ class _Decoder:
         self.z = z
         self.tensors = {}
 
-    def array(self, i, dtype_name):
-        raw = self.z.read(f"{_ARRAYS}{int(i)}.npy")
+    def array(self, i, dtype_name, tensor=False):
+        """Array ``i``, of the tapegrad dtype named ``dtype_name``; or for a plain numpy array
+        (``dtype_name`` None), of a numeric dtype, the only kind ``save`` writes."""
+        if type(i) is not int:
+            raise _CorruptCheckpoint(f"array index {_bounded_repr(i)} is not an int")
+        raw = self.z.read(f"{_ARRAYS}{i}.npy")
         arr = _npy_array(raw, f"array {i}")
-        if dtype_name is not None:
-            want = dtypes.to_dtype(dtype_name).np
-            if arr.dtype != want:
-                if arr.dtype.itemsize != want.itemsize:
-                    raise _CorruptCheckpoint(f"array {i} has dtype {arr.dtype}, expected "
-                                             f"{dtype_name}")
-                arr = arr.view(want)
-        return arr
+        if dtype_name is None and not tensor:
+            if arr.dtype.kind not in "biufc" or not arr.dtype.isnative:
+                raise _CorruptCheckpoint(f"array {i} has numpy dtype {arr.dtype}, which tapegrad "
+                                         "does not load (only bool and native integer, float "
+                                         "and complex arrays)")
+            return arr
+        want = _dtype(dtype_name, f"array {i}").np
+        # dtypes numpy cannot describe (bfloat16) are stored as same-width unsigned ints
+        stored_as = want if want.type.__module__ == "numpy" and want.kind != "V" else \
+            xp.dtype(f"u{want.itemsize}")
+        if arr.dtype not in (want, stored_as):
+            raise _CorruptCheckpoint(f"array {i} holds numpy dtype {arr.dtype}, but the object "
+                                     f"says {dtype_name}")
+        return arr.view(want)
 
     def decode(self, node):
         if node is None or isinstance(node, (bool, int, float, str)):
@@ -376,10 +457,10 @@ class _Decoder:
         if isinstance(node, list):
             return [self.decode(v) for v in node]
         if not isinstance(node, dict) or len(node) == 0:
-            raise _CorruptCheckpoint(f"unexpected JSON value {node!r:.80}")
+            raise _CorruptCheckpoint(f"unexpected JSON value {_bounded_repr(node)}")
         if "$tensor" in node:
             idx = node["$tensor"]
-            t = Tensor._make(self.array(idx, node["dtype"]))
+            t = Tensor._make(self.array(idx, node.get("dtype"), tensor=True))
             if node.get("parameter"):
                 from tapegrad.nn.parameter import Parameter
 
@@ -410,8 +491,17 @@ class _Decoder:
         if tag == "$bytes":
             return base64.b64decode(value)
         if tag == "$dtype":
-            return dtypes.to_dtype(value)
-        raise _CorruptCheckpoint(f"unknown tag {tag!r}")
+            return _dtype(value, "a dtype entry")
+        raise _CorruptCheckpoint(f"unknown tag {_bounded_repr(tag)}")
+
+
+def _dtype(name, what):
+    """The tapegrad dtype a file names, refused with its name when tapegrad has none."""
+    if type(name) is not str or name not in dtypes._NAMES:
+        supported = ", ".join(d.name for d in dtypes.ALL)
+        raise _CorruptCheckpoint(f"{what} has dtype {_bounded_repr(name)}, which tapegrad does "
+                                 f"not support (supported: {supported})")
+    return dtypes._NAMES[name]
 
 
 def _hashable(key):
@@ -475,9 +565,18 @@ def load(f, map_location=None, pickle_module=None, *, weights_only=None, mmap=No
 _TORCH_LEGACY_MAGIC = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19"
 
 
+def _seekable(f):
+    try:
+        return f.seekable() and f.tell() >= 0
+    except (AttributeError, OSError):
+        return False
+
+
 def _load(f, name, map_location, weights_only, pickle_module, pickle_load_args):
     from tapegrad import serialization
 
+    if not _seekable(f):  # a zip is read from its end: buffer a pipe or socket first
+        f = _io.BytesIO(f.read())
     try:
         start = f.tell()
         head = f.read(len(_TORCH_LEGACY_MAGIC))

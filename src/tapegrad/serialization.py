@@ -22,11 +22,15 @@ tensor rebuild functions, storage types and dtypes (each mapped to tapegrad's),
 ``collections.OrderedDict``/``Counter``, ``torch.Size``, ``torch.device``, ``set``,
 ``complex``, ``bytearray``, ``_codecs.encode`` -- and the globals added with
 ``add_safe_globals``; anything else raises ``pickle.UnpicklingError``, as in PyTorch. Globals
-of the modules ``sys``, ``os``, ``posix`` and ``nt`` are refused even when added.
+of the modules ``sys``, ``os``, ``posix`` and ``nt`` are refused even when added. Its work is
+bounded by the file: ``bytearray`` is rebuilt only from contents, ``torch.Size`` only from
+int64s, and hashing keys of shared tuples has a budget; tensors with backward hooks are
+refused.
 ``weights_only=False`` uses Python's unpickler, as PyTorch does: only for trusted files.
 """
 import _compat_pickle
 import collections
+import copyreg
 import io as _io
 import pickle
 import pickletools
@@ -38,7 +42,7 @@ import zipfile
 from tapegrad import dtypes
 from tapegrad.backend import xp, to_host
 from tapegrad.backend.numpy_backend import Device
-from tapegrad.io import _CorruptCheckpoint, load, save
+from tapegrad.io import _CorruptCheckpoint, _bounded_repr, load, save
 from tapegrad.tensor import Tensor
 
 __all__ = ["save", "load", "add_safe_globals", "get_safe_globals", "clear_safe_globals",
@@ -174,12 +178,27 @@ class _Storage:
         return f"<storage of {self.size()} {self.dtype.name} elements>"
 
 
+_INT64_MAX = 2**63 - 1
+
+
 def _int_tuple(value, what):
-    if isinstance(value, list):
-        value = tuple(value)
-    if not (isinstance(value, tuple) and all(type(v) is int for v in value)):
-        raise _CorruptCheckpoint(f"tensor {what} {value!r:.80} is not a tuple of ints")
-    return value
+    """A tensor's size or stride: ints that fit PyTorch's int64, as PyTorch requires."""
+    if type(value) not in (list, tuple) or any(type(v) is not int for v in value):
+        raise _CorruptCheckpoint(f"tensor {what} {_bounded_repr(value)} is not a tuple of ints")
+    for v in value:
+        if not -_INT64_MAX - 1 <= v <= _INT64_MAX:
+            raise _CorruptCheckpoint(f"tensor {what} {_bounded_repr(value)} holds "
+                                     f"{_bounded_repr(v)}, outside int64")
+    return tuple(value)
+
+
+def _no_hooks(backward_hooks, what):
+    """PyTorch never writes hooks (torch.save drops them): a file that carries some wants
+    objects of its choosing called at backward time, and tapegrad does not restore them."""
+    if backward_hooks:
+        raise pickle.UnpicklingError(f"{what} is rebuilt with backward hooks "
+                                     f"{_bounded_repr(backward_hooks)}; tapegrad does not load "
+                                     "hooks from a file")
 
 
 def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad=False,
@@ -187,12 +206,13 @@ def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad=Fals
     if not isinstance(storage, _Storage):
         raise _CorruptCheckpoint(f"a tensor is rebuilt from {type(storage).__name__}, not a "
                                  "storage")
+    _no_hooks(backward_hooks, "a tensor")
     size, stride = _int_tuple(size, "size"), _int_tuple(stride, "stride")
-    if type(storage_offset) is not int or storage_offset < 0 or len(size) != len(stride) or \
-            any(n < 0 for n in size) or any(s < 0 for s in stride):
-        raise _CorruptCheckpoint(f"invalid tensor geometry: offset {storage_offset!r}, size "
-                                 f"{size}, stride {stride}")
     arr = storage.array
+    if type(storage_offset) is not int or not 0 <= storage_offset <= _INT64_MAX or \
+            len(size) != len(stride) or any(n < 0 for n in size) or any(s < 0 for s in stride):
+        raise _CorruptCheckpoint(f"invalid tensor geometry: offset "
+                                 f"{_bounded_repr(storage_offset)}, size {size}, stride {stride}")
     numel = 1
     for n in size:
         numel *= n
@@ -202,8 +222,10 @@ def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad=Fals
             raise _CorruptCheckpoint(f"a tensor of size {size}, stride {stride} at offset "
                                      f"{storage_offset} reaches element {last} of a storage of "
                                      f"{arr.shape[0]}")
-        data = xp.lib.stride_tricks.as_strided(arr[storage_offset:], shape=size,
-                                               strides=[s * arr.itemsize for s in stride])
+        # a stride too large in bytes for numpy can only be a size-1 dim's (a longer dim
+        # would reach past the storage): it addresses nothing, so it becomes 0
+        strides = [s * arr.itemsize if s * arr.itemsize <= _INT64_MAX else 0 for s in stride]
+        data = xp.lib.stride_tricks.as_strided(arr[storage_offset:], shape=size, strides=strides)
     else:
         data = arr[:0].reshape(size)
     t = Tensor._make(data)
@@ -225,17 +247,19 @@ def _parameter(data, requires_grad=True):
 
 
 def _rebuild_parameter(data, requires_grad, backward_hooks=None):
+    _no_hooks(backward_hooks, "a Parameter")
     return _parameter(data, requires_grad)
 
 
 def _set_state(obj, state, what):
     if state:
-        raise _CorruptCheckpoint(f"{what} carries Python attributes {state!r:.80}, which "
-                                 "tapegrad tensors cannot hold")
+        raise _CorruptCheckpoint(f"{what} carries Python attributes {_bounded_repr(state)}, "
+                                 "which tapegrad tensors cannot hold")
     return obj
 
 
 def _rebuild_parameter_with_state(data, requires_grad, backward_hooks, state):
+    _no_hooks(backward_hooks, "a Parameter")
     return _set_state(_parameter(data, requires_grad), state, "a Parameter")
 
 
@@ -246,12 +270,20 @@ def _rebuild_from_type_v2(func, new_type, args, state):
     if new_type is Parameter and not isinstance(ret, Parameter):
         ret = _parameter(ret, ret.requires_grad)
     elif new_type is not Tensor and new_type is not Parameter:
-        raise _CorruptCheckpoint(f"tensor subclass {new_type!r} is not supported")
+        raise _CorruptCheckpoint(f"tensor subclass {_bounded_repr(new_type)} is not supported")
     return _set_state(ret, state, "a tensor")
 
 
 def _size(dims=()):
-    return tuple(dims)
+    """``torch.Size(dims)``: a tuple of ints, refused as PyTorch refuses other items."""
+    if type(dims) not in (list, tuple):
+        raise _CorruptCheckpoint(f"torch.Size is rebuilt from {_bounded_repr(dims)}, not a "
+                                 "sequence of ints")
+    for i, v in enumerate(dims):
+        if type(v) not in (int, bool) or not -_INT64_MAX - 1 <= v <= _INT64_MAX:
+            raise _CorruptCheckpoint(f"torch.Size takes int64 items, but item {i} of "
+                                     f"{_bounded_repr(dims)} is {_bounded_repr(v)}")
+    return tuple(int(v) for v in dims)
 
 
 def _device(spec, index=None):
@@ -259,9 +291,20 @@ def _device(spec, index=None):
 
 
 def _bytes_from_latin1(text, encoding="latin1"):
-    if encoding not in ("latin1", "latin-1"):
-        raise _CorruptCheckpoint(f"_codecs.encode with encoding {encoding!r}")
+    if type(text) is not str or encoding not in ("latin1", "latin-1"):
+        raise _CorruptCheckpoint(f"_codecs.encode of {_bounded_repr(text)} with encoding "
+                                 f"{_bounded_repr(encoding)}")
     return text.encode("latin1")
+
+
+def _bytearray(data=b"", encoding=None):
+    """``bytearray`` as pickles rebuild it, from its contents (bytes, or text and an
+    encoding): never from a count, which would allocate whatever size the file names."""
+    if encoding is not None:
+        return bytearray(_bytes_from_latin1(data, encoding))
+    if type(data) not in (bytes, bytearray):
+        raise _CorruptCheckpoint(f"bytearray is rebuilt from {_bounded_repr(data)}, not bytes")
+    return bytearray(data)
 
 
 def _torch_globals():
@@ -277,14 +320,14 @@ def _torch_globals():
            "torch._tensor._rebuild_from_type_v2": _rebuild_from_type_v2,
            "torch.nn.parameter.Parameter": Parameter, "torch.Tensor": Tensor,
            "torch.Size": _size, "torch.device": _device,
-           "_codecs.encode": _bytes_from_latin1, "builtins.bytearray": bytearray,
+           "_codecs.encode": _bytes_from_latin1, "builtins.bytearray": _bytearray,
            "builtins.set": set, "builtins.complex": complex}
     for name in _TORCH_DTYPES:
         out[f"torch.{name}"] = _tapegrad_dtype(name) or _UnsupportedDtype(name)
     for name, dtype_name in _STORAGE_DTYPES.items():
         out[f"torch.{name}"] = _StorageType(name, dtype_name)
-    untyped = _StorageType("UntypedStorage", "uint8")
-    out["torch.UntypedStorage"] = out["torch.storage.UntypedStorage"] = untyped
+    # PyTorch allows the class by its defining module's name only, as it pickles it
+    out["torch.storage.UntypedStorage"] = _StorageType("UntypedStorage", "uint8")
     return out
 
 
@@ -308,6 +351,8 @@ def _full_name(module, name):
 
 
 # --- the restricted unpickler ------------------------------------------------------------------
+_HASHING = (set, collections.Counter, collections.OrderedDict)
+_MAX_HASH_WORK = 1 << 24  # steps; a checkpoint's keys are strings and ints, which cost none
 _OP = {name: code[0] for name, code in vars(pickle).items()
        if name.isupper() and isinstance(code, bytes) and len(code) == 1}
 
@@ -340,6 +385,8 @@ class _WeightsUnpickler:
     def load(self):
         self.allowed, self.user = _allowed(), _user_globals()
         self.allowed_values = [v for v in self.allowed.values()] + list(self.user.values())
+        self.hash_work = _MAX_HASH_WORK
+        self.sizes = {}  # id(tuple) -> (the tuple, kept alive so its id stays its own; size)
         self.stack, self.metastack, self.memo = [], [], {}
         try:
             while True:
@@ -349,9 +396,42 @@ class _WeightsUnpickler:
                         raise _CorruptCheckpoint("data.pkl ends with an unbalanced stack")
                     return self.stack[0]
                 self.step(op)
-        except (IndexError, KeyError, TypeError, ValueError, AttributeError) as e:
+        except (IndexError, KeyError, TypeError, ValueError, AttributeError,
+                OverflowError) as e:
             raise _CorruptCheckpoint(f"malformed data.pkl at byte {self.pos}: "
                                      f"{type(e).__name__}: {e}") from None
+
+    def hashing(self, items):
+        """Charge the work of hashing (and comparing) ``items`` as keys. Tuples cache no hash:
+        one that holds the tuple below it twice per level, 40 levels deep through the memo,
+        takes 2**40 steps to hash, so the whole load gets a budget of such steps. A tuple's
+        size as hashing walks it is computed once over its distinct parts (tuples cannot
+        change) and remembered."""
+        for item in items:
+            if type(item) in (tuple, frozenset):
+                self.hash_work -= 2 * self.walked_size(item)  # hash, then compare to its equal
+                if self.hash_work < 0:
+                    raise _CorruptCheckpoint(
+                        f"data.pkl builds keys of tuples that share the tuples inside them so "
+                        f"often that hashing them would take more than {_MAX_HASH_WORK} steps "
+                        f"(at byte {self.pos}); refused")
+        return items
+
+    def walked_size(self, root):
+        sizes, pending = self.sizes, [root]
+        while pending:  # post-order over distinct tuples; tuples cannot hold themselves
+            item = pending[-1]
+            if id(item) in sizes:
+                pending.pop()
+                continue
+            inner = [v for v in item if type(v) in (tuple, frozenset) and id(v) not in sizes]
+            if inner:
+                pending.extend(inner)
+                continue
+            pending.pop()
+            sizes[id(item)] = (item, 1 + sum(sizes[id(v)][1] if type(v) in (tuple, frozenset)
+                                              else 1 for v in item))
+        return sizes[id(root)][1]
 
     def _allowed_callable(self, obj):
         return any(obj is v for v in self.allowed_values)
@@ -371,17 +451,22 @@ class _WeightsUnpickler:
         elif op == O["REDUCE"]:
             args, func = stack.pop(), stack[-1]
             if not self._allowed_callable(func):
-                msg = f"Trying to call reduce for unrecognized function {func!r:.80}"
+                msg = f"Trying to call reduce for unrecognized function {_bounded_repr(func)}"
                 raise pickle.UnpicklingError(msg)
             if type(args) is not tuple:
                 raise _CorruptCheckpoint("REDUCE arguments are not a tuple")
+            if any(func is f for f in _HASHING):  # builds a set or dict of the items in args
+                for a in args:
+                    if type(a) in (list, tuple):
+                        self.hashing(a)
+                        self.hashing([p[0] for p in a if type(p) in (list, tuple) and p])
             stack[-1] = func(*args)
         elif op == O["NEWOBJ"]:
             args, cls = stack.pop(), stack.pop()
             if not (isinstance(cls, type) and self._allowed_callable(cls)):
                 raise pickle.UnpicklingError("Can only create new object for nn.Parameter or "
                                              "classes allowlisted via `add_safe_globals` but "
-                                             f"got {cls!r:.80}")
+                                             f"got {_bounded_repr(cls)}")
             from tapegrad.nn.parameter import Parameter
 
             stack.append(_parameter(*args) if cls is Parameter else cls.__new__(cls, *args))
@@ -446,6 +531,7 @@ class _WeightsUnpickler:
             stack[-n:] = [tuple(stack[-n:])]
         elif op in (O["LIST"], O["DICT"], O["FROZENSET"]):
             items = self.pop_mark()
+            self.hashing(items[::2] if op == O["DICT"] else items if op == O["FROZENSET"] else [])
             if op == O["DICT"]:
                 self.stack.append(dict(zip(items[::2], items[1::2])))
             else:
@@ -464,13 +550,14 @@ class _WeightsUnpickler:
                                              f", collections.Counter, but got {type(target)}")
             if len(items) % 2:
                 raise _CorruptCheckpoint("SETITEMS with an odd number of items")
+            self.hashing(items[::2])
             for i in range(0, len(items), 2):
                 target[items[i]] = items[i + 1]
         elif op == O["ADDITEMS"]:
             items = self.pop_mark()
             if type(self.stack[-1]) is not set:
                 raise pickle.UnpicklingError(f"Can only add to sets, got {type(self.stack[-1])}")
-            self.stack[-1].update(items)
+            self.stack[-1].update(self.hashing(items))
         else:
             name = pickletools.code2op.get(chr(op))
             raise pickle.UnpicklingError(f"Unsupported operand {op}"
@@ -536,8 +623,9 @@ def _weights_only_message(name, message):
 
 # --- loading -----------------------------------------------------------------------------------
 class _ObjectError(Exception):
-    """An exception raised by the file's own objects while unpickling with
-    ``weights_only=False``: re-raised as it is, not reported as a corrupt file."""
+    """An exception that is not the file's fault -- raised by its own objects while unpickling
+    with ``weights_only=False``, or by the caller's ``map_location`` -- carried through the
+    unpicklers and re-raised as it is, not reported as a corrupt file."""
 
     def __init__(self, error):
         self.error = error
@@ -546,8 +634,8 @@ class _ObjectError(Exception):
 def _on_cpu(storage, location):
     where = location.type if isinstance(location, Device) else str(location)
     if where.split(":")[0] != "cpu":
-        raise RuntimeError(f"Attempting to deserialize object on device {where!r}, but tapegrad "
-                           "runs on the CPU only. Please use tapegrad.load with "
+        raise RuntimeError(f"Attempting to deserialize object on device {_bounded_repr(where)}, "
+                           "but tapegrad runs on the CPU only. Please use tapegrad.load with "
                            "map_location='cpu' to map your storages to the CPU.")
     return storage
 
@@ -563,12 +651,17 @@ def _restore_location_of(map_location):
         return lambda storage, location: _on_cpu(storage, target)
     if callable(map_location):
         def restore(storage, location):
-            result = map_location(storage, location)
+            try:
+                result = map_location(storage, location)
+            except Exception as e:
+                raise _ObjectError(e) from None
             if result is None:
                 return _on_cpu(storage, location)
             if not isinstance(result, _Storage):
-                raise TypeError(f"tapegrad.load: map_location returned "
-                                f"{type(result).__name__}, expected the storage it was given")
+                raise _ObjectError(TypeError(
+                    f"tapegrad.load: map_location returned {type(result).__name__} for a storage "
+                    f"at {_bounded_repr(location)}; it must return the storage it was given (or "
+                    "None)"))
             return result
         return restore
     raise TypeError(f"tapegrad.load: map_location must be a device, string, dict or callable, "
@@ -587,7 +680,10 @@ def _ascii(value):
 
 def _data_pkl(archive):
     names = archive.names()
-    found = [n for n in names if n.endswith("data.pkl") and n.count("/") == 1]
+    found = [n for n in names if n.count("/") == 1 and n.split("/")[1] == "data.pkl"]
+    if len(found) > 1:  # torch.save writes one folder; which one counts would be a guess
+        raise _CorruptCheckpoint(f"it holds {len(found)} data.pkl records ({', '.join(found[:4])}"
+                                 f"{', ...' if len(found) > 4 else ''}); refused as ambiguous")
     if not found:
         if any(n.endswith("constants.pkl") for n in names):
             raise _CorruptCheckpoint("it is a TorchScript archive (torch.jit.save), which "
@@ -603,18 +699,18 @@ def _load_zip(archive, name, map_location, weights_only, pickle_module, pickle_l
     if prefix + "byteorder" in archive.infos:
         byteorder = archive.read(prefix + "byteorder").decode("ascii", "replace")
         if byteorder not in ("little", "big"):
-            raise _CorruptCheckpoint(f"unknown byte order {byteorder!r}")
+            raise _CorruptCheckpoint(f"unknown byte order {_bounded_repr(byteorder)}")
     restore = _restore_location_of(map_location)
     storages = {}
 
     def persistent_load(pid):
         if type(pid) is not tuple or len(pid) != 5 or _ascii(pid[0]) != "storage":
-            raise _CorruptCheckpoint(f"unknown persistent id {pid!r:.80}")
+            raise _CorruptCheckpoint(f"unknown persistent id {_bounded_repr(pid)}")
         _, stype, key, location, numel = pid
         key, location = _ascii(key), _ascii(location)
         if not isinstance(stype, _StorageType) or type(key) is not str or \
-                type(numel) is not int or numel < 0:
-            raise _CorruptCheckpoint(f"malformed storage id {pid!r:.120}")
+                type(location) is not str or type(numel) is not int or numel < 0:
+            raise _CorruptCheckpoint(f"malformed storage id {_bounded_repr(pid, 120)}")
         if key in storages:
             return storages[key]
         if stype.dtype is None:
@@ -658,6 +754,8 @@ def _load_zip(archive, name, map_location, weights_only, pickle_module, pickle_l
     unpickler.persistent_load = persistent_load
     try:
         return unpickler.load()
+    except _ObjectError:
+        raise
     except (_CorruptCheckpoint, pickle.UnpicklingError, EOFError) as e:
         raise _CorruptCheckpoint(str(e)) from None
     except Exception as e:
@@ -666,22 +764,22 @@ def _load_zip(archive, name, map_location, weights_only, pickle_module, pickle_l
 
 def get_unsafe_globals_in_checkpoint(f) -> list:
     """As ``torch.serialization.get_unsafe_globals_in_checkpoint(f)``: the globals in a
-    checkpoint that a ``weights_only`` load would refuse (the file is scanned, never run)."""
-    from tapegrad.io import CheckpointError, _Archive
+    checkpoint that a ``weights_only`` load would refuse (the file is scanned, never run).
+
+    Every opcode that can name an object is read (``GLOBAL``, ``INST``, ``STACK_GLOBAL``, the
+    copyreg extensions ``EXT1/2/4``), and ``STACK_GLOBAL``'s operands are followed through the
+    stack and the memo. A pickle whose globals cannot be known without running it raises
+    ``pickle.UnpicklingError`` rather than answering with a list that could miss one.
+    """
+    from tapegrad.io import CheckpointError, _Archive, _seekable
 
     name = f if isinstance(f, (str, bytes)) or hasattr(f, "__fspath__") else None
     fh = open(f, "rb") if name is not None else f
     try:
-        archive = _Archive(fh)
-        data = archive.read(_data_pkl(archive) + "data.pkl")
-        found, strings = set(), []
-        for opcode, arg, _ in pickletools.genops(data):
-            if opcode.name == "GLOBAL":
-                found.add("%s.%s" % _full_name(*arg.split(" ", 1)))
-            elif opcode.name == "STACK_GLOBAL" and len(strings) >= 2:
-                found.add("%s.%s" % _full_name(strings[-2], strings[-1]))
-            elif isinstance(arg, str):
-                strings.append(arg)
+        archive = _Archive(fh if _seekable(fh) else _io.BytesIO(fh.read()))
+        found = _globals_in_pickle(archive.read(_data_pkl(archive) + "data.pkl"))
+    except _UnknowableGlobal as e:
+        raise pickle.UnpicklingError(f"get_unsafe_globals_in_checkpoint: {f}: {e}") from None
     except (_CorruptCheckpoint, zipfile.BadZipFile, ValueError) as e:
         raise CheckpointError(f"get_unsafe_globals_in_checkpoint: {f} is not a valid "
                               f"checkpoint: {e}") from None
@@ -690,6 +788,75 @@ def get_unsafe_globals_in_checkpoint(f) -> list:
             fh.close()
     safe = set(_allowed()) | set(_user_globals())
     return sorted(found - safe)
+
+
+class _UnknowableGlobal(Exception):
+    pass
+
+
+_STRING_OPS = frozenset({"STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE", "BINUNICODE",
+                         "SHORT_BINUNICODE", "BINUNICODE8"})
+_MARK = object()  # a MARK on the simulated stack
+_UNKNOWN = object()  # a value the scan does not follow (only strings can name a global)
+
+
+def _globals_in_pickle(data):
+    """The full names of every global a pickle refers to, found by simulating its stack and
+    memo (strings only) without building or calling anything. Only GLOBAL, INST,
+    STACK_GLOBAL and EXT* bring a callable into a pickle; the other opcodes build plain data,
+    so a pickle cannot call what this does not see."""
+    found, stack, memo = set(), [], {}
+
+    def pop(pos):
+        if not stack or stack[-1] is _MARK:
+            raise _CorruptCheckpoint(f"data.pkl pops an empty stack at byte {pos}")
+        return stack.pop()
+
+    for op, arg, pos in pickletools.genops(data):
+        kind = op.name
+        if kind in ("GLOBAL", "INST"):
+            found.add("%s.%s" % _full_name(*arg.split(" ", 1)))
+        elif kind == "STACK_GLOBAL":
+            if len(stack) < 2 or not all(type(v) is str for v in stack[-2:]):
+                raise _UnknowableGlobal(f"data.pkl builds a global with STACK_GLOBAL (at byte "
+                                        f"{pos}) from values that are not string constants; "
+                                        "which global it names cannot be known without "
+                                        "running it")
+            found.add("%s.%s" % _full_name(stack[-2], stack[-1]))
+        elif kind in ("EXT1", "EXT2", "EXT4"):
+            key = copyreg._inverted_registry.get(arg)
+            if key is None:
+                raise _UnknowableGlobal(f"data.pkl names a global by copyreg extension code "
+                                        f"{arg} (at byte {pos}), which is not registered")
+            found.add("%s.%s" % _full_name(*key))
+        # the opcode's effect on the stack and the memo
+        if kind in ("PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"):
+            if not stack or stack[-1] is _MARK:
+                raise _CorruptCheckpoint(f"data.pkl memoizes an empty stack at byte {pos}")
+            memo[len(memo) if kind == "MEMOIZE" else arg] = stack[-1]
+            continue
+        if kind in ("GET", "BINGET", "LONG_BINGET"):
+            if arg not in memo:
+                raise _CorruptCheckpoint(f"data.pkl refers to memo entry {arg}, never stored")
+            stack.append(memo[arg])
+            continue
+        if kind == "DUP":
+            stack.append(stack[-1] if stack else pop(pos))
+            continue
+        before = op.stack_before
+        if pickletools.markobject in before:
+            while stack and stack[-1] is not _MARK:
+                stack.pop()
+            if not stack:
+                raise _CorruptCheckpoint(f"data.pkl pops a MARK it never set at byte {pos}")
+            stack.pop()
+            before = before[:before.index(pickletools.markobject)]
+        for _ in before:
+            pop(pos)
+        for after in op.stack_after:
+            stack.append(_MARK if after is pickletools.markobject else
+                         arg if kind in _STRING_OPS and type(arg) is str else _UNKNOWN)
+    return found
 
 
 # --- saving ------------------------------------------------------------------------------------
