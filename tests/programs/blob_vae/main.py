@@ -7,44 +7,38 @@ import torch.utils.data
 from torch import nn, optim
 from torch.nn import functional as F
 
-PIXELS = 100
+SIDE, LATENT = 10, 3
 
 
 def blobs(count, seed):
     rng = np.random.default_rng(seed)
-    grid = np.arange(10)
-    centre = rng.uniform(2, 8, (count, 2, 1))
-    width = rng.uniform(1.0, 2.5, (count, 1, 1))
-    rows = np.exp(-((grid - centre[:, :1]) / width) ** 2)
-    cols = np.exp(-((grid - centre[:, 1:]) / width) ** 2)
-    return torch.from_numpy((rows.transpose(0, 2, 1) * cols).reshape(count, PIXELS))
+    y, x = np.mgrid[0:SIDE, 0:SIDE]
+    cy, cx = rng.uniform(2, SIDE - 2, (2, count, 1, 1))
+    spread = rng.uniform(1.0, 2.5, (count, 1, 1))
+    pictures = np.exp(-((y - cy) ** 2 + (x - cx) ** 2) / spread ** 2)
+    return torch.from_numpy(pictures.reshape(count, SIDE * SIDE))
 
 
-class BlobVAE(nn.Module):
-    def __init__(self, hidden=32, latent=3):
+class Autoencoder(nn.Module):
+    def __init__(self, hidden=32):
         super().__init__()
-        self.encode_hidden = nn.Linear(PIXELS, hidden)
-        self.to_mean = nn.Linear(hidden, latent)
-        self.to_log_var = nn.Linear(hidden, latent)
-        self.decoder = nn.Sequential(nn.Linear(latent, hidden), nn.ReLU(),
-                                     nn.Linear(hidden, PIXELS), nn.Sigmoid())
+        self.encoder = nn.Sequential(nn.Linear(SIDE * SIDE, hidden), nn.Softplus(),
+                                     nn.Linear(hidden, 2 * LATENT))
+        self.decoder = nn.Sequential(nn.Linear(LATENT, hidden), nn.Softplus(),
+                                     nn.Linear(hidden, SIDE * SIDE), nn.Sigmoid())
 
-    def encode(self, x):
-        h = F.relu(self.encode_hidden(x))
-        return self.to_mean(h), self.to_log_var(h)
-
-    def sample(self, mean, log_var):
-        return mean + torch.randn_like(mean) * torch.exp(0.5 * log_var)
-
-    def forward(self, x):
-        mean, log_var = self.encode(x)
-        return self.decoder(self.sample(mean, log_var)), mean, log_var
+    def forward(self, pictures):
+        centre, log_variance = self.encoder(pictures).chunk(2, dim=1)
+        spread = (0.5 * log_variance).exp()
+        code = centre + spread * torch.randn_like(spread)
+        return self.decoder(code), centre, log_variance
 
 
-def elbo_loss(rebuilt, x, mean, log_var):
-    reconstruction = F.binary_cross_entropy(rebuilt, x, reduction="sum")
-    divergence = -0.5 * torch.sum(1 + log_var - mean.pow(2) - log_var.exp())
-    return reconstruction + divergence
+def negative_elbo(rebuilt, pictures, centre, log_variance):
+    """Bernoulli reconstruction loss plus KL(q(z|x) || N(0, I)), both summed over the batch."""
+    rebuild = F.binary_cross_entropy(rebuilt, pictures, reduction="sum")
+    kl = 0.5 * (centre.pow(2) + log_variance.exp() - 1.0 - log_variance).sum()
+    return rebuild + kl
 
 
 def main():
@@ -54,28 +48,29 @@ def main():
     parser.add_argument("--count", type=int, default=1024)
     args = parser.parse_args()
 
-    train = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(blobs(args.count, 0)),
-                                        batch_size=args.batch_size, shuffle=True)
-    held_out = blobs(args.count // 4, 1)
-    model = BlobVAE()
-    optimizer = optim.Adam(model.parameters(), lr=3e-3)
+    pictures = torch.utils.data.TensorDataset(blobs(args.count, 0))
+    loader = torch.utils.data.DataLoader(pictures, batch_size=args.batch_size, shuffle=True)
+    unseen = blobs(args.count // 4, 1)
+    vae = Autoencoder()
+    optimizer = optim.Adam(vae.parameters(), lr=3e-3)
     for epoch in range(args.epochs):
-        model.train()
-        running = 0.0
-        for (x,) in train:
+        vae.train()
+        total = 0.0
+        for (batch,) in loader:
+            rebuilt, centre, log_variance = vae(batch)
+            loss = negative_elbo(rebuilt, batch, centre, log_variance)
             optimizer.zero_grad()
-            rebuilt, mean, log_var = model(x)
-            loss = elbo_loss(rebuilt, x, mean, log_var)
             loss.backward()
-            running += loss.item()
             optimizer.step()
-        model.eval()
+            total += loss.item()
+        vae.eval()
         with torch.no_grad():
-            rebuilt, mean, log_var = model(held_out)
-            test_loss = elbo_loss(rebuilt, held_out, mean, log_var)
-            dreams = model.decoder(torch.randn(4, 3))
-        print(f"epoch {epoch}: train {running / args.count:.3f} "
-              f"test {test_loss.item() / len(held_out):.3f} dream mass {dreams.sum().item():.2f}")
+            rebuilt, centre, log_variance = vae(unseen)
+            held_out = negative_elbo(rebuilt, unseen, centre, log_variance)
+            imagined = vae.decoder(torch.randn(4, LATENT))
+        print(f"epoch {epoch}: {total / args.count:.3f} per picture, "
+              f"{held_out.item() / len(unseen):.3f} unseen, imagined mass "
+              f"{imagined.sum(1).mean().item():.2f}")
 
 
 if __name__ == "__main__":

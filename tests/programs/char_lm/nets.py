@@ -1,4 +1,4 @@
-"""Recurrent and transformer character models with the same interface."""
+"""Character models with one interface: model(ids, state) -> (log-probs, state)."""
 import math
 
 import torch
@@ -7,57 +7,61 @@ import torch.nn.functional as F
 
 
 class RecurrentModel(nn.Module):
+    """Embedding, a stack of LSTM or GRU layers (batch first), and a readout."""
+
     def __init__(self, cell, vocab, width, layers, dropout=0.0, tie=False):
         super().__init__()
-        self.cell, self.width, self.layers = cell, width, layers
+        self.cell = cell
         self.embed = nn.Embedding(vocab, width)
         self.rnn = getattr(nn, cell)(width, width, layers, batch_first=True)
         self.dropout = nn.Dropout(dropout)
         self.readout = nn.Linear(width, vocab)
-        if tie:
+        if tie:  # one matrix both looks characters up and scores them
             self.readout.weight = self.embed.weight
 
-    def start(self, batch):
-        zeros = next(self.parameters()).new_zeros(self.layers, batch, self.width)
-        return (zeros, zeros.clone()) if self.cell == "LSTM" else zeros
+    def start(self, rows):
+        zeros = self.readout.bias.new_zeros(self.rnn.num_layers, rows, self.rnn.hidden_size)
+        return (zeros, torch.zeros_like(zeros)) if self.cell == "LSTM" else zeros
+
+    @staticmethod
+    def carry(state):
+        """The state for the next window, cut off from the graph of this one."""
+        return tuple(s.detach() for s in state) if isinstance(state, tuple) else state.detach()
 
     def forward(self, ids, state):
-        out, state = self.rnn(self.dropout(self.embed(ids)), state)
-        return F.log_softmax(self.readout(self.dropout(out)), dim=-1), state
+        h, state = self.rnn(self.dropout(self.embed(ids)), state)
+        return F.log_softmax(self.readout(self.dropout(h)), dim=-1), state
 
 
-class SinusoidTable(nn.Module):
-    def __init__(self, width, longest=256):
-        super().__init__()
-        position = torch.arange(longest).unsqueeze(1)
-        frequency = torch.exp(torch.arange(0, width, 2) * (-math.log(1e4) / width))
-        table = torch.zeros(longest, 1, width)
-        table[:, 0, 0::2] = torch.sin(position * frequency)
-        table[:, 0, 1::2] = torch.cos(position * frequency)
-        self.register_buffer("table", table)
-
-    def forward(self, x):  # x: (time, batch, width)
-        return x + self.table[:x.size(0)]
+def sinusoids(steps, width):
+    """(steps, 1, width): sin and cos of position / 10000^(2i/width), interleaved."""
+    where = torch.arange(steps).unsqueeze(1)
+    rates = torch.pow(10000.0, -torch.arange(0, width, 2) / width)
+    return torch.stack((torch.sin(where * rates), torch.cos(where * rates)), dim=-1) \
+        .flatten(1).unsqueeze(1)
 
 
 class AttentionModel(nn.Transformer):
-    """Only the encoder stack of nn.Transformer, with a causal float mask."""
+    """The encoder stack of nn.Transformer, causally masked, scored against the embedding."""
 
-    def __init__(self, vocab, width, heads, hidden, layers, dropout=0.0):
-        super().__init__(d_model=width, nhead=heads, dim_feedforward=hidden,
-                         num_encoder_layers=layers, num_decoder_layers=1, dropout=dropout)
+    def __init__(self, vocab, width, heads, hidden, layers, dropout=0.0, longest=512):
+        super().__init__(d_model=width, nhead=heads, num_encoder_layers=layers,
+                         num_decoder_layers=1, dim_feedforward=hidden, dropout=dropout)
         del self.decoder  # never used: its parameters would get no gradient
-        self.cell = "Transformer"
         self.embed = nn.Embedding(vocab, width)
-        self.positions = SinusoidTable(width)
-        self.readout = nn.Linear(width, vocab)
-        self.scale = math.sqrt(width)
+        self.register_buffer("where", sinusoids(longest, width))
 
-    def start(self, batch):
+    def start(self, rows):
         return None
 
+    @staticmethod
+    def carry(state):
+        return state
+
     def forward(self, ids, state=None):
-        steps = ids.t()  # nn.Transformer is sequence-first by default
+        steps = ids.t()  # (time, rows): nn.Transformer is sequence-first unless told otherwise
+        x = self.embed(steps) * math.sqrt(self.d_model) + self.where[:steps.size(0)]
         mask = self.generate_square_subsequent_mask(steps.size(0))
-        h = self.encoder(self.positions(self.embed(steps) * self.scale), mask=mask)
-        return F.log_softmax(self.readout(h), dim=-1).transpose(0, 1), None
+        h = self.encoder(x, mask=mask)
+        logits = h @ self.embed.weight.t()
+        return F.log_softmax(logits, dim=-1).transpose(0, 1), None

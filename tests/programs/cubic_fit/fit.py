@@ -1,59 +1,48 @@
-"""Recover a random cubic from noisy samples with hand-written gradient descent.
+"""Calibrate a simulated sensor: learn the cubic that maps raw readings to true values.
 
-Phase one updates parameters through ``.data``; phase two refines with in-place updates
-under ``torch.no_grad()``.
+The fit is done by hand: first momentum steps written into ``.data``, then plain steps on
+the parameters themselves under ``torch.no_grad()``.
 """
 import torch
 import torch.nn.functional as F
 
-DEGREE = 3
-secret_weight = torch.randn(DEGREE, 1) * 1.5
-secret_bias = torch.randn(1) * 0.5
+ORDER = 3
+readings = torch.rand(48, 1) * 2 - 1
+response = torch.randn(ORDER, 1)  # the sensor's true coefficients for r, r^2, r^3
+offset = 0.3
 
 
-def powers(x):
-    """Columns x, x^2, ..., x^DEGREE of a batch of scalars."""
-    x = x.unsqueeze(1)
-    return torch.cat([x ** k for k in range(1, DEGREE + 1)], dim=1)
+def design(raw):
+    """Columns r, r^2, ..., r^ORDER of a column of readings."""
+    return torch.cat([raw.pow(k) for k in range(1, ORDER + 1)], dim=1)
 
 
-def secret(features):
-    return features.mm(secret_weight) + secret_bias.item()
+truth = torch.mm(design(readings), response) + offset + 0.02 * torch.randn(48, 1)
+fit_rows, check_rows = slice(0, 36), slice(36, 48)
+calibration = torch.nn.Linear(ORDER, 1)
 
-
-def draw(batch=24):
-    features = powers(torch.rand(batch) * 2 - 1)
-    noise = 0.01 * torch.randn(batch, 1)
-    return features, secret(features) + noise
-
-
-def formula(weight, bias):
-    terms = " ".join(f"{w:+.3f} x^{k}" for k, w in enumerate(weight.view(-1).tolist(), 1))
-    return f"y = {terms} {bias:+.3f}"
-
-
-fit = torch.nn.Linear(DEGREE, 1)
-for step in range(1, 61):
-    features, targets = draw()
-    fit.zero_grad()
-    loss = F.smooth_l1_loss(fit(features), targets)
+velocity = {name: torch.zeros_like(p) for name, p in calibration.named_parameters()}
+for sweep in range(80):
+    calibration.zero_grad()
+    loss = F.smooth_l1_loss(calibration(design(readings[fit_rows])), truth[fit_rows])
     loss.backward()
-    for parameter in fit.parameters():
-        parameter.data.add_(-0.5 * parameter.grad.data)
-    if loss.item() < 1e-5:
-        break
+    for name, p in calibration.named_parameters():
+        velocity[name].mul_(0.8).add_(p.grad.data, alpha=-0.3)
+        p.data.add_(velocity[name])
+    if sweep % 20 == 0:
+        print(f"sweep {sweep}: smooth-L1 {loss.item():.5f}")
 
-learning_rate = 0.2
-for step in range(40):
-    features, targets = draw()
-    loss = ((fit(features) - targets) ** 2).mean()
-    fit.weight.grad = None
-    fit.bias.grad = None
+for sweep in range(30):
+    loss = F.mse_loss(calibration(design(readings[fit_rows])), truth[fit_rows])
+    calibration.zero_grad()
     loss.backward()
     with torch.no_grad():
-        for parameter in (fit.weight, fit.bias):
-            parameter -= learning_rate * parameter.grad
+        for p in calibration.parameters():
+            p -= 0.5 * p.grad
 
-print(f"loss {loss.item():.2e} after {step + 1} refining steps")
-print("learned:", formula(fit.weight, fit.bias.item()))
-print("actual: ", formula(secret_weight, secret_bias.item()))
+with torch.no_grad():
+    held_out = F.mse_loss(calibration(design(readings[check_rows])), truth[check_rows])
+print(f"held-out mean squared error {held_out.item():.2e}")
+for k, (got, want) in enumerate(zip(calibration.weight[0].tolist(), response[:, 0].tolist()), 1):
+    print(f"r^{k}: fitted {got:+.3f}, true {want:+.3f}")
+print(f"offset: fitted {calibration.bias.item():+.3f}, true {offset:+.3f}")

@@ -1,8 +1,9 @@
-"""Train each layer on its own, with no backward pass through the whole network.
+"""Greedy layer-by-layer training with a contrastive energy, no end-to-end backward pass.
 
-Each layer learns to give high activity ("energy") to inputs carrying the right label and low
-energy to inputs carrying a wrong one; the label is written into the first features.
-Classification tries every label and picks the one with the most energy over all layers.
+A sample is shown to the network with a label written into its first features. Each layer
+is trained on its own so that, example by example, the correctly labelled copy has more
+energy (mean squared activation) than a copy carrying a wrong label. To classify, every
+label is tried and the one with the most energy, summed over layers, wins.
 """
 import argparse
 
@@ -11,7 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-CLASSES, FEATURES = 4, 16
+CLASSES, FEATURES, MARK = 4, 16, 3.0
 
 
 def clusters(count, seed):
@@ -22,82 +23,84 @@ def clusters(count, seed):
     return torch.from_numpy(points), torch.from_numpy(labels)
 
 
-def stamp(x, labels):
-    """A copy of x with its first CLASSES features replaced by a one-hot label."""
-    x_ = x.clone()
-    x_[:, :CLASSES] *= 0.0
-    x_[range(x.shape[0]), labels] = x.max()
-    return x_
+def with_label(points, labels):
+    marked = points.clone()
+    marked[:, :CLASSES] *= 0.0
+    marked[range(len(labels)), labels] = MARK
+    return marked
 
 
-class LocalLayer(nn.Linear):
-    def __init__(self, inputs, outputs, threshold=2.0, lr=0.02, epochs=50):
-        super().__init__(inputs, outputs)
-        self.threshold, self.epochs, self.lr = threshold, epochs, lr
-        self.optimizer = None
+class ContrastiveLinear(nn.Linear):
+    """A Linear layer that owns its optimizer and trains itself on (right, wrong) pairs."""
+
+    margin = 0.5
 
     def forward(self, x):
-        x = x / (x.norm(2, 1, keepdim=True) + 1e-4)
-        return F.relu(torch.mm(x, self.weight.T) + self.bias.unsqueeze(0))
+        return F.relu(super().forward(F.normalize(x, dim=1)))
 
-    def fit(self, good, bad, log_every):
-        if self.optimizer is None:
-            self.optimizer = torch.optim.Adam(self.parameters(), lr=self.lr)
-        for epoch in range(self.epochs):
-            energy_good = self.forward(good).pow(2).mean(1)
-            energy_bad = self.forward(bad).pow(2).mean(1)
-            margins = torch.cat([self.threshold - energy_good, energy_bad - self.threshold])
-            loss = F.softplus(margins).mean()
-            self.optimizer.zero_grad()
-            loss.backward()
-            self.optimizer.step()
+    def energy(self, x):
+        return self.forward(x).pow(2).mean(dim=1)
+
+    def fit(self, right, wrong, epochs, batch, lr, log_every):
+        optimizer = torch.optim.Adam(self.parameters(), lr=lr)
+        for epoch in range(epochs):
+            for chunk in torch.randperm(len(right)).split(batch):
+                gap = self.energy(right[chunk]) - self.energy(wrong[chunk])
+                loss = F.relu(self.margin - gap).mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
             if epoch % log_every == 0:
-                print(f"  epoch {epoch}: {loss.item():.4f}")
-        return self.forward(good).detach(), self.forward(bad).detach()
+                print(f"  epoch {epoch}: hinge {loss.item():.4f}")
+        with torch.no_grad():
+            return self.forward(right), self.forward(wrong)
 
 
-class LocalNet(nn.Module):
-    def __init__(self, sizes, epochs):
+class GreedyStack(nn.Module):
+    def __init__(self, widths):
         super().__init__()
-        self.layers = nn.ModuleList(LocalLayer(a, b, epochs=epochs)
-                                    for a, b in zip(sizes, sizes[1:]))
+        self.layers = nn.ModuleList(ContrastiveLinear(a, b) for a, b in zip(widths, widths[1:]))
 
-    def predict(self, x):
-        energies = []
-        for label in range(CLASSES):
-            h = stamp(x, torch.full((x.shape[0],), label, dtype=torch.long))
-            per_layer = []
-            for layer in self.layers:
-                h = layer(h)
-                per_layer.append(h.pow(2).mean(1))
-            energies.append(sum(per_layer).unsqueeze(1))
-        return torch.cat(energies, 1).argmax(1)
-
-    def train(self, good=None, bad=None, log_every=10):
-        if good is None:  # Module.train(): keep its meaning for mode switches
-            return super().train()
-        for number, layer in enumerate(self.layers):
-            print(f"layer {number}")
-            good, bad = layer.fit(good, bad, log_every)
+    def train(self, mode=True, *, right=None, wrong=None, **fit_options):
+        """Module.train(mode) as usual; given data, fit the layers one after another."""
+        if right is None:
+            return super().train(mode)
+        for depth, layer in enumerate(self.layers):
+            print(f"layer {depth}")
+            right, wrong = layer.fit(right, wrong, **fit_options)
         return self
+
+    def classify(self, points):
+        totals = []
+        for label in range(CLASSES):
+            h = with_label(points, torch.full((len(points),), label, dtype=torch.long))
+            energies = []
+            for layer in self.layers:
+                energies.append(layer.energy(h))
+                h = layer(h)
+            totals.append(sum(energies))
+        return torch.stack(totals, dim=1).argmax(dim=1)
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--count", type=int, default=1000)
-    parser.add_argument("--epochs", type=int, default=50)
+    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--log-every", type=int, default=10)
     args = parser.parse_args()
 
-    x, y = clusters(args.count, 0)
-    wrong = (y + torch.randint(1, CLASSES, y.shape)) % CLASSES
-    net = LocalNet([FEATURES, 32, 32], args.epochs)
-    net.train(stamp(x, y), stamp(x, wrong), args.log_every)
+    points, labels = clusters(args.count, 0)
+    wrong_labels = (labels + torch.randint(1, CLASSES, labels.shape)) % CLASSES
+    stack = GreedyStack([FEATURES, 32, 24])
+    stack.train(right=with_label(points, labels), wrong=with_label(points, wrong_labels),
+                epochs=args.epochs, batch=args.batch, lr=0.01, log_every=args.log_every)
+    stack.eval()
     with torch.no_grad():
-        train_error = 1.0 - net.predict(x).eq(y).float().mean().item()
-        x_test, y_test = clusters(args.count // 4, 1)
-        test_error = 1.0 - net.predict(x_test).eq(y_test).float().mean().item()
-    print(f"train error {train_error:.3f}, test error {test_error:.3f}")
+        seen = stack.classify(points).eq(labels).float().mean().item()
+        test_points, test_labels = clusters(args.count // 4, 1)
+        unseen = stack.classify(test_points).eq(test_labels).float().mean().item()
+    print(f"accuracy: {seen:.3f} on training points, {unseen:.3f} on new points")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""A transformer whose attention is written out: scores, a causal mask buffer, softmax."""
+"""A small causal transformer with its attention written out in tensor operations."""
 import math
 
 import torch
@@ -7,99 +7,94 @@ from torch.nn import functional as F
 
 
 class TanhGELU(nn.Module):
+    """GELU by its tanh approximation, written as pointwise operations."""
+
     def forward(self, x):
-        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+        inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))
+        return 0.5 * x * (1.0 + torch.tanh(inner))
 
 
-class MaskedAttention(nn.Module):
+class CausalAttention(nn.Module):
     def __init__(self, width, heads, span, dropout):
         super().__init__()
-        self.heads = heads
-        self.project_in = nn.Linear(width, 3 * width)
-        self.project_out = nn.Linear(width, width)
-        self.drop_scores = nn.Dropout(dropout)
-        self.register_buffer("allowed", torch.tril(torch.ones(span, span)).view(1, 1, span, span))
+        self.heads, self.size = heads, width // heads
+        self.qkv = nn.Linear(width, 3 * width)
+        self.merge = nn.Linear(width, width)
+        self.merge.residual = True  # initialised smaller: it adds onto the residual stream
+        self.forget = nn.Dropout(dropout)
+        self.register_buffer("visible", torch.ones(span, span).tril().view(1, 1, span, span))
 
     def forward(self, x):
-        b, t, w = x.size()
-        q, k, v = self.project_in(x).split(w, dim=2)
-        q, k, v = (z.view(b, t, self.heads, w // self.heads).transpose(1, 2) for z in (q, k, v))
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
-        scores = scores.masked_fill(self.allowed[:, :, :t, :t] == 0, float("-inf"))
-        weights = self.drop_scores(F.softmax(scores, dim=-1))
-        mixed = (weights @ v).transpose(1, 2).contiguous().view(b, t, w)
-        return self.project_out(mixed)
+        batch, steps, _ = x.shape
+        heads = self.qkv(x).view(batch, steps, 3, self.heads, self.size).permute(2, 0, 3, 1, 4)
+        q, k, v = heads[0], heads[1], heads[2]
+        scores = q.matmul(k.transpose(-1, -2)) * self.size ** -0.5
+        scores = scores.masked_fill(self.visible[..., :steps, :steps] == 0, float("-inf"))
+        mixed = self.forget(scores.softmax(dim=-1)).matmul(v)
+        return self.merge(mixed.transpose(1, 2).reshape(batch, steps, -1))
 
 
 class Block(nn.Module):
     def __init__(self, width, heads, span, dropout):
         super().__init__()
-        self.norm_a = nn.LayerNorm(width)
-        self.attention = MaskedAttention(width, heads, span, dropout)
-        self.norm_b = nn.LayerNorm(width)
-        self.feed = nn.ModuleDict(dict(widen=nn.Linear(width, 4 * width), act=TanhGELU(),
-                                       narrow=nn.Linear(4 * width, width),
-                                       drop=nn.Dropout(dropout)))
-        f = self.feed
-        self.feed_forward = lambda x: f.drop(f.narrow(f.act(f.widen(x))))
+        self.before_attention = nn.LayerNorm(width)
+        self.attention = CausalAttention(width, heads, span, dropout)
+        self.before_mlp = nn.LayerNorm(width)
+        self.mlp = nn.ModuleDict({"up": nn.Linear(width, 4 * width), "gelu": TanhGELU(),
+                                  "down": nn.Linear(4 * width, width),
+                                  "dropout": nn.Dropout(dropout)})
+        self.mlp["down"].residual = True
 
     def forward(self, x):
-        x = x + self.attention(self.norm_a(x))
-        return x + self.feed_forward(self.norm_b(x))
+        x = x + self.attention(self.before_attention(x))
+        h = self.before_mlp(x)
+        for layer in self.mlp.values():
+            h = layer(h)
+        return x + h
+
+
+def initialise(module, depth):
+    """N(0, 0.02) weights, zero biases; layers feeding the residual stream scaled by depth."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        scale = 1.0 / math.sqrt(2 * depth) if getattr(module, "residual", False) else 1.0
+        nn.init.normal_(module.weight, mean=0.0, std=0.02 * scale)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
 
 
 class Ranker(nn.Module):
     def __init__(self, vocab, span, width=48, heads=3, depth=3, dropout=0.1):
         super().__init__()
         self.span = span
-        self.embed = nn.Embedding(vocab, width)
-        self.place = nn.Embedding(span, width)
+        self.symbols = nn.Embedding(vocab, width)
+        self.positions = nn.Embedding(span, width)
         self.blocks = nn.Sequential(*[Block(width, heads, span, dropout) for _ in range(depth)])
-        self.norm = nn.LayerNorm(width)
-        self.head = nn.Linear(width, vocab, bias=False)
-        self.apply(self._initialise)
-        for name, p in self.named_parameters():
-            if name.endswith("project_out.weight"):  # residual branches: smaller at depth
-                torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * depth))
-
-    @staticmethod
-    def _initialise(module):
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            torch.nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.LayerNorm):
-            torch.nn.init.ones_(module.weight)
-            torch.nn.init.zeros_(module.bias)
+        self.final_norm = nn.LayerNorm(width)
+        self.logits = nn.Linear(width, vocab, bias=False)
+        self.apply(lambda module: initialise(module, depth))
 
     def forward(self, ids, targets=None):
-        x = self.embed(ids) + self.place(torch.arange(ids.size(1)).unsqueeze(0))
-        logits = self.head(self.norm(self.blocks(x)))
-        loss = None
-        if targets is not None:  # -1 marks positions that are not scored
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1),
-                                   ignore_index=-1)
-        return logits, loss
+        where = torch.arange(ids.size(1)).unsqueeze(0)
+        h = self.blocks(self.symbols(ids) + self.positions(where))
+        logits = self.logits(self.final_norm(h))
+        if targets is None:
+            return logits, None
+        scored = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1)
+        return logits, scored
 
     def optimizer(self, lr, weight_decay):
-        decay, keep = set(), set()
-        for module_name, module in self.named_modules():
-            for name, _ in module.named_parameters(recurse=False):
-                full = f"{module_name}.{name}" if module_name else name
-                if name == "weight" and isinstance(module, nn.Linear):
-                    decay.add(full)
-                else:
-                    keep.add(full)
-        params = dict(self.named_parameters())
-        assert decay.isdisjoint(keep) and decay | keep == params.keys()
-        groups = [{"params": [params[n] for n in sorted(decay)], "weight_decay": weight_decay},
-                  {"params": [params[n] for n in sorted(keep)], "weight_decay": 0.0}]
-        return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95))
+        """AdamW that decays the weights of Linear layers and nothing else."""
+        decayed = {id(m.weight) for _, m in self.named_modules() if isinstance(m, nn.Linear)}
+        groups = {True: [], False: []}
+        for _, p in self.named_parameters():
+            groups[id(p) in decayed].append(p)
+        return torch.optim.AdamW([{"params": groups[True], "weight_decay": weight_decay},
+                                  {"params": groups[False], "weight_decay": 0.0}],
+                                 lr=lr, betas=(0.9, 0.95))
 
     @torch.no_grad()
-    def complete(self, ids, count):
+    def continue_greedily(self, ids, count):
         for _ in range(count):
             logits, _ = self(ids[:, -self.span:])
-            _, best = torch.topk(logits[:, -1, :], k=1, dim=-1)
-            ids = torch.cat((ids, best), dim=1)
+            ids = torch.cat((ids, logits[:, -1].topk(1, dim=-1).indices), dim=1)
         return ids

@@ -8,43 +8,45 @@ import pickle
 import torch
 from torch.utils.data import Dataset
 
+import loop
 from blocks import Ranker
-from loop import Loop
 
 LENGTH, DIGITS = 5, 6
 
 
-class Ranks(Dataset):
-    """Random digit strings, split into train/test by the hash of the string."""
+def ranks(digits):
+    return torch.sort(torch.sort(digits, stable=True).indices, stable=True).indices
 
-    def __init__(self, part, size=4000):
-        self.part, self.size = part, size
+
+class RankingTask(Dataset):
+    """Digit strings with enough distinct digits, split between train and test by hash."""
+
+    def __init__(self, part, pool=64, size=4000):
+        self.size, self.strings = size, []
+        while len(self.strings) < pool:
+            digits = torch.randint(DIGITS, size=(LENGTH,), dtype=torch.long)
+            enough = torch.unique(digits).numel() >= LENGTH - 2
+            test = hash(pickle.dumps(digits.tolist())) % 5 == 0
+            if enough and test == (part == "test"):
+                self.strings.append(digits)
 
     def __len__(self):
         return self.size
 
     def __getitem__(self, index):
-        while True:  # reject mostly-repeated strings, and strings of the other part
-            digits = torch.randint(DIGITS, size=(LENGTH,), dtype=torch.long)
-            if torch.unique(digits).numel() < LENGTH - 2:
-                continue
-            in_test = hash(pickle.dumps(digits.tolist())) % 5 == 0
-            if in_test == (self.part == "test"):
-                break
-        _, order = torch.sort(digits, stable=True)
-        _, ranks = torch.sort(order, stable=True)
-        sequence = torch.cat((digits, ranks))
-        x, y = sequence[:-1].clone(), sequence[1:].clone()
-        y[:LENGTH - 1] = -1  # only the ranks are scored
-        return x, y
+        digits = self.strings[index % len(self.strings)]
+        answer = ranks(digits)
+        inputs = torch.cat((digits, answer[:-1]))
+        targets = torch.full_like(inputs, -1)  # only the answer's positions are scored
+        targets[LENGTH - 1:] = answer
+        return inputs, targets
 
 
-def accuracy(model, dataset, count):
+def solved(model, task, count):
     right = 0
-    for i in range(count):
-        x, y = dataset[i]
-        written = model.complete(x[:LENGTH].unsqueeze(0), LENGTH)[0, LENGTH:]
-        right += int(torch.equal(written, y[LENGTH - 1:]))
+    for digits in task.strings[:count]:
+        written = model.continue_greedily(digits.unsqueeze(0), LENGTH)[0, LENGTH:]
+        right += int(torch.equal(written, ranks(digits)))
     return right / count
 
 
@@ -54,19 +56,18 @@ if __name__ == "__main__":
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--width", type=int, default=48)
+    parser.add_argument("--pool", type=int, default=300)
     parser.add_argument("--checks", type=int, default=50)
     args = parser.parse_args()
 
-    train, test = Ranks("train"), Ranks("test")
+    train_task, test_task = RankingTask("train", args.pool), RankingTask("test", args.pool // 4)
     model = Ranker(DIGITS, 2 * LENGTH - 1, width=args.width)
-    loop = Loop(model, train, batch=args.batch, steps=args.steps)
 
-    def report(loop):
-        if loop.step % 5 == 0:
-            print(f"step {loop.step}: loss {loop.loss.item():.4f}")
+    def report(step, loss):
+        if step % 5 == 0:
+            print(f"step {step}: loss {loss.item():.4f}")
 
-    loop.on("step", report)
-    loop.run()
+    loop.train(model, train_task, args.steps, batch=args.batch, after_step=[report])
     model.eval()
-    print(f"train {accuracy(model, train, args.checks):.2f} "
-          f"test {accuracy(model, test, args.checks):.2f}")
+    print(f"solved: {solved(model, train_task, args.checks):.2f} of training strings, "
+          f"{solved(model, test_task, args.checks):.2f} of test strings")

@@ -1,6 +1,6 @@
-"""Spell words backwards with a GRU encoder and an additive-attention GRU decoder.
+"""Spell words backwards: a GRU reads the word, an attending GRU cell writes it reversed.
 
-pairs.txt holds one word per line, accents and all; words are folded to plain ASCII first.
+words.txt holds one word per line, accents and all; words are folded to plain ASCII first.
 """
 from __future__ import annotations
 
@@ -19,129 +19,109 @@ from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-START, STOP = 0, 1
+GO, END = 0, 1
 
 
-def plain(word: str) -> str:
-    decomposed = unicodedata.normalize("NFD", word.strip().lower())
-    return "".join(c for c in decomposed if unicodedata.category(c) != "Mn")
+def ascii_fold(word: str) -> str:
+    return "".join(c for c in unicodedata.normalize("NFKD", word.strip().lower())
+                   if not unicodedata.combining(c))
 
 
-class Letters:
-    def __init__(self, words: list[str]):
-        self.symbols = ["<", ">"] + sorted({c for w in words for c in w})
-        self.code = {c: i for i, c in enumerate(self.symbols)}
-
-    def encode(self, word: str, width: int) -> np.ndarray:
-        ids = np.full(width, STOP, dtype=np.int32)
-        ids[:len(word)] = [self.code[c] for c in word]
-        return ids
-
-    def decode(self, ids) -> str:
-        out = []
-        for i in ids:
-            if i == STOP:
-                break
-            out.append(self.symbols[i])
-        return "".join(out)
+def spell(word: str, alphabet: str, slots: int) -> np.ndarray:
+    codes = [alphabet.index(c) + 2 for c in word] + [END] * (slots - len(word))
+    return np.array(codes, dtype=np.int32)
 
 
-class Reader(nn.Module):
-    def __init__(self, vocab, hidden):
+def unspell(codes: list[int], alphabet: str) -> str:
+    letters = []
+    for code in codes:
+        if code == END:
+            break
+        letters.append(alphabet[code - 2] if code > END else "?")
+    return "".join(letters)
+
+
+class Speller(nn.Module):
+    def __init__(self, symbols: int, size: int, slots: int):
         super().__init__()
-        self.embed = nn.Embedding(vocab, hidden)
-        self.rnn = nn.GRU(hidden, hidden, batch_first=True)
+        self.slots = slots
+        self.letters_in = nn.Embedding(symbols, size)
+        self.reader = nn.GRU(size, size, batch_first=True)
+        self.letters_out = nn.Embedding(symbols, size)
+        self.writer = nn.GRUCell(2 * size, size)
+        self.compare = nn.Linear(size, size, bias=False)  # bilinear attention scores
+        self.choose = nn.Linear(2 * size, symbols)
 
-    def forward(self, ids):
-        return self.rnn(self.embed(ids))
+    def attend(self, memory, state):
+        scores = torch.bmm(self.compare(memory), state.unsqueeze(2)).squeeze(2)
+        weights = F.softmax(scores, dim=1)
+        summary = torch.bmm(memory.permute(0, 2, 1), weights.unsqueeze(2)).squeeze(2)
+        return summary, weights
 
-
-class AdditiveAttention(nn.Module):
-    def __init__(self, hidden):
-        super().__init__()
-        self.query, self.key, self.score = (nn.Linear(hidden, hidden), nn.Linear(hidden, hidden),
-                                            nn.Linear(hidden, 1))
-
-    def forward(self, query, keys):  # query: (batch, 1, hidden), keys: (batch, time, hidden)
-        energy = self.score(torch.tanh(self.query(query) + self.key(keys)))
-        weights = F.softmax(energy.squeeze(2).unsqueeze(1), dim=-1)
-        return torch.bmm(weights, keys), weights
-
-
-class Writer(nn.Module):
-    def __init__(self, vocab, hidden, width):
-        super().__init__()
-        self.width = width
-        self.embed = nn.Embedding(vocab, hidden)
-        self.attention = AdditiveAttention(hidden)
-        self.rnn = nn.GRU(2 * hidden, hidden, batch_first=True)
-        self.out = nn.Linear(hidden, vocab)
-
-    def step(self, ids, state, keys):
-        query = state.permute(1, 0, 2)
-        context, weights = self.attention(query, keys)
-        output, state = self.rnn(torch.cat((self.embed(ids), context), dim=2), state)
-        return self.out(output), state, weights
-
-    def forward(self, keys, state, targets=None, teacher=0.5):
-        ids = torch.empty(keys.size(0), 1, dtype=torch.long).fill_(START)
-        outputs, attentions = [], []
-        for t in range(self.width):
-            output, state, weights = self.step(ids, state, keys)
-            outputs.append(output)
-            attentions.append(weights)
-            if targets is not None and random.random() < teacher:
-                ids = targets[:, t].unsqueeze(1)
+    def forward(self, codes, answer=None, teaching=0.0):
+        memory, last = self.reader(self.letters_in(codes))
+        state = last[0]
+        previous = torch.empty(codes.size(0), dtype=torch.long).fill_(GO)
+        summary, _ = self.attend(memory, state)
+        steps, attention = [], []
+        for slot in range(self.slots):
+            state = self.writer(torch.cat((self.letters_out(previous), summary), 1), state)
+            summary, weights = self.attend(memory, state)
+            logits = self.choose(torch.cat((state, summary), 1))
+            steps.append(F.log_softmax(logits, dim=1))
+            attention.append(weights)
+            if answer is not None and random.random() < teaching:
+                previous = answer[:, slot]
             else:
-                _, best = output.topk(1)
-                ids = best.squeeze(-1).detach()
-        scores = F.log_softmax(torch.cat(outputs, dim=1), dim=-1)
-        return scores, torch.cat(attentions, dim=1)
+                previous = logits.topk(1, dim=1)[1].squeeze(1).detach()
+        return torch.stack(steps, 1), torch.stack(attention, 1)
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--size", type=int, default=64)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--epochs", type=int, default=30)
-    parser.add_argument("--teacher", type=float, default=0.5)
+    parser.add_argument("--teaching", type=float, default=0.5)
     parser.add_argument("--show", type=int, default=5)
     args = parser.parse_args()
 
-    with open("pairs.txt", encoding="utf-8") as f:
-        words = [plain(line) for line in f if line.strip()]
-    letters = Letters(words)
-    width = max(len(w) for w in words) + 1
-    sources = np.stack([letters.encode(w, width) for w in words])
-    targets = np.stack([letters.encode(w[::-1], width) for w in words])
-    data = TensorDataset(torch.LongTensor(sources), torch.LongTensor(targets))
-    loader = DataLoader(data, sampler=RandomSampler(data), batch_size=args.batch)
+    with open("words.txt", encoding="utf-8") as f:
+        words = [ascii_fold(line) for line in f if line.strip()]
+    alphabet = "".join(sorted(set("".join(words))))
+    slots = max(map(len, words)) + 1
+    forward = torch.LongTensor(np.stack([spell(w, alphabet, slots) for w in words]))
+    backward = torch.LongTensor(np.stack([spell(w[::-1], alphabet, slots) for w in words]))
+    pairs = TensorDataset(forward, backward)
+    batches = DataLoader(pairs, batch_size=args.batch, sampler=RandomSampler(pairs))
 
-    reader = Reader(len(letters.symbols), args.hidden)
-    writer = Writer(len(letters.symbols), args.hidden, width)
-    read_opt, write_opt = (optim.Adam(m.parameters(), lr=1e-2) for m in (reader, writer))
-    criterion = nn.NLLLoss()
+    model = Speller(len(alphabet) + 2, args.size, slots)
+    reader_parts = ("letters_in.", "reader.")  # the encoder and the decoder learn at own rates
+    reading = [p for n, p in model.named_parameters() if n.startswith(reader_parts)]
+    writing = [p for n, p in model.named_parameters() if not n.startswith(reader_parts)]
+    optimizers = [optim.Adam(reading, lr=1e-2), optim.Adam(writing, lr=5e-3)]
+    nll = nn.NLLLoss()
     for epoch in range(args.epochs):
-        total = 0.0
-        for source, target in loader:
-            read_opt.zero_grad()
-            write_opt.zero_grad()
-            keys, state = reader(source)
-            scores, _ = writer(keys, state, target, args.teacher)
-            loss = criterion(scores.view(-1, scores.size(-1)), target.view(-1))
+        seen = 0.0
+        for codes, answer in batches:
+            for optimizer in optimizers:
+                optimizer.zero_grad()
+            log_probs, _ = model(codes, answer, args.teaching)
+            loss = nll(log_probs.flatten(0, 1), answer.flatten())
             loss.backward()
-            read_opt.step()
-            write_opt.step()
-            total += loss.item()
-        print(f"epoch {epoch}: {total / len(loader):.4f}")
+            for optimizer in optimizers:
+                optimizer.step()
+            seen += loss.item() * len(codes)
+        print(f"epoch {epoch}: mean loss {seen / len(pairs):.4f}")
 
+    model.eval()
     with torch.no_grad():
         for word in random.sample(words, args.show):
-            keys, state = reader(torch.LongTensor(letters.encode(word, width)).unsqueeze(0))
-            scores, attention = writer(keys, state)
-            print(word, "->", letters.decode(scores.argmax(-1)[0].tolist()))
+            codes = torch.LongTensor(spell(word, alphabet, slots)).unsqueeze(0)
+            log_probs, attention = model(codes)
+            print(f"{word} -> {unspell(log_probs.argmax(2)[0].tolist(), alphabet)}")
     figure, axes = plt.subplots()
-    axes.matshow(attention[0].numpy(), cmap="bone")
+    axes.matshow(attention[0].numpy(), cmap="viridis")
     figure.savefig("attention.png")
     plt.close(figure)
 

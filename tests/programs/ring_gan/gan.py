@@ -52,23 +52,21 @@ def critic(width):
 
 def epoch(data, gen, disc, opt_gen, opt_disc, criterion, number):
     for step, (real,) in enumerate(data):
-        batch = real.size(0)
-        label = torch.full((batch,), 1.0, dtype=real.dtype)
-        disc.zero_grad()
-        loss_real = criterion(disc(real), label)
-        loss_real.backward()
-        fake = gen(torch.randn(batch, NOISE, 1, 1))
-        label.fill_(0.0)
-        loss_fake = criterion(disc(fake.detach()), label)
-        loss_fake.backward()
+        count = real.size(0)
+        believed = torch.full((count,), 0.9, dtype=real.dtype)  # one-sided label smoothing
+        doubted = torch.empty_like(believed).fill_(0.0)
+        fake = gen(torch.randn(count, NOISE, 1, 1))
+
+        opt_disc.zero_grad()
+        judge_loss = criterion(disc(real), believed) + criterion(disc(fake.detach()), doubted)
+        judge_loss.backward()
         opt_disc.step()
 
-        gen.zero_grad()
-        label.fill_(1.0)
-        loss_gen = criterion(disc(fake), label)
-        loss_gen.backward()
+        opt_gen.zero_grad()
+        fool_loss = criterion(disc(fake), believed.fill_(1.0))
+        fool_loss.backward()
         opt_gen.step()
-        print(f"[{number}/{step}] D {(loss_real + loss_fake).item():.3f} G {loss_gen.item():.3f}")
+        print(f"[{number}/{step}] judge {judge_loss.item():.3f} fool {fool_loss.item():.3f}")
 
 
 def main():

@@ -72,21 +72,24 @@ class TinyGPT(nn.Module):
         logits = self.unembed(self.norm(x))
         if targets is None:
             return logits, None
-        return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
 
     def optimizer(self, weight_decay, lr, betas, device_type):
-        params = [p for p in self.parameters() if p.requires_grad]
-        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-        fused = "fused" in inspect.signature(torch.optim.AdamW).parameters
-        extra = {"fused": True} if fused and device_type == "cuda" else {}
-        return torch.optim.AdamW(groups, lr=lr, betas=betas, **extra)
+        """AdamW decaying matrices (weights, embeddings) but not vectors (norms)."""
+        matrices, vectors = [], []
+        for p in self.parameters():
+            if p.requires_grad:
+                (matrices if p.dim() >= 2 else vectors).append(p)
+        options = dict(lr=lr, betas=betas)
+        if device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters:
+            options["fused"] = True
+        return torch.optim.AdamW([dict(params=matrices, weight_decay=weight_decay),
+                                  dict(params=vectors, weight_decay=0.0)], **options)
 
 
-def cosine_rate(step, peak, floor, warmup, decay_until):
-    if step < warmup:
-        return peak * (step + 1) / (warmup + 1)
-    if step > decay_until:
-        return floor
-    progress = (step - warmup) / (decay_until - warmup)
-    return floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (peak - floor)
+def learning_rate(step, peak, floor, warmup, decay_until):
+    """Linear warm-up to ``peak``, half a cosine down to ``floor``, then ``floor``."""
+    if step >= warmup:
+        done = min(1.0, (step - warmup) / (decay_until - warmup))
+        return floor + (peak - floor) * (1.0 + math.cos(math.pi * done)) / 2.0
+    return peak * (step + 1) / (warmup + 1)

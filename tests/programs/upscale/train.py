@@ -11,12 +11,11 @@ from torch.utils.data import DataLoader
 from superres import LumaPairs, SubPixelNet
 
 
-def psnr(model, loader, loss_fn):
-    total = 0.0
+def mean_psnr(model, loader, loss_fn):
+    """Peak signal-to-noise ratio in dB (pixels in [0, 1]), averaged over batches."""
     with torch.no_grad():
-        for small, full in loader:
-            total += 10 * math.log10(1.0 / loss_fn(model(small), full).item())
-    return total / len(loader)
+        ratios = [-10.0 * math.log10(loss_fn(model(small), full).item()) for small, full in loader]
+    return sum(ratios) / len(ratios)
 
 
 def main():
@@ -43,10 +42,10 @@ def main():
             loss.backward()
             optimizer.step()
         print(f"epoch {epoch}: last loss {loss.item():.5f}, "
-              f"test PSNR {psnr(model, test, loss_fn):.2f} dB")
+              f"test PSNR {mean_psnr(model, test, loss_fn):.2f} dB")
         torch.save(model, f"upscale_{epoch}.pth")
     restored = torch.load(f"upscale_{args.epochs}.pth", weights_only=False)
-    print(f"restored model: PSNR {psnr(restored, test, loss_fn):.2f} dB")
+    print(f"restored model: PSNR {mean_psnr(restored, test, loss_fn):.2f} dB")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
-"""Forecast a sum of two sine waves with an LSTMCell, fitted by L-BFGS.
+"""Forecast a mixture of two sine waves with an LSTMCell, fitted by L-BFGS.
 
-waves.pt holds a numpy array of shape (series, steps) saved with torch.save. The model
-predicts each next value as a change from the current one, and keeps predicting past the
-end of the data by feeding its output back.
+waves.pt holds a numpy array (series x steps) saved with torch.save. Training teaches the
+model one-step-ahead changes; evaluation lets it read the first part of each held-out
+series and then run free, feeding its own forecasts back in.
 """
 import argparse
 
@@ -17,62 +17,63 @@ import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file backend)
 
 
 class Forecaster(nn.Module):
-    def __init__(self, hidden=12):
+    def __init__(self, memory=12):
         super().__init__()
-        self.hidden = hidden
-        self.cell = nn.LSTMCell(1, hidden)
-        self.step = nn.Linear(hidden, 1)
+        self.memory = memory
+        self.cell = nn.LSTMCell(1, memory)
+        self.change = nn.Linear(memory, 1)
 
-    def forward(self, series, extra=0):
-        batch = series.size(0)
-        h = torch.zeros(batch, self.hidden, dtype=series.dtype)
-        c = torch.zeros(batch, self.hidden, dtype=series.dtype)
-        outputs = []
-        for value in series.split(1, dim=1):
-            h, c = self.cell(value, (h, c))
-            outputs.append(value + self.step(h))
-        for _ in range(extra):
-            h, c = self.cell(outputs[-1], (h, c))
-            outputs.append(outputs[-1] + self.step(h))
-        return torch.cat(outputs, dim=1)
+    def read(self, series):
+        """One-step forecasts for every step of ``series`` (batch x steps), and the state."""
+        state = (series.new_zeros(series.size(0), self.memory),) * 2
+        forecasts = []
+        for column in series.split(1, dim=1):
+            state = self.cell(column, state)
+            forecasts.append(column + self.change(state[0]))
+        return torch.cat(forecasts, dim=1), state
+
+    def run_free(self, last, state, steps):
+        forecasts = []
+        for _ in range(steps):
+            state = self.cell(last, state)
+            last = last + self.change(state[0])
+            forecasts.append(last)
+        return torch.cat(forecasts, dim=1)
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--ahead", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--shown", type=int, default=20, help="steps read before running free")
     parser.add_argument("--plot", default="forecast.png")
     args = parser.parse_args()
 
     waves = torch.load("waves.pt", weights_only=False)
-    assert isinstance(waves, np.ndarray)
-    split = waves.shape[0] - 2
-    train_in = torch.from_numpy(waves[:split, :-1])
-    train_out = torch.from_numpy(waves[:split, 1:])
-    test_in = torch.from_numpy(waves[split:, :-1])
-    test_out = torch.from_numpy(waves[split:, 1:])
-
+    assert isinstance(waves, np.ndarray) and waves.ndim == 2
+    train, held_out = torch.from_numpy(waves[2:]), torch.from_numpy(waves[:2])
     model = Forecaster().double()
-    loss_fn = nn.MSELoss()
-    optimizer = optim.LBFGS(model.parameters(), lr=0.5, max_iter=6)
-    for step in range(args.steps):
+    mse = nn.MSELoss()
+    optimizer = optim.LBFGS(model.parameters(), lr=0.5, max_iter=6, history_size=10)
+    for round_ in range(args.rounds):
         def closure():
             optimizer.zero_grad()
-            loss = loss_fn(model(train_in), train_out)
+            forecasts, _ = model.read(train[:, :-1])
+            loss = mse(forecasts, train[:, 1:])
             loss.backward()
             return loss
 
-        final = optimizer.step(closure)
+        fitted = optimizer.step(closure)
         with torch.no_grad():
-            guess = model(test_in, extra=args.ahead)
-            test_loss = loss_fn(guess[:, :-args.ahead], test_out)
-        print(f"step {step}: train {final.item():.5f} test {test_loss.item():.5f}")
+            known, state = model.read(held_out[:, :args.shown])
+            future = model.run_free(known[:, -1:], state, held_out.size(1) - args.shown - 1)
+            error = mse(future, held_out[:, args.shown + 1:])
+        print(f"round {round_}: fit {fitted.item():.5f}, free-running error {error.item():.5f}")
 
     figure, axes = plt.subplots(figsize=(8, 3))
-    known = test_in.size(1)
-    for row, color in zip(guess.detach().numpy(), "rb"):
-        axes.plot(np.arange(known), row[:known], color, linewidth=1.5)
-        axes.plot(np.arange(known, known + args.ahead), row[known:], color + ":", linewidth=1.5)
+    steps = np.arange(held_out.size(1))
+    for truth, guess, colour in zip(held_out.numpy(), future.numpy(), ("tab:blue", "tab:red")):
+        axes.plot(steps, truth, color=colour, alpha=0.4)
+        axes.plot(steps[args.shown + 1:], guess, color=colour, linestyle="--")
     figure.savefig(args.plot)
     plt.close(figure)
 

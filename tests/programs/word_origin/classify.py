@@ -1,6 +1,7 @@
-"""Guess which made-up word generator produced a word, with a hand-built recurrent cell.
+"""Guess which made-up word generator produced a word, with a recurrent net built by hand.
 
-words/<generator>.txt hold the examples; letters go in one-hot, one per step.
+words/<generator>.txt hold the examples. Each letter enters as a one-hot row; the final
+state is read out as log-probabilities over the generators.
 """
 import glob
 import os
@@ -10,74 +11,64 @@ import string
 import torch
 import torch.nn as nn
 
-LETTERS = string.ascii_lowercase + "'"
+ALPHABET = string.ascii_lowercase + "'"
 
 
-def load_words():
-    words = {}
+def examples():
+    found = {}
     for path in sorted(glob.glob(os.path.join("words", "*.txt"))):
+        name = os.path.basename(path)[:-len(".txt")]
         with open(path) as f:
-            words[os.path.splitext(os.path.basename(path))[0]] = f.read().split()
-    return words
+            found[name] = [w for w in f.read().split() if w]
+    return found
 
 
-def one_hot(word):
-    encoded = torch.zeros(len(word), 1, len(LETTERS))
-    for position, letter in enumerate(word):
-        encoded[position][0][LETTERS.index(letter)] = 1
-    return encoded
+def letters_of(word):
+    rows = torch.zeros(len(word), len(ALPHABET))
+    for i, letter in enumerate(word):
+        rows[i][ALPHABET.index(letter)] = 1.0
+    return rows
 
 
-class ElmanCell(nn.Module):
-    def __init__(self, inputs, hidden, outputs):
+class TinyRecurrent(nn.Module):
+    def __init__(self, letters, size, kinds):
         super().__init__()
-        self.hidden = hidden
-        self.update = nn.Linear(inputs + hidden, hidden)
-        self.emit = nn.Linear(inputs + hidden, outputs)
-        self.log_probs = nn.LogSoftmax(dim=1)
+        self.size = size
+        self.from_letter = nn.Linear(letters, size)
+        self.from_state = nn.Linear(size, size, bias=False)
+        self.readout = nn.Sequential(nn.Linear(size, kinds), nn.LogSoftmax(dim=1))
 
-    def forward(self, letter, state):
-        both = torch.cat((letter, state), 1)
-        return self.log_probs(self.emit(both)), torch.tanh(self.update(both))
-
-    def blank(self):
-        return torch.zeros(1, self.hidden)
-
-
-def read(cell, encoded):
-    state = cell.blank()
-    for step in range(encoded.size(0)):
-        scores, state = cell(encoded[step], state)
-    return scores
+    def forward(self, rows):
+        state = torch.zeros(1, self.size)
+        for row in rows:
+            state = torch.tanh(self.from_letter(row.unsqueeze(0)) + self.from_state(state))
+        return self.readout(state)
 
 
-words = load_words()
-origins = list(words)
-cell = ElmanCell(len(LETTERS), 32, len(origins))
-loss_fn = nn.NLLLoss()
-rate = 0.01
-total = 0.0
-for iteration in range(1, 501):
-    origin = random.choice(origins)
-    word = random.choice(words[origin])
-    cell.zero_grad()
-    loss = loss_fn(read(cell, one_hot(word)), torch.tensor([origins.index(origin)]))
+by_kind = examples()
+kinds = sorted(by_kind)
+net = TinyRecurrent(len(ALPHABET), 24, len(kinds))
+nll = nn.NLLLoss()
+step_size = 0.02
+recent = []
+for step in range(1, 401):
+    kind = random.choice(kinds)
+    word = random.choice(by_kind[kind])
+    net.zero_grad()
+    loss = nll(net(letters_of(word)), torch.tensor([kinds.index(kind)]))
     loss.backward()
-    for p in cell.parameters():
-        p.data.add_(p.grad.data, alpha=-rate)
-    total += loss.item()
-    if iteration % 100 == 0:
-        print(f"{iteration}: mean loss {total / 100:.4f}")
-        total = 0.0
+    for p in net.parameters():
+        p.data.sub_(step_size * p.grad.data)
+    recent.append(loss.item())
+    if step % 80 == 0:
+        print(f"step {step}: mean loss of the last 80 {sum(recent[-80:]) / 80:.3f}")
 
-confusion = torch.zeros(len(origins), len(origins))
+counts = torch.zeros(len(kinds), len(kinds), dtype=torch.long)
 with torch.no_grad():
-    for _ in range(100):
-        origin = random.choice(origins)
-        scores = read(cell, one_hot(random.choice(words[origin])))
-        _, top = scores.topk(1)
-        confusion[origins.index(origin)][top[0].item()] += 1
-confusion = confusion / confusion.sum(1, keepdim=True)
-for origin, row in zip(origins, confusion):
-    print(f"{origin:>10}: " + " ".join(f"{v:.2f}" for v in row.tolist()))
-print("right:", confusion.diag().mean().item())
+    for kind in kinds:
+        for word in random.sample(by_kind[kind], 10):
+            _, guess = net(letters_of(word)).topk(1, dim=1)
+            counts[kinds.index(kind)][guess.item()] += 1
+for kind, row in zip(kinds, counts.tolist()):
+    print(f"{kind:>12}: " + " ".join(f"{n:3d}" for n in row))
+print(f"right {counts.diag().sum().item()} of {counts.sum().item()}")

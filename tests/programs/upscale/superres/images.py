@@ -6,13 +6,15 @@ import torch
 from PIL import Image
 
 
-def luma(path):
-    y, _, _ = Image.open(path).convert("YCbCr").split()
-    return y
+def brightness(path):
+    """The Y (luma) channel of a picture, as a one-channel PIL image."""
+    with Image.open(path) as picture:
+        return picture.convert("YCbCr").getchannel("Y")
 
 
-def to_tensor(image):
-    return torch.from_numpy(np.asarray(image, dtype=np.float64) / 255.0).unsqueeze(0)
+def as_tensor(image):
+    pixels = np.asarray(image, dtype=np.float64)
+    return torch.from_numpy(pixels / 255.0)[None]
 
 
 class LumaPairs(torch.utils.data.Dataset):
@@ -26,8 +28,8 @@ class LumaPairs(torch.utils.data.Dataset):
         return len(self.paths)
 
     def __getitem__(self, index):
-        y = luma(self.paths[index])
+        y = brightness(self.paths[index])
         left, top = (y.width - self.crop) // 2, (y.height - self.crop) // 2
-        target = y.crop((left, top, left + self.crop, top + self.crop))
-        source = target.resize((self.small, self.small), Image.BICUBIC)
-        return to_tensor(source), to_tensor(target)
+        sharp = y.crop((left, top, left + self.crop, top + self.crop))
+        blurred = sharp.resize((self.small, self.small), Image.BICUBIC)
+        return as_tensor(blurred), as_tensor(sharp)
