@@ -409,3 +409,24 @@ def test_legacy_format_refuses_dtypes_tapegrad_lacks_at_load(tmp_path):
     assert back["u16"].dtype == np.uint16 and back["c"].dtype == np.complex128
     assert back["w"].dtype == tapegrad.bfloat16 and back["w"].tolist() == [1.0, 1.0]
     assert back["d"] is tapegrad.float16
+
+
+def test_tensors_come_only_from_storages(tmp_path):
+    # the legacy constructor torch.Tensor(n) allocates n elements: PyTorch calls it for a
+    # file (4 TiB here, which fails; a size that fits is allocated), tapegrad refuses
+    for opcode in (b"R", b"\x81"):  # REDUCE, NEWOBJ
+        pkl = PROTO + b"ctorch\nTensor\n(" + _int(2**40) + b"t" + opcode + b"."
+        path = _archive(tmp_path / "alloc.pt", pkl, storages={})
+        with pytest.raises(pickle.UnpicklingError, match=r"the file calls torch.Tensor"
+                                                         r"\(1099511627776,\); tapegrad rebuilds"):
+            tapegrad.load(path)
+    with pytest.raises(RuntimeError, match="allocate"):
+        torch.load(path, weights_only=True)
+    # a Parameter called with a count is refused too; one wrapping a tensor loads
+    pkl = PROTO + b"ctorch.nn.parameter\nParameter\n(" + _int(7) + b"tR."
+    with pytest.raises(CheckpointError, match="a Parameter is rebuilt from int"):
+        tapegrad.load(_archive(tmp_path / "p.pt", pkl, storages={}))
+    pkl = PROTO + b"ctorch.nn.parameter\nParameter\n(" + _tensor() + b"\x89tR."
+    param = tapegrad.load(_archive(tmp_path / "q.pt", pkl))
+    assert isinstance(param, tapegrad.nn.Parameter) and param.tolist() == [0.0, 1.0, 2.0]
+    assert not param.requires_grad

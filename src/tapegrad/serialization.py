@@ -23,9 +23,9 @@ tensor rebuild functions, storage types and dtypes (each mapped to tapegrad's),
 ``complex``, ``bytearray``, ``_codecs.encode`` -- and the globals added with
 ``add_safe_globals``; anything else raises ``pickle.UnpicklingError``, as in PyTorch. Globals
 of the modules ``sys``, ``os``, ``posix`` and ``nt`` are refused even when added. Its work is
-bounded by the file: ``bytearray`` is rebuilt only from contents, ``torch.Size`` only from
-int64s, and hashing keys of shared tuples has a budget; tensors with backward hooks are
-refused.
+bounded by the file: ``bytearray`` is rebuilt only from contents, tensors only from storages
+(never by calling ``torch.Tensor``), ``torch.Size`` only from int64s, and hashing keys of
+shared tuples has a budget; tensors with backward hooks are refused.
 ``weights_only=False`` uses Python's unpickler, as PyTorch does: only for trusted files.
 """
 import _compat_pickle
@@ -433,6 +433,19 @@ class _WeightsUnpickler:
                                               else 1 for v in item))
         return sizes[id(root)][1]
 
+    def construct(self, func, args, new=False):
+        """``func(*args)`` (``cls.__new__(cls, *args)`` for NEWOBJ) of an allowed callable.
+        Tensors come only from storages: the legacy ``torch.Tensor(n)`` would allocate
+        whatever size the file names, and a Parameter wraps a rebuilt tensor."""
+        from tapegrad.nn.parameter import Parameter
+
+        if func is Parameter:
+            return _parameter(*args)
+        if func is Tensor and args:
+            raise pickle.UnpicklingError(f"the file calls torch.Tensor{_bounded_repr(args)}; "
+                                         "tapegrad rebuilds tensors only from their storages")
+        return func.__new__(func, *args) if new else func(*args)
+
     def _allowed_callable(self, obj):
         return any(obj is v for v in self.allowed_values)
 
@@ -460,16 +473,14 @@ class _WeightsUnpickler:
                     if type(a) in (list, tuple):
                         self.hashing(a)
                         self.hashing([p[0] for p in a if type(p) in (list, tuple) and p])
-            stack[-1] = func(*args)
+            stack[-1] = self.construct(func, args)
         elif op == O["NEWOBJ"]:
             args, cls = stack.pop(), stack.pop()
             if not (isinstance(cls, type) and self._allowed_callable(cls)):
                 raise pickle.UnpicklingError("Can only create new object for nn.Parameter or "
                                              "classes allowlisted via `add_safe_globals` but "
                                              f"got {_bounded_repr(cls)}")
-            from tapegrad.nn.parameter import Parameter
-
-            stack.append(_parameter(*args) if cls is Parameter else cls.__new__(cls, *args))
+            stack.append(self.construct(cls, args, new=True))
         elif op == O["BUILD"]:
             self.build(stack.pop(), stack[-1])
         elif op == O["BINPERSID"]:
