@@ -53,31 +53,26 @@ class RowReader(nn.Module):
         return F.log_softmax(self.head(last), dim=1)
 
 
-def run_epoch(model, device, loader, optimizer, epoch, every):
-    model.train()
-    for step, (images, labels) in enumerate(loader):
+def sweep(model, loader, device, optimizer=None, log_every=0):
+    """One pass over ``loader``: trains when given an optimizer. Mean loss and accuracy."""
+    training = optimizer is not None
+    model.train(training)
+    loss_sum, hits = 0.0, 0
+    for batch, (images, labels) in enumerate(loader):
         images, labels = images.to(device), labels.to(device)
-        optimizer.zero_grad()
-        loss = F.nll_loss(model(images), labels)
-        loss.backward()
-        optimizer.step()
-        if step % every == 0:
-            print(f"epoch {epoch} step {step}: {loss.item():.4f}")
-
-
-def evaluate(model, device, loader):
-    model.eval()
-    total, right = 0.0, 0
-    with torch.no_grad():
-        for images, labels in loader:
-            images, labels = images.to(device), labels.to(device)
-            scores = model(images)
-            total += F.nll_loss(scores, labels, reduction="sum").item()
-            guess = scores.argmax(dim=1, keepdim=True)
-            right += guess.eq(labels.view_as(guess)).sum().item()
-    count = len(loader.dataset)
-    print(f"test: mean loss {total / count:.4f}, {right}/{count} right")
-    return right
+        with torch.set_grad_enabled(training):
+            log_probs = model(images)
+            loss = F.nll_loss(log_probs, labels, reduction="sum")
+        if training:
+            optimizer.zero_grad()
+            (loss / len(labels)).backward()
+            optimizer.step()
+        loss_sum += loss.item()
+        picked = log_probs.argmax(dim=1, keepdim=True)
+        hits += picked.eq(labels.view_as(picked)).sum().item()
+        if log_every and batch % log_every == 0:
+            print(f"  batch {batch}: {loss.item() / len(labels):.4f}")
+    return loss_sum / len(loader.dataset), hits / len(loader.dataset)
 
 
 def main():
@@ -107,8 +102,10 @@ def main():
     optimizer = optim.Adadelta(model.parameters(), lr=args.lr)
     scheduler = StepLR(optimizer, step_size=1, gamma=args.gamma)
     for epoch in range(1, args.epochs + 1):
-        run_epoch(model, device, train, optimizer, epoch, args.log_every)
-        evaluate(model, device, test)
+        fit_loss, fit_accuracy = sweep(model, train, device, optimizer, args.log_every)
+        test_loss, test_accuracy = sweep(model, test, device)
+        print(f"epoch {epoch}: train {fit_loss:.4f} ({fit_accuracy:.1%}), "
+              f"test {test_loss:.4f} ({test_accuracy:.1%})")
         scheduler.step()
     if args.save:
         torch.save(model.state_dict(), args.save)
