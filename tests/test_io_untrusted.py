@@ -162,6 +162,9 @@ def test_exponential_objects_in_messages_raise_quickly(tmp_path):
     for weights_only in (True, False):
         _raises_quickly(path, r"tensor size \[\[\[\[.*\.\.\. is not a tuple of ints",
                         weights_only=weights_only)
+    device = PROTO + b"ctorch\ndevice\n(" + _str("cpu") + deep + b"tR."
+    path = _archive(tmp_path / "device.pt", device, storages={})
+    _raises_quickly(path, "argument 'index' must be int, not list")
     build = PROTO + _tensor(after=deep + b"b") + b"."
     path = _archive(tmp_path / "build.pt", build)
     _raises_quickly(path, r"a tensor carries Python attributes \[\[\[")
@@ -273,6 +276,14 @@ def test_sizes_and_strides_beyond_int64(tmp_path):
     path = _archive(tmp_path / "one.pt", PROTO + _tensor(size=(1, 2), stride=(2**62, 1)) + b".")
     assert tapegrad.load(path).tolist() == torch.load(path, weights_only=True).tolist() == [
         [0.0, 1.0]]
+
+
+def test_more_dims_than_numpy_holds(tmp_path):
+    # refused before the sizes are multiplied out: a file may repeat a size 10**6 times, and
+    # the product of a million ints takes quadratic time (PyTorch builds such a tensor)
+    pkl = PROTO + _tensor(size=(1,) * 65, stride=(1,) * 65) + b"."
+    with pytest.raises(CheckpointError, match=r"size \(1, 1, 1, 1, 1.*\(at most 64 dims\)"):
+        tapegrad.load(_archive(tmp_path / "dims.pt", pkl))
 
 
 def test_non_seekable_stream_is_buffered(tmp_path):
@@ -395,7 +406,9 @@ def test_legacy_format_refuses_dtypes_tapegrad_lacks_at_load(tmp_path):
              ({"$ndarray": 0, "dtype": None}, np.array(["2020-01-01"], dtype="M8[D]"),
               r"array 0 has numpy dtype datetime64\[D\], which tapegrad does not load"),
              ({"$ndarray": 0, "dtype": None}, np.zeros(2, dtype="f4,i4"), "numpy dtype"),
-             ({"$dtype": "uint16"}, None, "a dtype entry has dtype 'uint16'")]
+             ({"$dtype": "uint16"}, None, "a dtype entry has dtype 'uint16'"),
+             ({"$float": "1" * 10**5}, None, r"\$float of '1111.*\.\.\., not nan or inf"),
+             ({"$ref": [[1] * 10**5]}, None, r"unknown tensor \[\[1, 1, 1.*\.\.\.$")]
     for i, (tree, arr, match) in enumerate(cases):
         path = _legacy(tmp_path / f"{i}.tg", tree, [] if arr is None else [arr])
         with pytest.raises(CheckpointError, match=match):

@@ -470,8 +470,9 @@ class _Decoder:
             self.tensors[idx] = t
             return t
         if "$ref" in node:
-            if node["$ref"] not in self.tensors:
-                raise _CorruptCheckpoint(f"reference to unknown tensor {node['$ref']}")
+            if type(node["$ref"]) is not int or node["$ref"] not in self.tensors:
+                raise _CorruptCheckpoint(f"reference to unknown tensor "
+                                         f"{_bounded_repr(node['$ref'])}")
             return self.tensors[node["$ref"]]
         if "$ndarray" in node:
             arr = self.array(node["$ndarray"], node.get("dtype"))
@@ -484,7 +485,9 @@ class _Decoder:
             return collections.OrderedDict(items) if tag == "$odict" else dict(items)
         if tag == "$tuple":
             return tuple(self.decode(v) for v in value)
-        if tag == "$float":
+        if tag == "$float":  # only the values JSON cannot write
+            if value not in ("nan", "inf", "-inf"):
+                raise _CorruptCheckpoint(f"$float of {_bounded_repr(value)}, not nan or inf")
             return float(value)
         if tag == "$complex":
             return complex(self.decode(value[0]), self.decode(value[1]))

@@ -179,6 +179,7 @@ class _Storage:
 
 
 _INT64_MAX = 2**63 - 1
+_MAX_DIMS = 64  # numpy's limit; checked before multiplying out sizes the file may repeat
 
 
 def _int_tuple(value, what):
@@ -210,9 +211,11 @@ def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad=Fals
     size, stride = _int_tuple(size, "size"), _int_tuple(stride, "stride")
     arr = storage.array
     if type(storage_offset) is not int or not 0 <= storage_offset <= _INT64_MAX or \
-            len(size) != len(stride) or any(n < 0 for n in size) or any(s < 0 for s in stride):
+            len(size) != len(stride) or len(size) > _MAX_DIMS or any(n < 0 for n in size) or \
+            any(s < 0 for s in stride):
         raise _CorruptCheckpoint(f"invalid tensor geometry: offset "
-                                 f"{_bounded_repr(storage_offset)}, size {size}, stride {stride}")
+                                 f"{_bounded_repr(storage_offset)}, size {_bounded_repr(size)}, "
+                                 f"stride {_bounded_repr(stride)} (at most {_MAX_DIMS} dims)")
     numel = 1
     for n in size:
         numel *= n
@@ -287,7 +290,7 @@ def _size(dims=()):
 
 
 def _device(spec, index=None):
-    return Device(spec) if index is None else Device(f"{spec}:{index}")
+    return Device(spec) if index is None else Device(spec, index)
 
 
 def _bytes_from_latin1(text, encoding="latin1"):
@@ -725,12 +728,12 @@ def _load_zip(archive, name, map_location, weights_only, pickle_module, pickle_l
         if key in storages:
             return storages[key]
         if stype.dtype is None:
-            raise _CorruptCheckpoint(f"storage {key} holds torch.{stype.dtype_name} elements, "
+            raise _CorruptCheckpoint(f"storage {key:.80} holds torch.{stype.dtype_name} elements, "
                                      "which tapegrad does not support")
         np_dtype = stype.dtype.np
         raw = archive.read(f"{prefix}data/{key}")
         if len(raw) != numel * np_dtype.itemsize:
-            raise _CorruptCheckpoint(f"storage {key} declares {numel} elements of "
+            raise _CorruptCheckpoint(f"storage {key:.80} declares {numel} elements of "
                                      f"{stype.dtype.name} ({numel * np_dtype.itemsize} bytes) "
                                      f"but its record holds {len(raw)} bytes")
         arr = xp.frombuffer(bytearray(raw), dtype=np_dtype)
