@@ -180,6 +180,14 @@ def test_bounded_repr():
     for obj in (nested, cyclic, {"k": (1,) * 10**6}, "x" * 10**6, 7**10**5, object()):
         assert len(tio._bounded_repr(obj)) <= 83
     assert tio._bounded_repr((1,)) == "(1,)"
+
+    class Loud(list):  # an allowlisted class's overrides do not run while a message is made
+        def __iter__(self):
+            raise AssertionError("ran")
+
+        __len__ = __repr__ = __iter__
+
+    assert tio._bounded_repr({"k": Loud([1, 2])}) == "{'k': Loud([1, 2])}"
     assert tio._bounded_repr(collections.OrderedDict(a=[1, b"\x00"])) == \
         "OrderedDict({'a': [1, b'\\x00']})"
 

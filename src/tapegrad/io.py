@@ -299,23 +299,32 @@ _BRACKETS = {list: "[]", tuple: "()", set: "{}", frozenset: "{}", dict: "{}"}
 
 
 def _repr_pieces(obj, depth, limit):
-    if obj is None or isinstance(obj, (bool, float, complex)):
+    # only the builtin types' own methods run (never a subclass's override), so formatting
+    # an error runs no code that the file chose
+    kind = type(obj)
+    if obj is None or kind in (bool, float, complex):
         yield repr(obj)
-    elif isinstance(obj, int):  # a huge int's decimal form is slow (and limited) to build
-        yield repr(obj) if obj.bit_length() <= 256 else f"<int of {obj.bit_length()} bits>"
-    elif isinstance(obj, (str, bytes, bytearray)):
-        yield repr(obj[:limit]) + ("..." if len(obj) > limit else "")
-    elif isinstance(obj, type):
-        yield f"<class '{obj.__module__}.{obj.__qualname__}'>"
-    elif isinstance(obj, (list, tuple, set, frozenset, dict)):
-        base = next(t for t in _BRACKETS if isinstance(obj, t))
-        if type(obj) is not base:
-            yield type(obj).__name__ + "("
-        yield _BRACKETS[base][0]
-        if obj and depth == 0:
+    elif issubclass(kind, int):  # a huge int's decimal form is slow (and limited) to build
+        bits = int.bit_length(obj)
+        yield int.__repr__(obj) if bits <= 256 else f"<int of {bits} bits>"
+    elif issubclass(kind, (str, bytes, bytearray)):
+        base = next(t for t in (str, bytes, bytearray) if issubclass(kind, t))
+        yield base.__repr__(base.__getitem__(obj, slice(0, limit)))
+        if base.__len__(obj) > limit:
             yield "..."
-        elif obj:
-            for i, item in enumerate(obj.items() if base is dict else obj):
+    elif issubclass(kind, type):
+        yield f"<class '{type.__getattribute__(obj, '__module__')}." \
+              f"{type.__getattribute__(obj, '__qualname__')}'>"
+    elif issubclass(kind, tuple(_BRACKETS)):
+        base = next(t for t in _BRACKETS if issubclass(kind, t))
+        if kind is not base:
+            yield kind.__name__ + "("
+        yield _BRACKETS[base][0]
+        size = base.__len__(obj)
+        if size and depth == 0:
+            yield "..."
+        elif size:
+            for i, item in enumerate(dict.items(obj) if base is dict else base.__iter__(obj)):
                 if i:
                     yield ", "
                 if base is dict:
@@ -323,15 +332,15 @@ def _repr_pieces(obj, depth, limit):
                     yield ": "
                     item = item[1]
                 yield from _repr_pieces(item, depth - 1, limit)
-        if base is tuple and len(obj) == 1:
+        if base is tuple and size == 1:
             yield ","
         yield _BRACKETS[base][1]
-        if type(obj) is not base:
+        if kind is not base:
             yield ")"
-    elif type(obj).__module__.startswith("tapegrad."):  # our own reprs are short
+    elif kind.__module__.startswith("tapegrad."):  # our own reprs are short
         yield repr(obj)[:limit]
     else:
-        yield f"<{type(obj).__module__}.{type(obj).__qualname__} object>"
+        yield f"<{kind.__module__}.{kind.__qualname__} object>"
 
 
 _MAX_INFLATE_RATIO = 100  # tensor data barely compresses; a member inflating more is a bomb
