@@ -312,6 +312,18 @@ def _to_front_params(rule):
     return rule
 
 
+def _index_to_front(idx, pbdims, size):
+    """A selection's ``idx`` param with this level's batch in front: moved there when batched
+    here, else expanded: a Tensor (batched by an outer level: its placeholder array holds no
+    values, so it is expanded as an op) or an array fixed for every example (a tangent picked
+    at the primal's argmax)."""
+    if pbdims and "idx" in pbdims:
+        return move_to_front(idx, pbdims["idx"])
+    if hasattr(idx, "_data"):
+        return expand_batch(idx, size)
+    return xp.broadcast_to(idx, (size,) + tuple(idx.shape))
+
+
 def _selecting(name):
     o = R[name]
 
@@ -322,10 +334,7 @@ def _selecting(name):
         a = move_to_front(args[0], bdims[0]) if bdims[0] is not None else \
             expand_batch(args[0], size)
         nd = a.dim() - 1
-        if pbdims and "idx" in pbdims:
-            idx = move_to_front(idx, pbdims["idx"])
-        elif hasattr(idx, "_data") or hasattr(idx, "shape"):
-            idx = expand_batch(idx, size) if hasattr(idx, "_data") else idx
+        idx = _index_to_front(idx, pbdims, size)
         if hasattr(idx, "_data") and not is_batched(idx):
             idx = idx._data  # the forward takes an array (a Tensor batched further out stays)
         return o(a, idx=idx, dim=_shift(dim, nd), keepdim=keepdim), 0
@@ -345,10 +354,7 @@ def _(args, bdims, pbdims=None, idx=None, shape=(), dim=0, keepdim=False):
         expand_batch(args[0], size)
     if len(shape) == 0:
         return g, 0
-    if pbdims and "idx" in pbdims:
-        idx = move_to_front(idx, pbdims["idx"])
-    else:
-        idx = xp.broadcast_to(getattr(idx, "_data", idx), (size,) + tuple(idx.shape))
+    idx = _index_to_front(idx, pbdims, size)
     if hasattr(idx, "_data") and not is_batched(idx):
         idx = idx._data
     return R["put_along"](g, idx=idx, shape=(size,) + tuple(shape),
@@ -369,7 +375,9 @@ def _ce_physical(args, bdims):
     level's batched indices)."""
     x, t = args[-2], args[-1]
     bx, bt = bdims[-2], bdims[-1]
-    size = x.shape[bx] if bx is not None else t.shape[bt]
+    # the batch may come from any operand: the backward's incoming gradient alone is batched
+    # in jacrev of the loss (one cotangent per output element, x and t shared)
+    size = next(a.shape[b] for a, b in zip(args, bdims) if b is not None)
     x = move_to_front(x, bx) if bx is not None else expand_batch(x, size)
     td = getattr(t, "_data", t)
     if type(td).__name__ == "BatchedArray":

@@ -12,7 +12,7 @@ from tapegrad.backend import reduce_axis, array_module, add_at, on_device_of
 from tapegrad.ops.registry import op, xp
 from tapegrad.ops import registry as _registry
 from tapegrad.ops.elementwise import exp, log, sqrt, tanh, sigmoid, erf, where_op as where
-from tapegrad.ops.elementwise import np_dtype
+from tapegrad.ops.elementwise import np_dtype, to_dtype, eq, ne, gt
 from tapegrad.ops.movement import reshape_op as reshape, sum_to
 from tapegrad.ops.reduce import sum_op
 from tapegrad.ops.linalg import matmul, blas_matmul
@@ -309,27 +309,48 @@ def _(g, out, x, t, ignore_index=-100, mean=True):
 
 
 def _ce_target(x, t, ignore_index, mean):
-    """One-hot ``target``, the valid rows ``keep`` (N, 1) and the loss's 1 / count, from the
-    class indices ``t`` (an array, or a Tensor under create_graph: a constant of the graph)."""
-    t = getattr(t, "_data", t)
+    """One-hot ``target`` (N, C), the valid rows ``keep`` (N, 1) and the loss's 1 / count,
+    from the class indices ``t``, for the rules. Built from ops: under vmap or a tracer the
+    indices are batched or symbolic, so nothing here reads their values in Python (on arrays,
+    forward mode's array path, the ops run as their forwards)."""
     n, c = x.shape
-    dt = np_dtype(x.dtype)  # x is an array, or a Tensor under create_graph
-    valid = t != ignore_index
-    m = array_module(t)
-    target = m.zeros((n, c), dtype=dt)
-    target[m.arange(n), xp.where(valid, t, 0)] = valid
-    keep = valid[:, None].astype(dt)
-    count = int(valid.sum()) if mean else 1
+    dt = np_dtype(x.dtype)  # x is an array, or a Tensor in a rule
+    valid = ne(t, ignore_index)
+    keep = to_dtype(reshape(valid, shape=(n, 1)), dtype=dt)
+    # an ignored row's index may name a class (0 <= ignore_index < C): keep zeroes it
+    classes = array_module(getattr(x, "_data", x)).arange(c)
+    target = to_dtype(eq(reshape(t, shape=(n, 1)), classes), dtype=dt) * keep
+    if not mean:
+        return target, keep, 1.0
+    count = sum_op(valid, dims=(0,), dtype=dt)
+    some = gt(count, 0)
     # every row ignored: the loss is nan but its gradient 0, as PyTorch's nll_loss backward
-    return target, keep, (1.0 / count) if count else 0.0
+    return target, keep, where(some, 1.0 / where(some, count, 1.0), 0.0)
 
 
 @op(flops=6, fused=True)
 def cross_entropy_index_backward(g, x, t, ignore_index=-100, mean=True):
     """cross_entropy_index's gradient ``(softmax(x) * valid - onehot) * g / count``: one op,
     so a traced backward reads the indices at run time (nothing frozen)."""
-    target, keep, scale = _ce_target(x, t, ignore_index, mean)
-    return (softmax.forward(x, 1) * keep - target) * (g * scale)
+    # on arrays, without a one-hot: ((softmax * valid) - onehot) * (g / count) in that order
+    # (the compiler's fused kernel matches it bit for bit); the rules build it from ops
+    n = x.shape[0]
+    valid = t != ignore_index
+    everything = bool(valid.all())
+    count = (n if everything else int(valid.sum())) if mean else 1
+    # every row ignored: the loss is nan but its gradient 0, as PyTorch's nll_loss backward
+    scale = g * ((1.0 / count) if count else 0.0)
+    out = softmax.forward(x, 1)
+    rows = array_module(x).arange(n)
+    if everything:
+        out[rows, t] -= 1
+    else:
+        out *= valid[:, None]
+        out[rows, xp.where(valid, t, 0)] -= valid
+    if xp.result_type(out, scale) != out.dtype:  # a wider g: the product promotes
+        return out * scale
+    out *= scale
+    return out
 
 
 @cross_entropy_index_backward.grad

@@ -323,8 +323,9 @@ def _(g, out, a, dim=None, keepdim=False, dtype=None):
         return _cast_back(g, a)
     dims = tuple(range(a.ndim)) if dim is None else (dim,)
     g = _cast_back(_kept(g, a.shape, dims, keepdim), a)
-    data = a._data if isinstance(a, registry.Tensor) else a
-    if not (data == 0).any():  # PyTorch: no zeros, so the quotient is safe
+    from tapegrad.func._vmap import host  # under vmap: one decision for the physical batch
+
+    if not (host(a) == 0).any():  # PyTorch: no zeros, so the quotient is safe
         return g * (_cast_back(_kept(out, a.shape, dims, keepdim), a) / a)
     if dim is None:  # as PyTorch: the flattened input, one reduction dim
         if isinstance(a, registry.Tensor):
