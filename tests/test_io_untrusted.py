@@ -427,6 +427,7 @@ def test_legacy_format_refuses_dtypes_tapegrad_lacks_at_load(tmp_path):
     tio._save_legacy({"u16": u16, "c": u16.astype("c16"), "w": tapegrad.ones(2).to(
         tapegrad.bfloat16), "d": tapegrad.float16}, path)
     back = tapegrad.load(path)
+    assert serialization.get_unsafe_globals_in_checkpoint(path) == []  # JSON names none
     assert back["u16"].dtype == np.uint16 and back["c"].dtype == np.complex128
     assert back["w"].dtype == tapegrad.bfloat16 and back["w"].tolist() == [1.0, 1.0]
     assert back["d"] is tapegrad.float16

@@ -785,12 +785,14 @@ def get_unsafe_globals_in_checkpoint(f) -> list:
     stack and the memo. A pickle whose globals cannot be known without running it raises
     ``pickle.UnpicklingError`` rather than answering with a list that could miss one.
     """
-    from tapegrad.io import CheckpointError, _Archive, _seekable
+    from tapegrad.io import _FORMAT, CheckpointError, _Archive, _seekable
 
     name = f if isinstance(f, (str, bytes)) or hasattr(f, "__fspath__") else None
     fh = open(f, "rb") if name is not None else f
     try:
         archive = _Archive(fh if _seekable(fh) else _io.BytesIO(fh.read()))
+        if _FORMAT in archive.infos:  # tapegrad's older JSON format names no globals
+            return []
         found = _globals_in_pickle(archive.read(_data_pkl(archive) + "data.pkl"))
     except _UnknowableGlobal as e:
         raise pickle.UnpicklingError(f"get_unsafe_globals_in_checkpoint: {f}: {e}") from None
