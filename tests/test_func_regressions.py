@@ -128,3 +128,42 @@ def test_vmap_grad_prod_with_zeros_in_some_examples():
 
     assert_close(run(tapegrad), run(torch), rtol=1e-12)
 
+
+# --- integer inputs and outputs of the transforms -------------------------------------------
+def test_jvp_refuses_integer_primals_and_tangents_as_torch():
+    i, f = tapegrad.tensor([1, 2]), tapegrad.tensor([1.0, 2.0])
+    ti, tf_ = torch.tensor([1, 2]), torch.tensor([1.0, 2.0])
+    for prim, tang, tprim, ttang, what in ((i, i, ti, ti, "primal"), (f, i, tf_, ti, "tangent"),
+                                          (i, f, ti, tf_, "primal")):
+        with pytest.raises(ValueError, match=f"Expected {what} to be floating point or "
+                                             "complex, but got: torch.int64"):
+            tf.jvp(lambda x: x * 2, (tprim,), (ttang,))
+        with pytest.raises(ValueError, match=rf"^jvp\(f, primals, tangents\): Expected {what} "
+                                             r"to be floating point or complex, but got: "
+                                             r"tapegrad.int64 \(shape \(2,\)\)"):
+            gf.jvp(lambda x: x * 2, (prim,), (tang,))
+    with pytest.raises(ValueError, match="^jacfwd: Expected primal .* tapegrad.int64"):
+        gf.jacfwd(lambda x: x * 2)(i)
+    with pytest.raises(ValueError, match="Expected primal .* tapegrad.int64"):
+        gf.hessian(lambda x: (x * 2).sum())(i)
+    # half precision stays differentiable
+    out, t = gf.jvp(lambda x: x * 2, (f.half(),), (f.half(),))
+    assert t.dtype == tapegrad.float16 and t.tolist() == [2.0, 4.0]
+
+
+def test_vjp_and_jacrev_refuse_integer_outputs_as_torch():
+    f, tf_ = tapegrad.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0])
+    msg = "All outputs of f must be floating-point or complex Tensors, got Tensor with dtype"
+    with pytest.raises(RuntimeError, match=msg + " torch.int64"):
+        tf.jacrev(lambda x: (x * 2).long())(tf_)
+    for call in (lambda: gf.jacrev(lambda x: (x * 2).long())(f),
+                 lambda: gf.vjp(lambda x: (x * 2).long(), f)):
+        with pytest.raises(RuntimeError, match=r"^vjp\(f, \.\.\.\): " + msg
+                           + r" tapegrad.int64 \(shape \(2,\)\)"):
+            call()
+    # as torch.func: grad of an integer-valued function is zeros, jacfwd's integer zeros
+    assert tf.grad(lambda x: (x * 2).long().sum())(tf_).tolist() == \
+        gf.grad(lambda x: (x * 2).long().sum())(f).tolist() == [0.0, 0.0]
+    j = gf.jacfwd(lambda x: (x * 2).long())(f)
+    assert j.dtype == tapegrad.int64 and j.tolist() == [[0, 0], [0, 0]]
+

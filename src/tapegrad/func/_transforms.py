@@ -189,6 +189,17 @@ def _grad_and_value(func, argnums, has_aux, args, kwargs, want_value):
     return g, value
 
 
+def _differentiable_dtype(t):
+    return t._data.dtype.kind in "fc" or t.is_floating_point()
+
+
+def _forward_input(x, what, name):
+    """Forward mode carries a tangent of the primal's dtype: an integer one has none."""
+    if not _differentiable_dtype(x):
+        raise ValueError(f"{name}: Expected {what} to be floating point or complex, but got: "
+                         f"{x.dtype} (shape {tuple(x.shape)})")
+
+
 def _tree_check(tree, name):
     T = _T()
     for x in _tree.flatten(tree)[0]:
@@ -232,6 +243,10 @@ def vjp(func, *primals, has_aux=False):
     for o in outs:
         if not isinstance(o, T):
             raise RuntimeError(f"vjp(f, *primals): Expected f to return Tensors, got {type(o)}")
+        if not _differentiable_dtype(o):  # (jacrev too: its rows would be zeros)
+            raise RuntimeError(f"vjp(f, ...): All outputs of f must be floating-point or "
+                               f"complex Tensors, got Tensor with dtype {o.dtype} (shape "
+                               f"{tuple(o.shape)})")
 
     def vjp_fn(*cotangents, retain_graph=True):
         cts = cotangents[0] if len(cotangents) == 1 and not isinstance(out, tuple) else cotangents
@@ -273,6 +288,8 @@ def jvp(func, primals, tangents, *, strict=False, has_aux=False):
         if not isinstance(p, T) or not isinstance(t, T):
             raise RuntimeError("jvp(f, primals, tangents): expected primals and tangents to "
                                "be Tensors")
+        _forward_input(p, "primal", "jvp(f, primals, tangents)")
+        _forward_input(t, "tangent", "jvp(f, primals, tangents)")
         if p._data.shape != t._data.shape:
             raise RuntimeError(f"jvp(f, primals, tangents): Expected primals and tangents to "
                                f"have the same shape, got {tuple(p.shape)} and "
@@ -392,6 +409,9 @@ def jacfwd(func, argnums=0, has_aux=False, *, randomness="error"):
     @functools.wraps(func)
     def wrapper(*args):
         diff, f = _over_argnums(func, args, argnums, "jacfwd")
+        for a in _tree.flatten(diff)[0]:
+            if isinstance(a, _T()):
+                _forward_input(a, "primal", "jacfwd")
 
         cols = []
         aux = None
