@@ -263,6 +263,25 @@ def test_parameter_and_tensor_attribute_replaced(how):
         _same(f(x), model(x))
 
 
+class _Scaled(nn.Module):
+    factor = 2.0  # a class attribute the forward reads
+
+    def forward(self, x):
+        return x * self.factor
+
+
+def test_module_class_attribute_changed():
+    model, x = _Scaled(), tg.arange(3.0)
+    f = tg.compile(model)
+    with tg.no_grad():
+        _twice(f, x)
+        _Scaled.factor = -4.0
+        try:
+            _same(f(x), x * -4.0)
+        finally:
+            _Scaled.factor = 2.0
+
+
 def test_forward_hook_added_after_compiling():
     model, x = _nets()
     f = tg.compile(lambda x: model(x))

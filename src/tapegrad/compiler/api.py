@@ -288,6 +288,7 @@ _LIBRARY = tuple({os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + 
                  {p + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib")
                   for p in [sysconfig.get_paths().get(k)] if p})
 _MODULE_PLAIN = (str, bytes, int, float, bool, type(None))
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement (mutable)
 
 
 def _library_code(code):
@@ -319,6 +320,24 @@ def _state_key(v, keep):
     if keep is not None:
         keep.append(v)
     return ("o", id(v))
+
+
+def _library_class(cls):
+    """A class defined by tapegrad, the standard library or an installed package: its
+    attributes are not guarded (as its functions' code is not walked)."""
+    module = sys.modules.get(cls.__module__)
+    path = getattr(module, "__file__", None) or ""
+    return path.startswith(_LIBRARY)
+
+
+def _differs(v, value):
+    """Whether ``v`` is not a scalar or tuple of scalars of key ``value``."""
+    if type(v) not in _SCALARS and type(v) is not tuple:
+        return True
+    try:
+        return _state_key(v, None) != value
+    except Unguardable:
+        return True
 
 
 def _mro_lookup(cls, name):
@@ -376,9 +395,15 @@ class StateGuard:
         for m in modules:
             self._visit(m)
         self._root(fn)
+        self._drain()
         for a in (*args, *(kwargs or {}).values()):  # objects passed in: their attributes
             if not isinstance(a, Tensor) and type(a) not in _SCALARS:
-                self._visit(a, contents=False)
+                self._visit(a, contents=False)  # (a container's structure is in the key)
+        self._drain()
+        self._seen = self._objects = self._codes = None
+
+    def _drain(self):
+        """Walk the queued code, then the attributes the names found so far pick out."""
         while self._codes or any(len(done) < len(self._names) for _, done in self._objects):
             while self._codes:
                 self._code(*self._codes.pop())
@@ -386,7 +411,6 @@ class StateGuard:
                 for name in self._names - done:
                     done.add(name)
                     self._attribute(obj, name)
-        self._seen = self._objects = self._codes = None
 
     def _root(self, fn):
         func = fn
@@ -493,15 +517,16 @@ class StateGuard:
                         self._visit(y)
                 elif isinstance(x, (list, tuple)) or not isinstance(x, _MODULE_PLAIN):
                     self._visit(x)
-            self._class(type(v))
+            self._visit(type(v))
             return
         if isinstance(v, type):
-            self._objects.append((v, set()))
-            self._class(v)
+            if v.__flags__ & _HEAPTYPE and not _library_class(v):  # (a static type is fixed)
+                self._objects.append((v, set()))
+                self._class(v)
             return
         self._objects.append((v, set()))  # a Python module, any other object
         if not isinstance(v, types.ModuleType):
-            self._objects.append((type(v), set()))
+            self._visit(type(v))
 
     def _class(self, cls):
         """A user class's own functions are code the call may run (a Module's forward)."""
@@ -533,8 +558,7 @@ class StateGuard:
                 except Unguardable:
                     return False
                 continue
-            if v is not want and (value is None or type(v) not in _SCALARS and
-                                  type(v) is not tuple or _state_key(v, None) != value):
+            if v is not want and (value is None or _differs(v, value)):
                 return False
         epoch = MODULE_EPOCH[0]
         if self.epoch != epoch and self.modules:
@@ -1831,7 +1855,7 @@ class _TailReplay(_Replay):
             f"(shapes {[tuple(t._data.shape) for t, _ in held][:4]}) that its compiled graph "
             "did not output; their values for this call are not computed (NaN, 0 for "
             "integers); later calls output them", RuntimeWarning,
-            stacklevel=5)  # (the compiled function's caller)
+            stacklevel=6)  # (the compiled function's caller)
 
     def restore(self):
         self.__dict__.pop("interpret", None)
