@@ -167,3 +167,45 @@ def test_vjp_and_jacrev_refuse_integer_outputs_as_torch():
     j = gf.jacfwd(lambda x: (x * 2).long())(f)
     assert j.dtype == tapegrad.int64 and j.tolist() == [[0, 0], [0, 0]]
 
+
+# --- printing of views that are too big to copy ----------------------------------------------
+def test_repr_of_a_huge_expanded_view_summarises_without_copying():
+    for shape, base in (((2 ** 40,), (1,)), ((3, 2 ** 40), (3, 1)), ((2 ** 20, 5, 2 ** 20),
+                                                                    (1, 5, 1))):
+        values = np.arange(float(np.prod(base))).reshape(base) + 0.5
+        ours = repr(tapegrad.tensor(values, dtype=tapegrad.float32).expand(*shape))
+        theirs = repr(torch.tensor(values, dtype=torch.float32).expand(*shape))
+        assert ours == theirs, (ours, theirs)
+        assert "..." in ours
+
+
+def test_repr_of_a_large_expanded_view_allocates_only_what_it_shows():
+    t = tapegrad.tensor([1.5, -2.0]).reshape(2, 1).expand(2, 10 ** 8 // 2)
+    tracemalloc.start()
+    try:
+        text = repr(t)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # a copy would be 1e8 floats (hundreds of MB); the corners are a few dozen
+    assert peak < 1_000_000, peak
+    assert text == repr(torch.tensor([1.5, -2.0]).reshape(2, 1).expand(2, 10 ** 8 // 2))
+
+
+@pytest.mark.parametrize("shape", [(2000,), (40, 40), (7, 200), (3, 4, 100), (1001,),
+                                   (8, 8, 8, 8), (5,), (2, 3)])
+def test_repr_matches_torch_around_the_summary_threshold(shape):
+    n = int(np.prod(shape))
+    a = RNG.standard_normal(shape) * np.logspace(-3, 3, n).reshape(shape)
+    assert repr(tapegrad.tensor(a)) == repr(torch.tensor(a)).replace("torch.", "tapegrad.")
+    b = np.arange(n).reshape(shape)
+    assert repr(tapegrad.tensor(b)) == repr(torch.tensor(b))
+
+
+def test_repr_is_fast_for_an_expanded_view():
+    t = tapegrad.zeros(1).expand(10 ** 8)
+    start = time.perf_counter()
+    repr(t)
+    # a copy and format of 1e8 elements took seconds; the corners take well under a millisecond
+    assert time.perf_counter() - start < 0.25
+

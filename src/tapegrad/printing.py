@@ -3,7 +3,7 @@ threshold 1000, 3 edge items, line width 80). Split out of ``tensor.py``."""
 import math
 
 from tapegrad import dtypes
-from tapegrad.backend import xp, to_host
+from tapegrad.backend import xp, to_host, array_module
 
 # --- printing: PyTorch's _tensor_str rules (precision 4, threshold 1000, 3 edge items) -------
 _PRECISION, _THRESHOLD, _EDGE, _LINEWIDTH = 4, 1000, 3, 80
@@ -40,6 +40,35 @@ class _Formatter:
         else:
             s = f"{v:.{_PRECISION}f}"
         return (self.width - len(s)) * " " + s
+
+
+def _corners(a):
+    """What a summarised print reads of ``a``: along each dim longer than ``2 * _EDGE + 1``,
+    the first and last ``_EDGE`` entries and one between them (never shown: it keeps the dim
+    longer than ``2 * _EDGE``, so the printer still writes its ``...``). Taken from the view,
+    before any copy: an expanded tensor's elements need not fit in memory."""
+    m = array_module(a)
+    for d, n in enumerate(a.shape):
+        if n > 2 * _EDGE + 1:  # slices are views: only what is kept is copied
+            head = a[(slice(None),) * d + (slice(0, _EDGE + 1),)]
+            tail = a[(slice(None),) * d + (slice(n - _EDGE, n),)]
+            a = m.concatenate((head, tail), axis=d)
+    return a
+
+
+def _body(data, indent):
+    """The bracketed values of non-empty ``data`` (a host or device array), summarised with
+    ``...`` past ``_THRESHOLD`` elements."""
+    summarize = data.size > _THRESHOLD
+    if summarize:
+        data = _corners(data)
+    if type(data) is not xp.ndarray:
+        data = to_host(data)
+    floating = dtypes.is_floating(data.dtype)
+    shown = data.astype(xp.float64) if floating else data
+    sample = _summarized(shown) if summarize else shown
+    fmt = _Formatter(sample.reshape(-1).tolist(), floating)
+    return _nested_str(shown, indent, summarize, fmt)
 
 
 def _summarized(a):
@@ -84,10 +113,9 @@ def _repr(t):
     data, prefix = t._data, "tensor("
     indent = len(prefix)
     suffixes = []
-    if type(data) is not xp.ndarray:  # a device array: printed from a host copy, as PyTorch
-        if t.device.type != "cpu":
-            suffixes.append(f"device='{t.device}'")
-        data = to_host(data)
+    if type(data) is not xp.ndarray and t.device.type != "cpu":
+        # a device array: printed from a host copy of what is shown, as PyTorch
+        suffixes.append(f"device='{t.device}'")
     default = data.dtype == dtypes.get_default_dtype().np
     if data.size == 0:
         body = "[]"
@@ -96,12 +124,7 @@ def _repr(t):
         if not default:
             suffixes.append(f"dtype={t.dtype}")
     else:
-        floating = dtypes.is_floating(data.dtype)
-        shown = data.astype(xp.float64) if floating else data
-        summarize = data.size > _THRESHOLD
-        sample = _summarized(shown) if summarize else shown
-        fmt = _Formatter(sample.reshape(-1).tolist(), floating)
-        body = _nested_str(shown, indent, summarize, fmt)
+        body = _body(data, indent)
         if not (default or data.dtype in (xp.int64, xp.bool_)):
             suffixes.append(f"dtype={t.dtype}")
     if t.grad_fn is not None:

@@ -784,14 +784,7 @@ def matmul(input, other, name="sparse.mm"):
 
 # --- printing: PyTorch's _str_intern for sparse tensors ---------------------------------------
 def _tensor_str(data, indent):
-    if data.size == 0:
-        return "[]"
-    floating = data.dtype in dtypes.FLOAT_NP
-    shown = data.astype(xp.float64) if floating else data
-    summarize = data.size > _P._THRESHOLD
-    sample = _P._summarized(shown) if summarize else shown
-    fmt = _P._Formatter(sample.reshape(-1).tolist(), floating)
-    return _P._nested_str(shown, indent, summarize, fmt)
+    return _P._body(data, indent) if data.size else "[]"
 
 
 def _repr(t):
