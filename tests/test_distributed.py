@@ -76,6 +76,85 @@ def test_launcher_runs_the_example_and_a_failure_before_init():
     assert "rank 1 failed with ValueError: rank 1 broke before init_process_group" in out, out
 
 
+CASES = {  # mismatch.py's cases: what every rank must say
+    "all_reduce shapes": "all_reduce: rank 0 has float64 (3,), rank 1 has float64 (5,); every "
+                         "rank must call the same collectives in the same order, with tensors "
+                         "of one shape and dtype",
+    "all_reduce dtypes": "all_reduce: rank 0 has float32 (3,), rank 1 has float64 (3,);",
+    "all_reduce ops": "all_reduce: rank 0 has op SUM, rank 1 has op MAX;",
+    "all_reduce async": "all_reduce: rank 0 has float64 (3,), rank 1 has float64 (5,);",
+    "reduce": "reduce: rank 0 has float64 (3,), rank 1 has float64 (5,);",
+    "reduce roots": "reduce: rank 0 has dst=0, rank 1 has dst=1;",
+    "broadcast": "broadcast: rank 0 has float64 (3,), rank 1 has float64 (5,);",
+    "broadcast large": "broadcast: rank 0 has float32 (3,), rank 1 has float32 (200003,);",
+    "broadcast roots": "broadcast: rank 0 has src=0, rank 1 has src=1;",
+    "all_gather": "all_gather: rank 0 has float64 (3,), rank 1 has float64 (5,);",
+    "all_gather_into_tensor": "all_gather_into_tensor: rank 0 has input float32 (3,) and output "
+                              "float32 (6,), rank 1 has input float32 (4,) and output float32 "
+                              "(8,);",
+    "reduce_scatter_tensor": "reduce_scatter_tensor: rank 0 has input float32 (6,) and output "
+                             "float32 (3,), rank 1 has input float32 (8,) and output float32 "
+                             "(4,);",
+    "gather": "gather: rank 0 has float64 (3,), rank 1 has float64 (5,);",
+    "scatter": "scatter: rank 0 has float64 (3,), rank 1 has float64 (5,);",
+    "different collectives": "the ranks called different collectives: rank 0 called "
+                             "all_reduce(float32 (3,), op SUM), rank 1 called "
+                             "broadcast(float32 (3,), src=0);",
+    "barrier against all_reduce": "the ranks called different collectives: rank 0 called "
+                                  "barrier(), rank 1 called all_reduce(float32 (3,), op SUM);",
+    "broadcast_object_list": "broadcast_object_list: rank 0 has 2 objects, rank 1 has 3 "
+                             "objects;",
+}
+
+
+def test_ranks_that_disagree_on_a_collective_all_raise_naming_it():
+    rc, out, _ = mpirun([os.path.join(WORKERS, "mismatch.py"), "all"], timeout=300)
+    assert rc == 0, out
+    lines = out.splitlines()
+    for rank in (0, 1):
+        for case, message in CASES.items():
+            said = [line for line in lines if line.startswith(f"rank {rank}: {case}: ")]
+            assert len(said) == 1 and message in said[0], (rank, case, out)
+        assert f"rank {rank}: all cases done" in out, out
+    # point to point has no agreement: the receiver checks the size it got
+    assert "rank 1: send/recv: irecv: rank 1 received 24 bytes from rank 0 into a float64 " \
+           "(5,) of 40 bytes" in out, out
+
+
+def test_an_uncaught_mismatch_ends_the_job():
+    rc, out, seconds = mpirun([os.path.join(WORKERS, "mismatch.py"), "uncaught"], timeout=120)
+    assert rc != 0 and "unexpectedly finished" not in out, out
+    assert seconds < 60, (seconds, out)
+    assert "rank 0 failed with tapegrad.distributed.DistError: all_reduce: rank 0 has float64 " \
+           "(3,), rank 1 has float64 (5,)" in out or "rank 1 failed with tapegrad.distributed." \
+           "DistError: all_reduce: rank 0 has float64 (3,), rank 1 has float64 (5,)" in out, out
+
+
+def test_the_agreement_check_turns_off_on_every_rank_or_none():
+    rc, out, _ = mpirun([os.path.join(WORKERS, "mismatch.py"), "off"], timeout=120)
+    # unchecked, a (3, 2) against a (6,) all-reduces as six numbers on either rank
+    assert "rank 0: unchecked all_reduce 12" in out and "rank 1: unchecked all_reduce 12" in out
+    # and a size mismatch is left to MPI, whose failure still names the collective
+    assert rc != 0 and "broadcast: MPI failed on rank" in out, out
+    assert "TAPEGRAD_DISTRIBUTED_DEBUG=OFF turned off the check" in out, out
+    rc, out, _ = mpirun([os.path.join(WORKERS, "mismatch.py"), "off-on-one-rank"], timeout=120)
+    assert rc != 0 and "unexpectedly finished" not in out, out
+    assert "init_process_group: TAPEGRAD_DISTRIBUTED_DEBUG=OFF on ranks [1] only" in out, out
+
+
+def test_launcher_fails_a_job_whose_rank_ends_early():
+    faults = os.path.join(WORKERS, "faults.py")
+    rc, out, seconds = mpirun([faults, "osexit"], launcher=True, timeout=120)
+    assert rc != 0 and "unexpectedly finished" not in out, out
+    assert "tapegrad.distributed.run: rank 1 ended early: its process exited with status 0 " \
+           "before its script finished" in out, out
+    assert seconds < 60, (seconds, out)
+    # a rank that leaves the group and ends normally is no failure, nor stops the others
+    rc, out, _ = mpirun([faults, "leave"], launcher=True, timeout=120)
+    assert rc == 0 and "rank 0: finished after rank 1 left" in out, out
+    assert "ended early" not in out, out
+
+
 @pytest.mark.parametrize("n, replicas, drop_last", [
     (10, 2, False), (11, 2, False), (11, 2, True), (3, 4, False), (7, 3, True), (1, 5, False),
     (12, 4, True), (13, 5, False)])

@@ -31,6 +31,16 @@ elif case == "exit":
     if rank == 1:
         sys.exit(3)  # a clean exit of one rank: rank 0 times out
     dist.all_reduce(t)
+elif case == "osexit":
+    if rank == 1:
+        os._exit(0)  # ends without a word: MPI stops rank 0, the launcher must fail the job
+    dist.all_reduce(t)
+elif case == "leave":
+    dist.destroy_process_group()
+    if rank == 0:
+        time.sleep(2)  # rank 1 ends normally meanwhile, which must not stop this rank
+        print("rank 0: finished after rank 1 left", flush=True)
+    sys.exit(0)
 elif case == "shapes":
     dist.barrier()
     model = tapegrad.nn.Linear(3, 4 + rank)

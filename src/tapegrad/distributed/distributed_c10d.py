@@ -11,11 +11,26 @@ polls the request, so it can also watch two things no blocking MPI call can:
   the MPI job, so a rank waiting in a collective raises an error naming the failed rank and
   its exception, and a rank busy computing is ended by the abort. No rank hangs.
 
+Before every collective the ranks exchange a small fixed-size record of what they are calling
+(the collective, its root and reduction, each tensor's dtype and shape; one non-blocking
+allgather on a communicator of its own), and MPI is handed the collective only once every
+rank's record has come and they agree: MPI given disagreeing buffers returns wrong data,
+hangs or aborts. Where they differ every rank raises :class:`DistError` naming the collective
+and each rank's shapes and dtypes (``all_reduce: rank 0 has float64 (3,), rank 1 has float64
+(5,)``), drops that collective and can go on. An ``async_op=True`` collective returns at once;
+it is handed to MPI, in call order, by the next collective or ``Work`` call that finds the
+records in. ``TAPEGRAD_DISTRIBUTED_DEBUG=OFF`` (read by ``init_process_group`` and
+``new_group``, the same on every rank) turns the check off; unset, ``INFO`` or ``DETAIL``
+(PyTorch's names) keep it on.
+
 MPI is initialised on the first ``init_process_group`` (importing ``mpi4py.MPI`` does it), not
 on ``import tapegrad``. Tensors are written in place (their version counter moves, as any
 in-place write); non-contiguous tensors and dtypes MPI has no reduction for (float16,
 bfloat16, bool) go through a contiguous staging buffer.
 """
+import array
+import collections
+import copy
 import datetime
 import importlib.util
 import os
@@ -23,6 +38,7 @@ import pickle
 import sys
 import time
 import traceback
+import zlib
 
 from tapegrad.backend import xp
 from tapegrad.tensor import Tensor
@@ -131,6 +147,8 @@ class ProcessGroup:
         self.ranks = list(ranks)
         self.timeout = timeout
         self.group_name = name
+        self.check_comm = None  # where the ranks agree on each collective (None: off)
+        self.pending = collections.deque()  # Works waiting for that agreement, in call order
 
     def rank(self) -> int:
         return self.comm.Get_rank()
@@ -218,8 +236,9 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
     seconds = _seconds(timeout) or _seconds(os.environ.get("TAPEGRAD_DIST_TIMEOUT")) or \
         default_pg_timeout.total_seconds()
     _state.failure_comm = world.Dup()
-    _state.world = ProcessGroup(world.Dup(), range(world.Get_size()), seconds,
-                                group_name or "0")
+    pg = ProcessGroup(world.Dup(), range(world.Get_size()), seconds, group_name or "0")
+    pg.check_comm = _check_comm(pg, "init_process_group")
+    _state.world = pg
     _state.excepthook = sys.excepthook
     sys.excepthook = _excepthook
 
@@ -236,17 +255,40 @@ def destroy_process_group(group=None) -> None:
             group is not _state.world:
         if group in _state.groups:
             _state.groups.remove(group)
-            group.comm.Free()
+            _free(group)
         return
     pg = _world("destroy_process_group")
-    for g in _state.groups:
-        g.comm.Free()
-    pg.comm.Free()
+    _start_pending(pg)
+    for g in [*_state.groups, pg]:
+        _free(g)
     _state.failure_comm.Free()
     _state.groups = []
     _state.world = _state.failure_comm = None
     if sys.excepthook is _excepthook:
         sys.excepthook = _state.excepthook or sys.__excepthook__
+    from tapegrad.distributed.run import mark_done  # run.py runs as __main__ under the launcher
+
+    mark_done()  # this rank may now end without failing the job
+
+
+def _free(pg):
+    pg.comm.Free()
+    if pg.check_comm is not None:
+        pg.check_comm.Free()
+
+
+def _check_comm(pg, what):
+    """The communicator of ``pg``'s agreement records, or None where
+    ``TAPEGRAD_DISTRIBUTED_DEBUG=OFF``; every rank of ``pg`` must choose alike."""
+    on = os.environ.get("TAPEGRAD_DISTRIBUTED_DEBUG", "").strip().upper() != "OFF"
+    flags = xp.empty(pg.size(), xp.int64)
+    _wait_requests([pg.comm.Iallgather(xp.array([on], xp.int64), flags)], what, pg)
+    if flags.min() != flags.max():
+        off = [pg.ranks[r] for r in range(pg.size()) if not flags[r]]
+        raise DistError(f"{what}: TAPEGRAD_DISTRIBUTED_DEBUG=OFF on ranks {off} only: set it "
+                        "alike on every rank (the collectives' agreement check is on or off "
+                        "for all of them)")
+    return pg.comm.Dup() if on else None
 
 
 def _world(what):
@@ -319,11 +361,13 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None, use_local
             raise ValueError(f"new_group: rank {r} is not in the world of size {world.size()}")
     MPI = _mpi()
     me = world.rank()
+    _start_pending(world)
     comm = world.comm.Split(0 if me in members else MPI.UNDEFINED, me)
     if comm == MPI.COMM_NULL:
         return GroupMember.NON_GROUP_MEMBER
     pg = ProcessGroup(comm, members, _seconds(timeout) or world.timeout,
                       str(len(_state.groups) + 1))
+    pg.check_comm = _check_comm(pg, "new_group")
     _state.groups.append(pg)
     return pg
 
@@ -342,23 +386,157 @@ def _check_failure(what):
         raise RankFailedError(f"{what}: rank {src} failed: {buf.decode(errors='replace')}", src)
 
 
+# A wait polls without sleeping this long first: a peer a few microseconds late (the usual
+# case) then costs no sleep, whose wake-up on a loaded machine took hundreds of microseconds.
+_SPIN_S = 2e-4
+
+
 def _wait_requests(requests, what, pg, statuses=None):
     """Complete ``requests``, polling; raise on a failed peer or past the group's timeout."""
     MPI = _MPI
-    if MPI.Request.Testall(requests, statuses):
+    try:
+        if MPI.Request.Testall(requests, statuses):
+            return
+        if statuses is None:  # where MPI writes a failed request's error
+            statuses = [MPI.Status() for _ in requests]
+        start = time.monotonic()
+        while not MPI.Request.Testall(requests, statuses):
+            waited = time.monotonic() - start
+            if waited < _SPIN_S:
+                continue
+            _check_failure(what)
+            if waited > pg.timeout:
+                raise DistBackendError(
+                    f"{what}: timed out after {pg.timeout:g} s on rank {pg.ranks[pg.rank()]} "
+                    f"(group of {pg.size()} ranks {pg.ranks}): another rank did not join the "
+                    "collective")
+            time.sleep(min(1e-3, waited / 4))  # back off: a long wait leaves the CPU to others
+    except MPI.Exception as e:
+        raise _mpi_failure(e, what, pg, statuses) from None
+
+
+def _mpi_failure(e, what, pg, statuses=None):
+    """MPI's error, with the failed request's own error where MPI put it in a status."""
+    MPI = _MPI
+    codes = [s.Get_error() for s in statuses or ()]
+    code = next((c for c in codes if c not in (MPI.SUCCESS, MPI.ERR_PENDING)),
+                e.Get_error_code())
+    hint = "" if pg.check_comm is not None else (
+        " (the ranks' tensors may differ in size: TAPEGRAD_DISTRIBUTED_DEBUG=OFF turned off "
+        "the check that names them)")
+    return DistBackendError(f"{what}: MPI failed on rank {pg.ranks[pg.rank()]}: "
+                            f"{' '.join(MPI.Get_error_string(code).split())}{hint}")
+
+
+# --- agreement: each collective's record, compared across the ranks before its result is used --
+_KINDS = {name: code for code, name in enumerate((
+    "all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor",
+    "reduce_scatter_tensor", "gather", "scatter", "barrier", "all_gather_object",
+    "broadcast_object_list"))}
+_DIMS = 8  # shape entries per tensor; a longer shape folds the rest into the last one (a crc)
+_RECORD = 4 + 2 * (2 + _DIMS)  # kind, root, op, count; two tensors of dtype, ndim, shape
+_PADS = [(-1,) * n for n in range(_RECORD + 1)]
+_EMPTY_RECORD = array.array("q", _PADS[_RECORD])
+_DTYPE_CODES = {}
+
+
+def _dtype_code(dtype):
+    code = _DTYPE_CODES.get(dtype)
+    if code is None:
+        code = _DTYPE_CODES[dtype] = zlib.crc32(dtype.name.encode())
+    return code
+
+
+class _Agreement:
+    """This rank's record of one collective and the request that gathers every rank's."""
+
+    __slots__ = ("request", "records", "what", "fields")
+
+    def __init__(self, pg, what, tensors, root, op, count, fields):
+        record = [_KINDS[what], root, op, count]
+        for t in tensors:
+            shape = t._data.shape
+            if len(shape) > _DIMS:
+                shape = (*shape[:_DIMS - 1], zlib.crc32(repr(shape[_DIMS - 1:]).encode()))
+            record += (_dtype_code(t.dtype), t._data.ndim, *shape, *_PADS[_DIMS - len(shape)])
+        record += _PADS[_RECORD - len(record)]
+        self.records = _EMPTY_RECORD * pg.size()
+        self.request = pg.check_comm.Iallgather(array.array("q", record), self.records)
+        self.what = what
+        self.fields = fields
+
+
+def _announce(pg, what, tensors=(), root=-1, op=None, count=-1, roles=("",), root_name=None):
+    """Start the exchange of this rank's record for ``what`` (None where the check is off).
+    ``roles`` name the tensors in a message; ``root_name`` is ``"src"`` or ``"dst"``."""
+    if pg.check_comm is None:
+        return None
+
+    def fields():  # what a message says of this rank, only built on a mismatch
+        out = [("called", what)]
+        if tensors:
+            out.append(("tensors", " and ".join(f"{role}{t.dtype.name} {tuple(t._data.shape)}"
+                                                for role, t in zip(roles, tensors))))
+        if root_name:
+            out.append(("root", f"{root_name}={pg.ranks[root]}"))
+        if op is not None:
+            out.append(("op", f"op {op.name}"))
+        if count >= 0:
+            out.append(("count", f"{count} objects"))
+        return out
+
+    return _Agreement(pg, what, tensors, root, -1 if op is None else op.value, count, fields)
+
+
+def _settle(agreement, pg):
+    """Wait for every rank's record; raise on every rank when any differs."""
+    _wait_requests([agreement.request], agreement.what, pg)
+    records = agreement.records
+    if records == records[:_RECORD] * pg.size():
         return
-    deadline = time.monotonic() + pg.timeout
-    polls = 0
-    while not MPI.Request.Testall(requests, statuses):
-        polls += 1
-        if polls < 64:
-            continue
-        _check_failure(what)
-        if time.monotonic() > deadline:
-            raise DistBackendError(
-                f"{what}: timed out after {pg.timeout:g} s on rank {get_rank()} (group of "
-                f"{pg.size()} ranks {pg.ranks}): another rank did not join the collective")
-        time.sleep(min(1e-3, 2e-6 * polls))
+    # Every rank sees the same records, so every rank takes this path: exchange the words.
+    what = agreement.what
+    everyone = _exchange_objects(pg.check_comm, agreement.fields(), what, pg)
+    names = [name for name, _ in everyone[0]]
+    same_call = all([n for n, _ in f] == names and f[0] == everyone[0][0] for f in everyone)
+    if same_call:
+        differ = [i for i, _ in enumerate(names) if len({f[i][1] for f in everyone}) > 1] or \
+            list(range(1, len(names)))
+        says = [" with ".join(f[i][1] for i in differ) for f in everyone]
+        head = f"{what}: "
+    else:
+        says = [f"{f[0][1]}({', '.join(text for _, text in f[1:])})" for f in everyone]
+        head = f"{what}: the ranks called different collectives: "
+    groups = {}
+    for r, text in enumerate(says):
+        groups.setdefault(text, []).append(pg.ranks[r])
+    parts = [f"rank {ranks[0]} has {text}" if len(ranks) == 1 else
+             f"ranks {', '.join(map(str, ranks))} have {text}" for text, ranks in groups.items()]
+    if not same_call:
+        parts = [p.replace(" has ", " called ").replace(" have ", " called ") for p in parts]
+    raise DistError(head + ", ".join(parts) + "; every rank must call the same collectives in "
+                    "the same order, with tensors of one shape and dtype")
+
+
+def _settle_now(pg, what, **record):
+    """Agree on a collective that has no Work (an object collective) before it starts, after
+    starting the pending ones before it."""
+    _start_pending(pg)
+    agreement = _announce(pg, what, **record)
+    if agreement is not None:
+        _settle(agreement, pg)
+
+
+def _exchange_objects(comm, obj, what, pg):
+    """Every rank's ``obj`` (pickled), in rank order, on ``comm``."""
+    data = _pickle(obj)
+    sizes = xp.empty(pg.size(), xp.int64)
+    _wait_requests([comm.Iallgather(xp.array([data.size], xp.int64), sizes)], what, pg)
+    recv = xp.empty(int(sizes.sum()), xp.uint8)
+    offsets = xp.concatenate([[0], xp.cumsum(sizes)[:-1]])
+    _wait_requests([comm.Iallgatherv(data, [recv, (sizes, offsets), _MPI.BYTE])], what, pg)
+    return [pickle.loads(recv[offsets[r]:offsets[r] + sizes[r]].tobytes())
+            for r in range(pg.size())]
 
 
 def _excepthook(exc_type, exc, tb):
@@ -469,9 +647,14 @@ def _mpi_op(op, t, what):
 
 class Work:
     """As ``torch.distributed.Work``: the handle ``async_op=True`` returns. ``wait()`` completes
-    the MPI requests (within the group's timeout) and finishes the result in the tensors."""
+    the MPI requests (within the group's timeout) and finishes the result in the tensors.
 
-    def __init__(self, requests, finish, what, pg, outputs=()):
+    A collective whose ranks have not yet agreed on it (see ``_announce``) holds ``start``
+    instead of requests: it is started, in call order, once every rank's record has come."""
+
+    def __init__(self, requests, finish, what, pg, outputs=(), agreement=None, start=None):
+        self._agreement = agreement
+        self._start = start
         self._requests = requests
         self._finish = finish
         self._what = what
@@ -491,15 +674,27 @@ class Work:
         if not self._done:
             pg = self._pg
             if timeout is not None:
-                pg = ProcessGroup(pg.comm, pg.ranks, _seconds(timeout), pg.group_name)
+                pg = copy.copy(pg)
+                pg.timeout = _seconds(timeout)
+            if self._start is not None:
+                _start_agreed(pg, until=self)
             _wait_requests(self._requests, self._what, pg, self._statuses)
             self._complete()
         return True
 
     def is_completed(self) -> bool:
         """True once the operation finished (the result is then in the tensors)."""
-        if not self._done and _MPI.Request.Testall(self._requests, self._statuses):
-            self._complete()
+        if self._done:
+            return True
+        if self._start is not None:
+            _start_agreed(self._pg)
+            if self._start is not None:
+                return False
+        try:
+            if _MPI.Request.Testall(self._requests, self._statuses):
+                self._complete()
+        except _MPI.Exception as e:
+            raise _mpi_failure(e, self._what, self._pg, self._statuses) from None
         return self._done
 
     def is_success(self) -> bool:
@@ -517,8 +712,40 @@ class Work:
         return f"<Work {self._what} {'completed' if self._done else 'pending'}>"
 
 
-def _issue(requests, finish, what, pg, async_op, outputs=()):
-    work = Work(requests, finish, what, pg, outputs)
+def _start_agreed(pg, until=None):
+    """Start ``pg``'s pending collectives, oldest first, whose records every rank has sent
+    (MPI needs one order of collectives on every rank); with ``until``, wait for the records
+    up to that Work. A mismatch raises here, before MPI sees the disagreeing buffers."""
+    pending = pg.pending
+    while pending:
+        work = pending[0]
+        if until is None and not _MPI.Request.Testall([work._agreement.request]):
+            return
+        pending.popleft()  # a mismatch drops it on every rank: the group stays usable
+        _settle(work._agreement, pg)
+        work._agreement = None
+        work._requests = work._start()
+        work._start = None
+        if work is until:
+            return
+
+
+def _start_pending(pg):
+    """Start every pending collective of ``pg`` (before a blocking call on its communicator)."""
+    if pg.pending:
+        _start_agreed(pg, until=pg.pending[-1])
+
+
+def _issue(start, finish, what, pg, async_op, outputs=(), agreement=None):
+    """A Work for the collective that ``start()`` begins (it returns the MPI requests): at
+    once, or once the ranks agree when ``agreement`` is given; waited for unless async."""
+    if agreement is None:
+        work = Work(start(), finish, what, pg, outputs)
+    else:
+        work = Work(None, finish, what, pg, outputs, agreement, start)
+        pg.pending.append(work)
+        if async_op:
+            _start_agreed(pg)  # what has come in so far
     if async_op:
         return work
     work.wait()
@@ -580,11 +807,11 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     if pg is None:
         return None
     mpi_op = _mpi_op(op, tensor, what)
+    agreement = _announce(pg, what, (tensor,), op=op)
     buf, back = _staging(tensor, op)
-    request = pg.comm.Iallreduce(_MPI.IN_PLACE, buf, mpi_op)
-
-    return _issue([request], lambda: _finish_reduction(tensor, buf, back, op, pg), what, pg,
-                  async_op, [tensor])
+    start = lambda: [pg.comm.Iallreduce(_MPI.IN_PLACE, buf, mpi_op)]  # noqa: E731
+    return _issue(start, lambda: _finish_reduction(tensor, buf, back, op, pg), what, pg,
+                  async_op, [tensor], agreement)
 
 
 def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_dst=None):
@@ -596,18 +823,20 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
         return None
     root = _root_or_group_rank(pg, dst, group_dst, what, "dst")
     mpi_op = _mpi_op(op, tensor, what)
+    agreement = _announce(pg, what, (tensor,), root, op, root_name="dst")
     buf, back = _staging(tensor, op)
     mine = pg.rank() == root
-    if mine:
-        request = pg.comm.Ireduce(_MPI.IN_PLACE, buf, mpi_op, root)
-    else:
-        request = pg.comm.Ireduce(buf, None, mpi_op, root)
+
+    def start():
+        if mine:
+            return [pg.comm.Ireduce(_MPI.IN_PLACE, buf, mpi_op, root)]
+        return [pg.comm.Ireduce(buf, None, mpi_op, root)]
 
     def finish():
         if mine:
             _finish_reduction(tensor, buf, back, op, pg)
 
-    return _issue([request], finish, what, pg, async_op, [tensor])
+    return _issue(start, finish, what, pg, async_op, [tensor], agreement)
 
 
 def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
@@ -618,11 +847,12 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
     if pg is None:
         return None
     root = _root_or_group_rank(pg, src, group_src, what, "src")
+    agreement = _announce(pg, what, (tensor,), root, root_name="src")
     buf, back = _staging(tensor)
-    request = pg.comm.Ibcast(buf, root)
     mine = pg.rank() == root
-    return _issue([request], None if mine else lambda: _write_back(tensor, back), what, pg,
-                  async_op, [tensor])
+    return _issue(lambda: [pg.comm.Ibcast(buf, root)],
+                  None if mine else lambda: _write_back(tensor, back), what, pg, async_op,
+                  [tensor], agreement)
 
 
 def all_gather(tensor_list, tensor, group=None, async_op=False):
@@ -637,12 +867,12 @@ def all_gather(tensor_list, tensor, group=None, async_op=False):
                          f"rank ({pg.size()})")
     for t in tensor_list:
         _same(what, _check_tensor(t, what, "each of tensor_list"), tensor, "an output")
+    agreement = _announce(pg, what, (tensor,))
     send, _ = _staging(tensor)
     recv = xp.empty((pg.size(), send.size), xp.uint8)
-    request = pg.comm.Iallgather(send, recv)
-
-    return _issue([request], lambda: _unpack_rows(recv, tensor_list, tensor), what, pg,
-                  async_op, tensor_list)
+    return _issue(lambda: [pg.comm.Iallgather(send, recv)],
+                  lambda: _unpack_rows(recv, tensor_list, tensor), what, pg, async_op,
+                  tensor_list, agreement)
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
@@ -659,11 +889,13 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
         raise ValueError(f"{what}: output_tensor of shape {tuple(output_tensor.shape)} and dtype "
                          f"{output_tensor.dtype} must hold {pg.size()} x the input's "
                          f"{input_tensor.numel()} elements of dtype {input_tensor.dtype}")
+    agreement = _announce(pg, what, (input_tensor, output_tensor),
+                          roles=("input ", "output "))
     send, _ = _staging(input_tensor)
     recv, back = _staging(output_tensor)
-    request = pg.comm.Iallgather(send, recv)
-    return _issue([request], lambda: _write_back(output_tensor, back), what, pg, async_op,
-                  [output_tensor])
+    return _issue(lambda: [pg.comm.Iallgather(send, recv)],
+                  lambda: _write_back(output_tensor, back), what, pg, async_op,
+                  [output_tensor], agreement)
 
 
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False):
@@ -680,12 +912,12 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
                          f"must hold {pg.size()} x the output's {output.numel()} elements "
                          f"(shape {tuple(output.shape)}, dtype {output.dtype})")
     mpi_op = _mpi_op(op, input, what)
+    agreement = _announce(pg, what, (input, output), op=op, roles=("input ", "output "))
     send, _ = _staging(input, op)
     recv, back = _staging(output, op)
-    request = pg.comm.Ireduce_scatter_block(send, recv, mpi_op)
-
-    return _issue([request], lambda: _finish_reduction(output, recv, back, op, pg), what, pg,
-                  async_op, [output])
+    start = lambda: [pg.comm.Ireduce_scatter_block(send, recv, mpi_op)]  # noqa: E731
+    return _issue(start, lambda: _finish_reduction(output, recv, back, op, pg), what, pg,
+                  async_op, [output], agreement)
 
 
 def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group_dst=None):
@@ -700,15 +932,16 @@ def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group
     mine = pg.rank() == root
     _check_root_list(what, gather_list, "gather_list", "destination", "an output", tensor, pg,
                      root)
+    agreement = _announce(pg, what, (tensor,), root, root_name="dst")
     send, _ = _staging(tensor)
     recv = xp.empty((pg.size(), send.size), xp.uint8) if mine else None
-    request = pg.comm.Igather(send, recv, root)
 
     def finish():
         if mine:
             _unpack_rows(recv, gather_list, tensor)
 
-    return _issue([request], finish, what, pg, async_op, gather_list or [])
+    return _issue(lambda: [pg.comm.Igather(send, recv, root)], finish, what, pg, async_op,
+                  gather_list or [], agreement)
 
 
 def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, group_src=None):
@@ -722,13 +955,14 @@ def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, gro
     root = _root_or_group_rank(pg, src, group_src, what, "src")
     mine = pg.rank() == root
     _check_root_list(what, scatter_list, "scatter_list", "source", "an input", tensor, pg, root)
+    agreement = _announce(pg, what, (tensor,), root, root_name="src")
     send = None
     if mine:
         send = xp.stack([xp.ascontiguousarray(t._data).reshape(-1).view(xp.uint8)
                          for t in scatter_list])
     recv, back = _staging(tensor)
-    request = pg.comm.Iscatter(send, recv, root)
-    return _issue([request], lambda: _write_back(tensor, back), what, pg, async_op, [tensor])
+    return _issue(lambda: [pg.comm.Iscatter(send, recv, root)],
+                  lambda: _write_back(tensor, back), what, pg, async_op, [tensor], agreement)
 
 
 def isend(tensor, dst=None, group=None, tag=0, group_dst=None):
@@ -761,8 +995,14 @@ def irecv(tensor, src=None, group=None, tag=0, group_src=None):
     work._statuses = [status]
 
     def finish():
-        _write_back(tensor, back)
         work._source = pg.ranks[status.Get_source()]
+        got = status.Get_count(_MPI.BYTE)
+        if got != buf.nbytes:  # a larger message is MPI's truncation error, raised in wait
+            raise DistError(f"{what}: rank {pg.ranks[pg.rank()]} received {got} bytes from "
+                            f"rank {work._source} into a {tensor.dtype.name} "
+                            f"{tuple(tensor.shape)} of {buf.nbytes} bytes: the ranks' tensors "
+                            "must agree in shape and dtype")
+        _write_back(tensor, back)
 
     work._finish = finish
     return work
@@ -785,7 +1025,8 @@ def barrier(group=None, async_op=False, device_ids=None):
     pg = _group(group, "barrier")
     if pg is None:
         return None
-    return _issue([pg.comm.Ibarrier()], None, "barrier", pg, async_op)
+    agreement = _announce(pg, "barrier")
+    return _issue(lambda: [pg.comm.Ibarrier()], None, "barrier", pg, async_op, (), agreement)
 
 
 # --- Python objects (pickled) ----------------------------------------------------------------
@@ -802,14 +1043,8 @@ def all_gather_object(object_list, obj, group=None) -> None:
     if len(object_list) != pg.size():
         raise ValueError(f"{what}: object_list has {len(object_list)} entries, expected one per "
                          f"rank ({pg.size()})")
-    data = _pickle(obj)
-    sizes = xp.empty(pg.size(), xp.int64)
-    _wait_requests([pg.comm.Iallgather(xp.array([data.size], xp.int64), sizes)], what, pg)
-    recv = xp.empty(int(sizes.sum()), xp.uint8)
-    offsets = xp.concatenate([[0], xp.cumsum(sizes)[:-1]])
-    _wait_requests([pg.comm.Iallgatherv(data, [recv, (sizes, offsets), _MPI.BYTE])], what, pg)
-    for r in range(pg.size()):
-        object_list[r] = pickle.loads(recv[offsets[r]:offsets[r] + sizes[r]].tobytes())
+    _settle_now(pg, what)
+    object_list[:] = _exchange_objects(pg.comm, obj, what, pg)
 
 
 def broadcast_object_list(object_list, src=None, group=None, device=None, group_src=None):
@@ -820,6 +1055,7 @@ def broadcast_object_list(object_list, src=None, group=None, device=None, group_
     if pg is None:
         return None
     root = _root_or_group_rank(pg, src, group_src, what, "src")
+    _settle_now(pg, what, root=root, count=len(object_list), root_name="src")
     mine = pg.rank() == root
     data = _pickle(list(object_list)) if mine else None
     size = xp.array([data.size if mine else 0], xp.int64)

@@ -9,11 +9,19 @@ It starts ``nnodes * nproc_per_node`` processes with the ``mpiexec`` of the MPI 
 script as ``__main__`` with torchrun's environment: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
 ``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` (node). The exit status is ``mpiexec``'s: non-zero when
 any rank failed. Scripts also run under a plain ``mpiexec -n N python train.py``.
+
+A rank that ends before it is done (``os._exit(0)`` mid-script, say) is a failure of the job:
+MPI would stop the other ranks and still report success. So each rank runs in a child process
+that its launched process watches; the child says it is done when its script returns (or
+exits with status 0) or when it calls ``destroy_process_group``. A child that ends with
+status 0 before saying so makes the watcher print which rank ended early and exit 1, which
+fails the job. (A plain ``mpiexec`` has no watcher.)
 """
 import argparse
 import os
 import runpy
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -63,8 +71,88 @@ def _environment():
     return int(rank)
 
 
+_DONE_FD = "TAPEGRAD_RUN_DONE_FD"  # "pid:fd": where the watched rank says it is done
+_LEFT, _ENDED = b"d", b"e"  # destroy_process_group was called; the script ended
+
+
+def mark_done(event=_LEFT) -> None:
+    """Tell this rank's watcher that the rank may end without failing the job: it left the
+    process group (``destroy_process_group``) or its script ended. No-op outside the
+    launcher."""
+    pid, _, fd = os.environ.get(_DONE_FD, "").partition(":")
+    if pid == str(os.getpid()):  # not in a process the rank started: the fd is not theirs
+        try:
+            os.write(int(fd), event)
+        except OSError:
+            pass
+
+
+def _watch(rank):
+    """Fork: the child returns and runs the rank; this process waits for it and exits with
+    its status, or 1 (naming the rank) when it ended with 0 before any ``mark_done``."""
+    done_read, done_write = os.pipe()
+    parent = os.getpid()
+    child = os.fork()
+    if child == 0:
+        os.close(done_read)
+        _end_with_parent(parent)
+        os.environ[_DONE_FD] = f"{os.getpid()}:{done_write}"
+        return
+    os.close(done_write)
+
+    def pass_on(number, frame):
+        try:
+            os.kill(child, number)
+        except ProcessLookupError:
+            pass
+
+    # Ctrl-C reaches the child through its process group; a termination request sent to this
+    # process alone is passed on
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, pass_on)
+    status = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
+    os.set_blocking(done_read, False)  # processes the rank started may hold the pipe open
+    try:
+        said = os.read(done_read, 64)
+    except BlockingIOError:
+        said = b""
+    if status == 0 and not said:
+        sys.stderr.write(f"tapegrad.distributed.run: rank {rank} ended early: its process "
+                         "exited with status 0 before its script finished (and before "
+                         "destroy_process_group); the job fails\n")
+        status = 1
+    elif status == 0 and _ENDED not in said:
+        # MPI was not finalised (os._exit after destroy_process_group): MPI stops the ranks
+        # still running, which would otherwise end without a word
+        sys.stderr.write(f"tapegrad.distributed.run: rank {rank} ended after "
+                         "destroy_process_group but before its script finished, without "
+                         "finalising MPI: MPI stops any rank still running\n")
+    elif status < 0:
+        sys.stderr.write(f"tapegrad.distributed.run: rank {rank} was killed by signal "
+                         f"{signal.Signals(-status).name}\n")
+        status = 128 - status
+    sys.stderr.flush()
+    os._exit(status)
+
+
+def _end_with_parent(parent):
+    """Have the kernel kill this process when the watcher dies (Linux), so that no rank
+    outlives a job that MPI tore down."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the watcher died before prctl
+        os._exit(1)
+
+
 def _worker(args):
     rank = _environment()
+    if hasattr(os, "fork"):
+        _watch(rank)
 
     # MPI starts here, so that a rank failing before init_process_group (which then installs
     # its own hook) can still abort the job: the others may be waiting in MPI's start-up
@@ -85,11 +173,17 @@ def _worker(args):
 
     sys.excepthook = early_failure
     sys.argv = [args.script, *args.script_args]
-    if args.module:
-        runpy.run_module(args.script, run_name="__main__", alter_sys=True)
-    else:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(args.script)))
-        runpy.run_path(args.script, run_name="__main__")
+    try:
+        if args.module:
+            runpy.run_module(args.script, run_name="__main__", alter_sys=True)
+        else:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(args.script)))
+            runpy.run_path(args.script, run_name="__main__")
+    except SystemExit as e:
+        if e.code in (None, 0):
+            mark_done(_ENDED)
+        raise
+    mark_done(_ENDED)
 
 
 def command(args) -> list:
