@@ -209,3 +209,14 @@ def test_repr_is_fast_for_an_expanded_view():
     # a copy and format of 1e8 elements took seconds; the corners take well under a millisecond
     assert time.perf_counter() - start < 0.25
 
+
+# --- Tensor's is_<device> flags --------------------------------------------------------------
+def test_tensor_has_every_is_flag_torch_tensor_has_with_its_value():
+    t, g = torch.zeros(1), tapegrad.zeros(1)
+    flags = [n for n in dir(t) if n.startswith("is_") and not callable(getattr(t, n))]
+    assert "is_xpu" in flags and "is_mps" in flags
+    for n in flags:
+        assert getattr(g, n) == getattr(t, n), n
+    s = tapegrad.zeros(2).to_sparse()
+    assert s.is_sparse and not s.is_xpu and not s.is_sparse_csr and s.is_cpu
+

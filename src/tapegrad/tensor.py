@@ -34,6 +34,12 @@ def _cast_method(name, dtype_name):
     return method
 
 
+def _on_device(kind):
+    """``Tensor.is_<kind>``: whether the tensor's array lives on a ``kind`` device."""
+    return property(lambda self: self.device.type == kind,
+                    doc=f"As ``Tensor.is_{kind}``: True on a {kind} device.")
+
+
 class Tensor:
     """As ``torch.Tensor``: an n-dimensional array that records the ops applied to it."""
 
@@ -165,17 +171,22 @@ class Tensor:
         d = self._data
         return DEVICE if type(d) is xp.ndarray else _device_of(d)
 
-    @property
-    def is_cuda(self) -> bool:
-        return self.device.type == "cuda"
+    # PyTorch's is_<device type> flags, each read from the array's device (tapegrad's arrays
+    # live on the cpu or cuda, so the others are False, as on a PyTorch build without them)
+    is_cpu = _on_device("cpu")
+    is_cuda = _on_device("cuda")
+    is_meta = _on_device("meta")
+    is_mps = _on_device("mps")
+    is_xpu = _on_device("xpu")
+    is_xla = _on_device("xla")
+    is_ipu = _on_device("ipu")
+    is_maia = _on_device("maia")
+    is_mtia = _on_device("mtia")
+    is_vulkan = _on_device("vulkan")
 
-    @property
-    def is_cpu(self) -> bool:
-        return self.device.type == "cpu"
-
-    @property
-    def is_meta(self) -> bool:
-        return False
+    # storage kinds tapegrad has no tensor of (a sparse COO tensor has its own is_sparse)
+    is_mkldnn = is_quantized = is_nested = is_sparse_csr = property(
+        lambda self: False, doc="False: tapegrad has no such tensors.")
 
     def get_device(self) -> int:
         """As ``Tensor.get_device()``: -1 for cpu tensors, else the device index."""
