@@ -220,3 +220,37 @@ def test_tensor_has_every_is_flag_torch_tensor_has_with_its_value():
     s = tapegrad.zeros(2).to_sparse()
     assert s.is_sparse and not s.is_xpu and not s.is_sparse_csr and s.is_cpu
 
+
+# --- spmm / sparse.mm of dense matrices ------------------------------------------------------
+@pytest.mark.parametrize("name", ["spmm", "sparse.mm"])
+def test_spmm_of_dense_matrices_is_their_product_as_torch(name):
+    a, b = RNG.standard_normal((2, 3)), RNG.standard_normal((3, 4))
+
+    def run(M):
+        fn = M.spmm if name == "spmm" else M.sparse.mm
+        x = M.tensor(a, requires_grad=True)
+        y = M.tensor(b, requires_grad=True)
+        out = fn(x, y)
+        assert out.layout == M.strided
+        (out * M.tensor(b[:2, :])).sum().backward()
+        return out, x.grad, y.grad
+
+    for ours, theirs in zip(run(tapegrad), run(torch)):
+        assert_close(ours, theirs, rtol=1e-12)
+    # a sparse second operand too (dense result)
+    assert_close(tapegrad.spmm(tapegrad.tensor(a), tapegrad.tensor(b).to_sparse()),
+                 torch.spmm(torch.tensor(a), torch.tensor(b).to_sparse()), rtol=1e-12)
+
+
+def test_spmm_of_dense_matrices_names_itself_in_errors():
+    a = tapegrad.randn(2, 3)
+    with pytest.raises(RuntimeError, match=r"^spmm: shapes \(2, 3\) and \(4, 4\) cannot be "
+                                           r"multiplied \(3 != 4\)"):
+        tapegrad.spmm(a, tapegrad.randn(4, 4))
+    with pytest.raises(RuntimeError, match=r"^sparse.mm: expected 2-D matrices, got shapes "
+                                           r"\(2, 3\) and \(3,\)"):
+        tapegrad.sparse.mm(a, tapegrad.randn(3))
+    with pytest.raises(RuntimeError, match="^spmm: expected both operands to have the same "
+                                           "dtype, but got tapegrad.float64 and "
+                                           "tapegrad.float32"):
+        tapegrad.spmm(a.double(), tapegrad.randn(3, 4))

@@ -6,8 +6,8 @@ from tapegrad.sparse.coo import (SparseCooTensor, sparse_coo_tensor, to_sparse,
 
 
 def mm(mat1, mat2):
-    """As ``torch.sparse.mm``: sparse @ dense (dense result) or sparse @ sparse (sparse result),
-    with gradients for both operands; a sparse leaf that requires grad gets a sparse
+    """As ``torch.sparse.mm``: sparse @ dense or dense @ sparse (dense result), sparse @ sparse
+    (sparse result) or dense @ dense (``mm``), with gradients for both operands; a sparse leaf that requires grad gets a sparse
     gradient at its own entries, as in PyTorch.
 
     >>> tapegrad.sparse.mm(adjacency, features)
@@ -16,7 +16,8 @@ def mm(mat1, mat2):
 
 
 def spmm(input, mat2):
-    """As ``torch.spmm``: ``torch.mm`` with a sparse first operand."""
+    """As ``torch.spmm``: ``torch.mm`` meant for a sparse operand (dense ones multiply as
+    ``mm``)."""
     return _matmul(input, mat2, name="spmm")
 
 

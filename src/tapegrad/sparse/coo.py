@@ -734,6 +734,19 @@ def _sparse_sparse(a, b, name):
     return _sparse(indices, values, (a.shape[0], b.shape[1]), total <= 1).coalesce()
 
 
+def _dense_mm(a, b, name):
+    if a.ndim != 2 or b.ndim != 2:
+        raise RuntimeError(f"{name}: expected 2-D matrices, got shapes {tuple(a.shape)} and "
+                           f"{tuple(b.shape)}")
+    if a.shape[1] != b.shape[0]:
+        raise RuntimeError(f"{name}: shapes {tuple(a.shape)} and {tuple(b.shape)} cannot be "
+                           f"multiplied ({a.shape[1]} != {b.shape[0]})")
+    if a.dtype is not b.dtype:
+        raise RuntimeError(f"{name}: expected both operands to have the same dtype, but got "
+                           f"{a.dtype} and {b.dtype}")
+    return _L.matmul(a, b)
+
+
 def matmul(input, other, name="sparse.mm"):
     """Products with a sparse operand: sparse @ dense and dense @ sparse give dense results,
     sparse @ sparse a sparse one. ``name`` is the function the caller used (errors and the
@@ -754,6 +767,8 @@ def matmul(input, other, name="sparse.mm"):
                 "tapegrad.sparse.mm (sparse gradient, as in PyTorch) or detach it")
     if a_sparse and b_sparse:
         return _sparse_sparse(input, other, name)
+    if not (a_sparse or b_sparse):  # spmm and sparse.mm of dense matrices: their mm
+        return _dense_mm(input, other, name)
     dense = other if a_sparse else input
     if dense.ndim not in (1, 2) or (name in ("mm", "spmm", "sparse.mm") and dense.ndim != 2):
         raise RuntimeError(f"{name}: expected a 2-D dense operand (1-D also for matmul), "
