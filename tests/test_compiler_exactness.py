@@ -159,3 +159,141 @@ def test_compiled_gpt_step_with_kernels_raises_on_bad_tokens_and_targets(monkeyp
     after = S.model.state_dict()
     for k, v in before.items():  # the failed calls changed no parameter
         assert np.array_equal(after[k].numpy(), v), k
+
+
+# --- compiled steps are eager's numbers -----------------------------------------------------
+_REORDERED = "reordered sums"  # codegen's note on a kernel whose products are not eager's bits
+
+
+def _exact_where_reordered(monkeypatch, fn):
+    """Where this machine's BLAS blocks a product the kernels reorder (the note in the
+    source), the bitwise comparison runs with ``TAPEGRAD_COMPILE_EXACT=1``; the reordered
+    kernel's bound is tested on its own (test_reordered_contraction_within_its_bound)."""
+    if _REORDERED in fn.entries[-1].source:
+        monkeypatch.setenv("TAPEGRAD_COMPILE_EXACT", "1")
+        return True
+    return False
+
+
+def _mlp_steps(act, opt_name, compiled, steps=5):
+    tg.manual_seed(0)
+    mid = {"relu": [tg.nn.ReLU()], "tanh": [tg.nn.Tanh()], "none": []}[act]
+    model = tg.nn.Sequential(tg.nn.Linear(2, 128), *mid, tg.nn.Linear(128, 3)).double()
+    params = list(model.parameters())
+    opt = tg.optim.SGD(params, lr=0.1) if opt_name == "sgd" else tg.optim.Adam(params, lr=1e-2)
+    rng = np.random.default_rng(0)
+    x, t = tg.tensor(rng.standard_normal((64, 2))), tg.tensor(rng.standard_normal((64, 3)))
+
+    def step(x, t):
+        opt.zero_grad()
+        loss = F.mse_loss(model(x), t)
+        loss.backward()
+        opt.step()
+        return loss
+
+    fn = tg.compile(step) if compiled else step
+    out = []
+    for _ in range(steps):
+        loss = fn(x, t)
+        out.append([loss.detach().numpy().copy()] + [p.grad.numpy().copy() for p in params]
+                   + [p.detach().numpy().copy() for p in params])
+    return out, fn
+
+
+def _assert_bitwise(got, want):
+    for step, (a, b) in enumerate(zip(got, want)):
+        for k, (x, y) in enumerate(zip(a, b)):
+            assert x.dtype == y.dtype and x.shape == y.shape
+            assert np.array_equal(x.view(np.uint64), y.view(np.uint64)), (step, k)
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adam"])
+@pytest.mark.parametrize("act", ["none", "relu", "tanh"])
+def test_linear_mse_step_compiled_is_eager_bitwise(monkeypatch, act, opt_name):
+    """Linear(2, 128) -> [act] -> Linear(128, 3) -> mse, float64: the numba kernels' small
+    matmuls (x @ W1.T, 2 terms; g @ W2, 3 terms) and contractions over the 64 rows (the weight
+    gradients) are the BLAS's fma chains, so the compiled step is eager's bits: gradients,
+    parameters and loss, 5 steps (3 compiled)."""
+    pytest.importorskip("numba")
+    monkeypatch.setenv("TAPEGRAD_COMPILE_KERNELS", "numba")
+    want, _ = _mlp_steps(act, opt_name, compiled=False)
+    got, fn = _mlp_steps(act, opt_name, compiled=True)
+    src = fn.entries[-1].source
+    assert "= fma(" in src and "-> matmul" in src  # fused products: the case at stake
+    if _exact_where_reordered(monkeypatch, fn):
+        got, fn = _mlp_steps(act, opt_name, compiled=True)
+    _assert_bitwise(got, want)
+
+
+def _spiral_losses(compiled, steps=20):
+    from tapegrad.bench.spiral import spiral_data
+    from tapegrad.examples import spiral
+
+    X, y = spiral_data(512, 3, seed=0)
+    tg.manual_seed(0)
+    model = spiral.build(tg)
+    opt = tg.optim.SGD(model.parameters(), lr=0.5)
+    loss_fn = tg.nn.CrossEntropyLoss()
+
+    def step(x, t):
+        loss = loss_fn(model(x), t)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    fn = tg.compile(step) if compiled else step
+    xb, yb = tg.tensor(X), tg.tensor(y)
+    losses = [fn(xb, yb).detach().numpy().copy() for _ in range(steps)]
+    return [losses + [p.detach().numpy().copy() for p in model.parameters()]], fn
+
+
+@pytest.mark.parametrize("backend", ["numba", "numpy"])
+def test_spiral_example_20_steps_compiled_is_eager_bitwise(monkeypatch, backend):
+    """The spiral example (examples/spiral.py: 2 -> 32 -> 3, ReLU, cross-entropy, SGD at 0.5,
+    512 points): 20 compiled steps give eager's losses and parameters, bit for bit."""
+    if backend == "numba":
+        pytest.importorskip("numba")
+    monkeypatch.setenv("TAPEGRAD_COMPILE_KERNELS", backend)
+    want, _ = _spiral_losses(compiled=False)
+    got, fn = _spiral_losses(compiled=True)
+    if backend == "numba":
+        assert "= fma(" in fn.entries[-1].source
+        if _exact_where_reordered(monkeypatch, fn):
+            got, fn = _spiral_losses(compiled=True)
+    _assert_bitwise(got, want)
+
+
+def test_reordered_contraction_within_its_bound(monkeypatch):
+    """A contraction the BLAS blocks (4096 rows: OpenBLAS splits the sum; this shape is
+    probed): the kernel's fma chain over the rows and eager's blocked dgemm are two orders of
+    the same n = 4096 products, each within gamma_n * sum_i |a_i b_i| of the exact sum
+    (gamma_n = n u / (1 - n u), u = 2**-53), so they differ by at most twice that; with
+    TAPEGRAD_COMPILE_EXACT=1 the product is eager's own call (bitwise)."""
+    pytest.importorskip("numba")
+    monkeypatch.setenv("TAPEGRAD_COMPILE_KERNELS", "numba")
+    rng = np.random.default_rng(5)
+    R, C = 4096, 256
+    a, b = tg.tensor(rng.standard_normal((R, C))), tg.tensor(rng.standard_normal((R, C)))
+    x = tg.tensor(rng.standard_normal((R, 2)))
+
+    def f(a, b, x):
+        h = (a * b).relu()
+        return h.T @ x, h.sum(0)
+
+    want = [t.numpy() for t in f(a, b, x)]
+    fn = tg.compile(f)
+    for _ in range(2):
+        got = [t.numpy() for t in fn(a, b, x)]
+    assert "= fma(" in fn.entries[-1].source  # the contraction is the kernel's
+    h = np.maximum(a.numpy() * b.numpy(), 0)
+    u = np.finfo(np.float64).eps / 2
+    gamma = R * u / (1 - R * u)
+    bound = 2 * gamma * (np.abs(h).T @ np.abs(x.numpy()))
+    assert np.all(np.abs(got[0] - want[0]) <= bound)
+    assert np.array_equal(got[1], want[1])  # the column sums: rows in order, as numpy
+    monkeypatch.setenv("TAPEGRAD_COMPILE_EXACT", "1")
+    exact = tg.compile(f)
+    for _ in range(2):
+        got = [t.numpy() for t in exact(a, b, x)]
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])

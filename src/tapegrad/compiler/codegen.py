@@ -180,6 +180,17 @@ def _chan_index(a, shape):
     return ", ".join(":" if i == k else "0" for i in range(len(a.shape)))
 
 
+def _products(n):
+    """The comment on a numba kernel's products (small matmuls, contractions): eager's bits
+    where the BLAS computes the same fma chain (``kernels.products_exact``), else the bound."""
+    body, con = n.meta["nodes"], n.meta.get("contract", ())
+    if not con and not any(m.name == "matmul" for m in body):
+        return ""
+    if kernels.products_exact(body, con):
+        return "  [products: the BLAS's fma chains, eager's bits]"
+    return "  [products: BLAS blocks, reordered sums: within 2 gamma_n sum|a b| of eager's]"
+
+
 def _numba_kernel(w, n, names, kname, vals, out_expr, weak):
     """The Python side of a numba kernel: operands reshaped to (rows, columns), the result
     buffer (planned, or fresh), the column sums; the loop nest itself is in kernels.py."""
@@ -258,13 +269,13 @@ def _numba_kernel(w, n, names, kname, vals, out_expr, weak):
                 call.append(f"{cn}_t")
                 post.append(f"{cn} = np.ascontiguousarray({cn}_t.T)")
         pre.append(f"{kfn}({', '.join(call)})  # {' -> '.join(m.name for m in body)}"
-                   + (" -> sum" * len(reduce)) + (" -> matmul" * len(con)))
+                   + (" -> sum" * len(reduce)) + (" -> matmul" * len(con)) + _products(n))
         pre.extend(post)
         return pre, None
     params = [f"x{i}" for i in range(len(vals))]
     lines = [f"def {kname}({', '.join(params + ['out=None'])}):",
              "    # " + " -> ".join(m.name for m in body) + (" -> sum" * len(reduce))
-             + f"  [numba {fname}]"]
+             + f"  [numba {fname}]" + _products(n)]
     lines.append(f"    o = out if out is not None and out.flags.c_contiguous else "
                  f"np.empty({shape!r}, {dt})")
     call = []

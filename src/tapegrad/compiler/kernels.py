@@ -296,6 +296,112 @@ def libm_exact(name, dtype):
     return same[name]
 
 
+# Eager's products go to the BLAS (numpy's matmul). OpenBLAS rounds each element of a GEMM as
+# one chain of fused multiply-adds over the contraction in order (acc = 0, then acc = fma(a[i,
+# p], b[p, j], acc) for p = 0, 1, ...) unless it splits the contraction into blocks (here: from
+# a few hundred terms on, depending on the shapes). A kernel's small matmul and contraction
+# compute that chain with ``fma`` (llvm.fma: rounded once, as the BLAS's vfmadd; no slower than
+# a multiply and an add), so they are eager's bits wherever the BLAS runs the plain chain: a
+# one-time probe per case (shapes, layouts, dtype: ``blas_is_fma_chain``) says where. Elsewhere
+# (a blocked contraction, another BLAS) the kernel's sum is the same terms in another order:
+# within 2 * gamma_n * sum_i |a_i b_i| of eager's (n terms, gamma_n = n u / (1 - n u), u the
+# unit roundoff: each order is within gamma_n of the exact sum). ``TAPEGRAD_COMPILE_EXACT=1``
+# leaves such a group to eager's own calls (bitwise, slower: ~2x on the H=2048 spiral step).
+
+
+def exact_only():
+    """``TAPEGRAD_COMPILE_EXACT=1``: fuse a product only where it is eager's bits."""
+    return os.environ.get("TAPEGRAD_COMPILE_EXACT") == "1"
+
+
+FMA = '''from llvmlite import ir as _fma_ir
+from numba import types as _fma_types
+from numba.extending import intrinsic as _fma_intrinsic
+
+
+@_fma_intrinsic
+def fma(typingctx, a, b, c):
+    """a * b + c rounded once (llvm.fma): the BLAS's multiply-add."""
+    if not (a == b == c and a in (_fma_types.float32, _fma_types.float64)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        ty = args[0].type
+        fn = builder.module.declare_intrinsic("llvm.fma", [ty],
+                                              _fma_ir.FunctionType(ty, [ty, ty, ty]))
+        return builder.call(fn, args)
+
+    return a(a, b, c), codegen
+
+
+'''
+FMA_PROBE = "import numpy as np\nfrom numba import njit\n\n" + FMA + '''
+@njit(error_model="numpy", cache=True)
+def fma_chain(a, b, out):
+    # out = a @ b, each element the chain acc = fma(a[i, p], b[p, j], acc) from acc = 0
+    zero = out.dtype.type(0)
+    for i in range(a.shape[0]):
+        for j in range(b.shape[1]):
+            acc = zero
+            for p in range(a.shape[1]):
+                acc = fma(a[i, p], b[p, j], acc)
+            out[i, j] = acc
+    return out
+'''
+_blas_chain = {}  # (dtype, shapes, layouts) -> eager's matmul is the fma chain there
+
+
+def blas_is_fma_chain(dtype, a_shape, a_t, b_shape, b_t):
+    """Whether eager's matmul (``ops.linalg.matmul``: numpy's, the BLAS) of operands of these
+    shapes (``a_t``/``b_t``: a transposed view, as ``x.T``) gives the fma chain's bits; probed
+    once per case on random values with exact zeros of both signs among them."""
+    from tapegrad.ops.linalg import matmul
+
+    dt = np.dtype(dtype)
+    key = (dt.name, tuple(a_shape), bool(a_t), tuple(b_shape), bool(b_t))
+    same = _blas_chain.get(key)
+    if same is None:
+        rng = np.random.default_rng(len(_blas_chain))
+
+        def operand(shape, t):
+            x = (rng.standard_normal(shape[::-1] if t else shape) * 4).astype(dt)
+            x.flat[::7] = 0.0
+            x.flat[3::11] = -0.0
+            return x.T if t else x
+
+        a, b = operand(a_shape, a_t), operand(b_shape, b_t)
+        want = np.asarray(matmul.forward(a, b))
+        got = load("fma_chain", FMA_PROBE)(np.ascontiguousarray(a), np.ascontiguousarray(b),
+                                           np.empty(want.shape, dt))
+        same = _blas_chain[key] = bool(np.array_equal(want.view(f"u{dt.itemsize}"),
+                                                      got.view(f"u{dt.itemsize}")))
+    return same
+
+
+def _transposed(v):
+    """Whether the 2-D Value ``v`` is a transposed view (``w.T``: a permute's result)."""
+    p = v.producer
+    return p is not None and p.name == "permute" and len(v.shape) == 2 and tuple(
+        p.params.get("dims", ())) in ((1, 0), (-1, -2), (1, -2), (-1, 0))
+
+
+def products_exact(body, contract=()):
+    """Whether a group's small matmuls and contractions, computed as fma chains, are eager's
+    matmul bit for bit (``blas_is_fma_chain``): a contraction's product is ``permute(x) @ y``
+    (``x`` the rows' matrix seen transposed)."""
+    for m in body:
+        if m.name == "matmul":
+            a, b = m.inputs
+            if not blas_is_fma_chain(a.dtype, a.shape, _transposed(a), b.shape,
+                                     _transposed(b)):
+                return False
+    for mm, p, _, _, _ in contract:
+        x, y = p.inputs[0], mm.inputs[1]
+        if not blas_is_fma_chain(x.dtype, x.shape[::-1], True, y.shape, _transposed(y)):
+            return False
+    return True
+
+
 def cache_dir():
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "tapegrad", "kernels")
@@ -365,6 +471,9 @@ def supported(body, ins, out_shape, weak=(), contract=()):
     for a in ins:
         if operand_kind(a, out_shape, weak, mats) is None or a.dtype.kind not in "fb":
             return False
+    if (contract or any(m.name == "matmul" for m in body)) and \
+            exact_only() and not products_exact(body, contract):
+        return False  # (the BLAS blocks this product: eager's own matmul calls)
     inputs = {id(a) for a in ins}
     pre = outside(body, ins, out_shape, weak)
     for m in body:
@@ -443,6 +552,8 @@ def numba_source(fname, body, ins, out_value, n_reduce, weak=(), contract=(), st
         lines += ["", erf32_source()]
     if any(m.name in ERF_OPS and m.outputs[0].dtype == np.float64 for m in body):
         lines += ["", erf64_source()]
+    if contract or any(m.name == "matmul" for m in body):
+        lines += ["", FMA]
     lines += ["", '@njit(error_model="numpy", cache=True)',
              f"def {fname}({', '.join(params)}):",
              "    C = out0.shape[0]" if flat else "    R, C = out0.shape"]
@@ -514,10 +625,11 @@ def numba_source(fname, body, ins, out_value, n_reduce, weak=(), contract=(), st
             return f"{peer}({float(a)!r})"
 
         args = [arg(a) for a in m.inputs]
-        if m.name == "matmul":  # a few multiply-adds, in the contraction's order
+        if m.name == "matmul":  # a few multiply-adds: the BLAS's fma chain (FMA)
             a, b = (param[id(x)] for x in m.inputs)
-            expr = "(" + " + ".join(f"{a}_{k} * {b}_r{k}[j]"
-                                    for k in range(m.inputs[0].shape[1])) + ")"
+            expr = f"{dt}(0.0)"
+            for k in range(m.inputs[0].shape[1]):
+                expr = f"fma({a}_{k}, {b}_r{k}[j], {expr})"
         elif m.name == "relu":
             z = f"{dt}(0.0)"
             expr = f"({args[0]} if (({args[0]} >= {z}) | ({args[0]} != {args[0]})) else {z})"
@@ -545,8 +657,8 @@ def numba_source(fname, body, ins, out_value, n_reduce, weak=(), contract=(), st
         w = res if wide is body[-1].outputs[0] else local[id(wide)]
         nm = param[id(narrow)]
         for c in range(narrow.shape[1]):  # X.T @ Y: X[i, c] * Y[i, j], rows in order
-            lines.append(f"{pad}acc{k}_{c}[j] += {nm}_{c} * {w}" if form == "left"
-                         else f"{pad}acc{k}_{c}[j] += {w} * {nm}_{c}")
+            a, b = (f"{nm}_{c}", w) if form == "left" else (w, f"{nm}_{c}")
+            lines.append(f"{pad}acc{k}_{c}[j] = fma({a}, {b}, acc{k}_{c}[j])")
     for k in range(n_reduce):
         lines.append(f"    red{k}[:] = acc{k}")
     for k, c in enumerate(contract):
