@@ -8,6 +8,7 @@ import torch
 import tapegrad
 from tapegrad import optim
 from helpers import state_to_tapegrad as _to_tapegrad, state_to_torch as _to_torch
+from rounding_noise import jitter as _jitter, tolerance
 
 STEPS = 50
 # PyTorch's float64 trajectories are not bit-reproducible from one CPU to another, so no
@@ -19,8 +20,8 @@ STEPS = 50
 # not always correctly rounded (1 ulp, in about 1% of entries on an AMD EPYC), and the
 # gradients come from other tanh and BLAS kernels (within 5 ulps of each gradient's largest
 # entry over 300 random points of this MLP; which entries differ depends on the SIMD path).
-# So each run's tolerance is NOISE_ULPS times its own sensitivity (``_tolerance``): how far
-# it moves when 1 ulp of random noise enters every gradient and every update at every step.
+# So each run's tolerance is NOISE_ULPS times its own sensitivity (rounding_noise.tolerance):
+# how far it moves when 1 ulp of random noise enters every gradient and update at every step.
 # Over numpy/OpenBLAS/ATen kernels from AVX-512 down to AVX (NPY_DISABLE_CPU_FEATURES,
 # OPENBLAS_CORETYPE, ATEN_CPU_CAPABILITY), errors stayed below 1.1x that sensitivity; 16
 # covers the 5-ulp gradient differences with 3x to spare.
@@ -44,24 +45,6 @@ def _loss(T, params, x, y):
     h = T.tanh(T.matmul(x, w1) + b1)
     r = T.matmul(h, w2) + b2 - y
     return (r * r).sum() * (1.0 / 8)
-
-
-def _jitter(T, params, noise, grads=False, entrywise=False):
-    """Add up to 1 ulp, at random, to each entry of every parameter (in place) or of every
-    parameter's gradient (a new ``.grad``): 1 ulp of the entry itself for parameters (an
-    update rounds each entry on its own) and for ``entrywise`` gradients, else 1 ulp of the
-    gradient's largest entry (a reduction's rounding error scales with its largest terms)."""
-    if noise is None:
-        return
-    with T.no_grad():
-        for p in params:
-            a = (p.grad if grads else p).detach().numpy()
-            ulp = np.spacing(np.max(np.abs(a)) if grads and not entrywise else np.abs(a))
-            delta = T.tensor(ulp * noise.uniform(-1, 1, a.shape))
-            if grads:
-                p.grad = p.grad + delta
-            else:
-                p.add_(delta)
 
 
 def _run(T, opt_cls, groups_kw, kw, steps=STEPS, set_to_none=True, closure=False, noise=None):
@@ -133,15 +116,7 @@ def _assert_close(a, b, what, rtol):
 
 
 def _tolerance(run):
-    """NOISE_ULPS times the largest error that 1 ulp of noise per step causes in ``run``.
-
-    ``run(noise)`` returns the arrays to compare (see ``_jitter`` for the noise); three seeds.
-    """
-    clean = run(None)
-    spread = max(_error(a, b) for seed in range(3)
-                 for a, b in zip(run(np.random.default_rng(seed)), clean))
-    assert spread < MAX_SENSITIVITY, f"ill-conditioned run: {spread:.3g} per ulp of noise"
-    return NOISE_ULPS * spread
+    return tolerance(run, _error, NOISE_ULPS, MAX_SENSITIVITY)
 
 
 def _tapegrad_run(opt_cls, groups, kw, with_state=False, **run_kw):
