@@ -17,6 +17,8 @@ BENCHMARKS = {
     "checkpoint": ("tapegrad.bench.checkpoint", "activation checkpointing: memory vs time"),
     "compile": ("tapegrad.bench.compile", "spiral step: tapegrad.compile vs eager vs PyTorch"),
     "func": ("tapegrad.bench.func", "vmap(grad) per-sample grads vs loop vs torch.func; jvp, hvp"),
+    "suite": ("tapegrad.bench.suite", "17 models the compiler was not tuned on: compiled, eager, "
+                                      "PyTorch"),
 }
 
 

@@ -1,0 +1,76 @@
+"""``tapegrad bench suite``: every suite model trains under tapegrad as it does under PyTorch
+from the same weights, and the CLI runs a model end to end and prints its table. No timing
+is asserted."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import tapegrad
+from tapegrad.bench import suite
+from tapegrad.bench.suite_models import SPECS
+
+# float64, two full steps (forward, loss, backward, optimizer) from identical weights. The two
+# libraries round every op to within an ulp (1.1e-16) but sum in different orders (BLAS
+# blocking, pairwise vs sequential reductions), so an op's result may differ by ~n * 1.1e-16
+# relative, n the reduction length (<= a few thousand here): ~1e-13, carried through a few
+# dozen ops forward and back, twice. Parameters are compared against the model's largest
+# weight (``suite.max_rel_diff``): Adam turns a gradient that is rounding noise (a key bias)
+# into a move of lr * noise / eps, ~1e-11 at most here. 1e-10 leaves that margin; a wrong
+# gradient rule or op moves losses and weights by far more (>= 1e-4 relative).
+RTOL = 1e-10
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_eager_step_matches_torch(name):
+    ours = suite.run_steps(tapegrad, name, "float64", 2)
+    ref = suite.run_steps(torch, name, "float64", 2)
+    assert suite.max_rel_diff(*ours, *ref) <= RTOL, name
+    assert ours[0][1] != ours[0][0]  # the first step moved the weights
+    init = suite.initial_state(name)
+    moved = [k for k, v in ours[1].items() if not np.array_equal(v, init[k])]
+    assert moved, f"{name}: no parameter changed"
+
+
+def test_max_rel_diff_is_relative_to_the_model_scale():
+    a = {"w": np.array([1.0, 2.0]), "key_bias": np.array([1e-12])}
+    b = {"w": np.array([1.0, 2.0]), "key_bias": np.array([2e-12])}
+    # 1e-12 apart on a model whose largest weight is 2: 5e-13, not 50% of the key bias
+    assert suite.max_rel_diff([1.0], a, [1.0], b) == pytest.approx(5e-13)
+    assert suite.max_rel_diff([1.0], a, [2.0], b) == pytest.approx(0.5)
+
+
+def test_rows_report_worker_errors_and_geomeans_skip_them():
+    ok = {"model": "m", "dtype": "float64", "graphs": 1, "breaks": 0, "bitwise": True,
+          "compiled_rel_diff": 0.0, "compile_warm_s": 0.1, "compile_cold_s": 1.0,
+          "tapegrad eager": 0.004, "tapegrad compiled": 0.002, "PyTorch eager": 0.008,
+          "torch_threads": 1, "torch_rel_diff": 1e-16}
+    bad = {"model": "n", "dtype": "float32", "error": "worker exit 1: boom"}
+    rows = suite.rows_of([ok, bad])
+    assert rows[0][:4] == ["m", "float64", "1/0", "bitwise"]
+    assert rows[0][9:12] == ["4.00x", "2.00x", "2.00x"]
+    assert rows[1][-1] == "worker exit 1: boom"
+    g = suite.geomeans([ok, bad])
+    assert g["tapegrad compiled vs PyTorch eager"] == (pytest.approx(4.0), 1)
+
+
+def test_cli_quick_runs_one_model(tmp_path, capsys):
+    out_json = tmp_path / "suite.json"
+    assert suite.main(["--quick", "--models", "gcn_dense", "--dtype", "float64",
+                       "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    assert "| model | dtype | graphs/breaks |" in out
+    row = next(line for line in out.splitlines() if line.startswith("| gcn_dense | float64"))
+    assert "error" not in row
+    assert "geometric mean, tapegrad compiled vs PyTorch eager" in out
+    (res,) = json.loads(out_json.read_text())
+    assert (res["graphs"], res["breaks"]) == (1, 0)
+    assert res["compiled_rel_diff"] <= RTOL
+    for key in ("tapegrad eager", "tapegrad compiled", "PyTorch eager"):
+        assert res[key] > 0
+
+
+def test_cli_rejects_unknown_model():
+    with pytest.raises(SystemExit):
+        suite.main(["--models", "no_such_model"])
