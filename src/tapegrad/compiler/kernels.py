@@ -9,7 +9,7 @@ an elementwise-only group then runs over rows of one (example, channel) plane ea
 scalars (a Python float such as SGD's lr, a 0-d value). numba's kernel runs the body once per element, in registers, writing the result
 and accumulating the sums in the same pass::
 
-    @njit(error_model="numpy", cache=True)      # fastmath off: IEEE arithmetic, no FMA
+    @njit(error_model="numpy", cache=True)      # fastmath off: IEEE, no FMA but ``fma``'s
     def k_3f2a(x0, x1, out0, red0):             # add -> relu, column sums
         R, C = out0.shape
         for j in range(C):
@@ -37,7 +37,9 @@ relative of a rounding midpoint: ~60 of 6.1e8 float32 inputs, 1 ulp); in float64
 eager's own function (``ops.error_function``) operation for operation (``erf64``), its one
 ``exp`` computed by numpy before the kernel (``outside``): bitwise eager's, and branch-free
 so that the loop vectorises. The fused cross-entropy sums each row in numpy's pairwise order
-and leaves its max, exp and log to numpy: bitwise eager's.
+and leaves its max, exp and log to numpy: bitwise eager's. Small matmuls and contractions
+are the BLAS's fma chains: eager's bits where the BLAS computes the plain chain (probed per
+shape), else within 2 gamma_n sum|a b| of eager's (``blas_is_fma_chain`` below).
 
 Sources are written to a cache directory and imported, so numba's ``cache=True`` keeps the
 machine code between processes (a warm compile loads it instead of running LLVM).
@@ -355,10 +357,12 @@ def blas_is_fma_chain(dtype, a_shape, a_t, b_shape, b_t):
     """Whether eager's matmul (``ops.linalg.matmul``: numpy's, the BLAS) of operands of these
     shapes (``a_t``/``b_t``: a transposed view, as ``x.T``) gives the fma chain's bits; probed
     once per case on random values with exact zeros of both signs among them."""
+    from tapegrad.backend.blas import num_threads
     from tapegrad.ops.linalg import matmul
 
     dt = np.dtype(dtype)
-    key = (dt.name, tuple(a_shape), bool(a_t), tuple(b_shape), bool(b_t))
+    # (the thread count too: OpenBLAS's threaded GEMM may round otherwise)
+    key = (dt.name, tuple(a_shape), bool(a_t), tuple(b_shape), bool(b_t), num_threads())
     same = _blas_chain.get(key)
     if same is None:
         rng = np.random.default_rng(len(_blas_chain))
