@@ -41,6 +41,30 @@ def _embedding(x, i):
     return F.embedding(i, x).sum()
 
 
+def _scatter(x, i):
+    return tg.scatter(x, 0, i, tg.ones(2, 4)).sum()
+
+
+def _scatter_reduce(x, i):
+    return tg.scatter_reduce(x, 0, i, tg.ones(2, 4), "amax").sum()
+
+
+def _index_add(x, i):
+    return x.index_add(0, i, tg.ones(3, 4)).sum()
+
+
+def _index_copy(x, i):
+    return x.index_copy(0, i, tg.ones(3, 4)).sum()
+
+
+def _index_fill(x, i):
+    return x.index_fill(0, i, 2.0).sum()
+
+
+def _take(x, i):
+    return tg.take(x, i).sum()
+
+
 def _cross_entropy(x, i):
     return F.cross_entropy(x, i)
 
@@ -49,17 +73,24 @@ def _nll_loss(x, i):
     return F.nll_loss(F.log_softmax(x, dim=1), i)
 
 
-# (fn, input shape, valid index, position of the entry made bad, the dim's size)
+# (fn, input shape, valid index, position of the entry made bad, the dim's size, whether
+# indices in [-n, 0) are valid: then -n - 1 and -n - 4 are the bad negative ones)
 _GRID = [[0, 1, 2, 3], [4, 0, 1, 2]]
 CASES = {
-    "gather": (_gather, (5, 4), _GRID, (1, 0), 5),
-    "scatter_add": (_scatter_add, (5, 4), _GRID, (1, 0), 5),
-    "take_along_dim": (_take_along_dim, (5, 4), _GRID, (1, 0), 20),
-    "index_select": (_index_select, (5, 4), [0, 2, 1], (1,), 5),
-    "index_select_dim1": (_index_select_dim1, (5, 4), [0, 2, 1], (1,), 4),
-    "embedding": (_embedding, (5, 3), [[0, 2], [1, 4]], (1, 0), 5),
-    "cross_entropy": (_cross_entropy, (3, 5), [0, 4, 2], (1,), 5),
-    "nll_loss": (_nll_loss, (3, 5), [0, 4, 2], (1,), 5),
+    "gather": (_gather, (5, 4), _GRID, (1, 0), 5, False),
+    "scatter_add": (_scatter_add, (5, 4), _GRID, (1, 0), 5, False),
+    "scatter": (_scatter, (5, 4), _GRID, (1, 0), 5, False),
+    "scatter_reduce": (_scatter_reduce, (5, 4), _GRID, (1, 0), 5, False),
+    "take_along_dim": (_take_along_dim, (5, 4), _GRID, (1, 0), 20, False),
+    "index_select": (_index_select, (5, 4), [0, 2, 1], (1,), 5, False),
+    "index_select_dim1": (_index_select_dim1, (5, 4), [0, 2, 1], (1,), 4, False),
+    "index_add": (_index_add, (5, 4), [0, 2, 1], (1,), 5, False),
+    "index_copy": (_index_copy, (5, 4), [0, 2, 1], (1,), 5, False),
+    "index_fill": (_index_fill, (5, 4), [0, 2, 1], (1,), 5, True),
+    "take": (_take, (5, 4), [0, 19, 3], (1,), 20, True),
+    "embedding": (_embedding, (5, 3), [[0, 2], [1, 4]], (1, 0), 5, False),
+    "cross_entropy": (_cross_entropy, (3, 5), [0, 4, 2], (1,), 5, False),
+    "nll_loss": (_nll_loss, (3, 5), [0, 4, 2], (1,), 5, False),
 }
 
 
@@ -72,7 +103,7 @@ def _with(valid, at, value):
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward_only"])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_compiled_index_ops_raise_eagers_error_on_out_of_range_indices(case, backward):
-    fn, shape, valid, at, n = CASES[case]
+    fn, shape, valid, at, n, negative = CASES[case]
     x = tg.randn(*shape, requires_grad=True)
 
     def step(x, i):
@@ -86,11 +117,14 @@ def test_compiled_index_ops_raise_eagers_error_on_out_of_range_indices(case, bac
     good = tg.tensor(np.array(valid, dtype=np.int64))
     for _ in range(2):
         compiled(x, good)
-    for bad in (-1, -3, n, n + 7):
+    for bad in ((-n - 1, -n - 4) if negative else (-1, -3)) + (n, n + 7):
         i = _with(valid, at, bad)
         want = _error(step, x, i)
         assert want is not None, (case, bad)  # eager raises (as PyTorch)
         assert _error(compiled, x, i) == want, (case, bad)
+    if negative and not backward:  # a valid negative index counts from the end, as eager
+        i = _with(valid, at, -1)
+        assert compiled(x, i).item() == step(x, i).item()
     x.grad = None
     assert _error(compiled, x, good) is None  # valid indices still run after the errors
     if backward:

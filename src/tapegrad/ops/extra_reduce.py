@@ -16,7 +16,7 @@ from tapegrad.ops.elementwise import where_op, isnan, logical_not
 from tapegrad.ops.linalg import bmm, einsum, matmul, mm, outer
 from tapegrad.ops.movement import _dim, _dims, broadcast_tensors, flip, reshape_op, transpose
 from tapegrad.ops.indexing import (_grid, _index_array, _check_index_shape, getitem, index_op,
-                                   index_put_op)
+                                   index_put_op, range_checked, _check_gather_bounds)
 from tapegrad.ops.reduce import amax, amin, mean, std, sum, var
 from tapegrad.ops.registry import xp
 
@@ -261,15 +261,12 @@ def _index_args(name, input, dim, index, negative=False, exc=IndexError):
     if idx.ndim > 1:
         raise IndexError(f"{name}(): Index is supposed to be a vector (got shape "
                          f"{tuple(idx.shape)})")
-    idx = idx.reshape(-1)
     d = _dim(dim, input.ndim, name)
     n = input.shape[d] if input.ndim else 1
-    lo = -n if negative else 0
-    if idx.size and (idx.min() < lo or idx.max() >= n):
-        bad = int(idx.min()) if idx.min() < lo else int(idx.max())
-        raise exc(f"{name}(): index {bad} is out of bounds for dimension {d} with size {n} "
-                  f"(input of shape {tuple(input.shape)})")
-    return idx, d
+    idx = range_checked(index, idx, n, f"{name}(): index {{}} is out of bounds for dimension "
+                        f"{d} with size {n} (input of shape {tuple(input.shape)})",
+                        exc.__name__, negative=negative)[1]
+    return idx.reshape(-1), d
 
 
 def _source_shape(name, input, d, idx, source):
@@ -350,10 +347,7 @@ def scatter(input, dim, index, src=None, *, value=None, reduce=None):
                                f"than self {list(input.shape)} apart from dimension {d} and to "
                                f"be no larger size than src {list(src.shape)}")
     n = input.shape[d] if input.ndim else 1
-    if idx.size and (idx.min() < 0 or idx.max() >= n):
-        bad = int(idx.min()) if idx.min() < 0 else int(idx.max())
-        raise RuntimeError(f"scatter(): index {bad} is out of bounds for dimension {d} with "
-                           f"size {n}")
+    idx = _check_gather_bounds(index, idx, n, d, "scatter")
     if input.ndim == 0:
         flat = reshape_op(input, shape=(1,))
         s = reshape_op(src, shape=(1,)) if src is not None else None
@@ -384,10 +378,8 @@ def take(input, index):
     ``index``); indices in [-numel, numel), others raise."""
     idx = _index_array(index, "take")
     n = input.numel()
-    if idx.size and (idx.min() < -n or idx.max() >= n):
-        bad = int(idx.min()) if idx.min() < -n else int(idx.max())
-        raise IndexError(f"take(): out of range: tried to access index {bad} on a tensor of {n} "
-                         f"elements.")
+    idx = range_checked(index, idx, n, f"take(): out of range: tried to access index {{}} on a "
+                        f"tensor of {n} elements.", negative=True)[1]
     return index_op(reshape_op(input, shape=(-1,)), index=(idx,), accumulate=True)
 
 

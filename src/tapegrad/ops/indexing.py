@@ -151,12 +151,17 @@ _ERRORS = {"IndexError": IndexError, "RuntimeError": RuntimeError}
 
 
 @op(saves="none", differentiable=False)
-def check_index(idx, n, message, error="IndexError", ignore=None):
-    """``idx`` itself once every entry (those equal to ``ignore`` aside) lies in [0, n), else
-    ``error`` with ``message.format(bad)``; ``bad``: ``out_of_range``'s, or with ``ignore`` the
-    first offending entry. An op so that a compiled graph checks each call's indices (numpy
-    would wrap a negative one around where eager raises); params are literals the printout
-    shows."""
+def check_index(idx, n, message, error="IndexError", ignore=None, negative=False):
+    """``idx`` itself once every entry (those equal to ``ignore`` aside) lies in [0, n) (with
+    ``negative``: [-n, n)), else ``error`` with ``message.format(bad)``; ``bad``:
+    ``out_of_range``'s, or with ``ignore`` the first offending entry. An op so that a compiled
+    graph checks each call's indices (numpy would wrap a negative one around where eager
+    raises); params are literals the printout shows."""
+    if negative:
+        bad = out_of_range(idx + n, 2 * n)
+        if bad is not None:
+            raise _ERRORS[error](message.format(bad - n))
+        return idx
     bad = out_of_range(idx, n)
     if bad is not None and ignore is not None:
         safe = idx[idx != ignore]
@@ -181,15 +186,16 @@ def recorder():
     return None
 
 
-def range_checked(index, idx, n, message, error="IndexError", ignore=None):
+def range_checked(index, idx, n, message, error="IndexError", ignore=None, negative=False):
     """``(index, idx)`` once ``check_index`` passed on ``idx`` (``index``'s integer array).
     Under the compiler's tracer (or its replay) a Tensor index goes through the op and both
     stand for its result, which every later node must read: no node reads the indices
     before the check."""
     if isinstance(index, _registry.Tensor) and grad_state.modes and recorder() is not None:
-        index = check_index(index, n=n, message=message, error=error, ignore=ignore)
+        index = check_index(index, n=n, message=message, error=error, ignore=ignore,
+                            negative=negative)
         return index, index._data
-    check_index.forward(idx, n, message, error, ignore)
+    check_index.forward(idx, n, message, error, ignore, negative)
     return index, idx
 
 
