@@ -106,12 +106,21 @@ def test_grid_against_torch(name, dtype):
     assert ours.dtype == theirs.dtype
     np.testing.assert_array_equal(np.isnan(ours), np.isnan(theirs))
     err = relative_error(ours, theirs)
-    # PyTorch's unfused builds differ by ~|log(result)| ulps; away from the underflow that is
-    # far below the bar (float32: a few ulps)
+    # PyTorch's other kernels (AVX2, or none) round the exponent a*log(x) - x - lgamma(a)
+    # another way: an ulp of each term becomes relative error through exp, so the bound scales
+    # with their sizes (at a=1501, x=823 the terms are ~1e4: 1.8e-12 in float64, 1.2e-4 in
+    # float32). Measured: at most 1.8 ulps of the terms with AVX2 kernels, 13.8 without
+    # (igammac); 16 ulps, and never below the bar for small terms (float32: a few ulps)
+    a64, x64 = a.astype(np.float64), x.astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(x64 > 0, np.abs(a64 * np.log(x64)), 0.0) + x64 + np.abs(
+            torch.special.gammaln(torch.from_numpy(a64)).numpy()) + 1
+    bound = np.maximum(1e-12 if dtype == np.float64 else 4e-6, 16 * np.finfo(dtype).eps * terms)
     normal = np.abs(theirs) > (1e-100 if dtype == np.float64 else 1e-20)
-    assert err[normal].max() <= (1e-12 if dtype == np.float64 else 4e-6), \
-        f"{name}: worst at a={a[normal][np.argmax(err[normal])]}, " \
-        f"x={x[normal][np.argmax(err[normal])]}"
+    worst = np.argmax((err / bound)[normal])
+    assert np.all(err[normal] <= bound[normal]), \
+        f"{name}: worst at a={a[normal][worst]}, x={x[normal][worst]}: relative error " \
+        f"{err[normal][worst]:.3g}, bound {bound[normal][worst]:.3g}"
     if torch.backends.cpu.get_cpu_capability() == "AVX512":
         # the AVX-512 kernel's fused multiply-adds are reproduced: bit for bit
         assert err.max() == 0.0, f"{name}: {np.count_nonzero(err)} elements differ, worst " \
