@@ -254,3 +254,19 @@ def test_spmm_of_dense_matrices_names_itself_in_errors():
                                            "dtype, but got tapegrad.float64 and "
                                            "tapegrad.float32"):
         tapegrad.spmm(a.double(), tapegrad.randn(3, 4))
+
+
+# --- vmap's placeholder arrays ---------------------------------------------------------------
+def test_broadcasting_a_batched_placeholder_raises_instead_of_giving_zeros():
+    # np.broadcast_to of a batched tensor's array returned a plain array of the placeholder's
+    # zeros: index code that broadcast a batched index selected entry 0 of every example
+    seen = []
+
+    def f(r):
+        with pytest.raises(RuntimeError, match="vmap: It looks like you're attempting to use"):
+            np.broadcast_to(r._data, (2,) + tuple(r.shape))
+        seen.append(True)
+        return r * 2
+
+    out = gf.vmap(f)(tapegrad.tensor(X))
+    assert seen and out.tolist() == (2 * X).tolist()

@@ -58,7 +58,7 @@ class BatchedArray(xp.ndarray):
 
 
 _SHAPE_ONLY = {xp.shape, xp.ndim, xp.size, xp.result_type, xp.may_share_memory,
-               xp.shares_memory, xp.broadcast_to, xp.can_cast, xp.min_scalar_type}
+               xp.shares_memory, xp.can_cast, xp.min_scalar_type}
 
 
 def _Tensor():
