@@ -283,7 +283,7 @@ def mode_key():
 # cells, the attributes those names pick out of the objects, classes and Python modules it
 # reaches, and every nn.Module it reaches. A guard item is checked before a cached graph runs.
 _MISSING = object()
-_GET, _CELL, _MRO, _CONTENTS = 0, 1, 2, 3
+_GET, _CELL, _MRO, _CONTENTS, _SLOT = 0, 1, 2, 3, 4
 _LIBRARY = tuple({os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep} |
                  {p + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib")
                   for p in [sysconfig.get_paths().get(k)] if p})
@@ -378,7 +378,8 @@ class StateGuard:
     """The Python state a function can read, as found before a trace; ``check()`` tells
     whether it is all still the same. Items are ``(kind, source, key, object, value key)``:
     the value at ``source[key]`` (a dict: globals, a Python module's or an object's
-    ``__dict__``), in a closure cell, or found in a class's MRO, must be that object or,
+    ``__dict__``), in a closure cell, found in a class's MRO, or in an object's
+    ``__slots__`` field, must be that object or,
     with a value key, equal by value; ``_CONTENTS`` items re-key a mutable container (a
     list, dict) found there. nn.Modules are checked by ``_module_fact``, only when
     ``tracer.MODULE_EPOCH`` moved since the last check that passed."""
@@ -461,9 +462,14 @@ class StateGuard:
             if v is not _MISSING:
                 self._item(_MRO, obj, name, v)
             return
+        if isinstance(obj, _module_class()):
+            return  # (its own attributes are its fact)
         d = getattr(obj, "__dict__", None)
-        if isinstance(d, dict) and name in d and not isinstance(obj, _module_class()):
+        if isinstance(d, dict) and name in d:
             self._item(_GET, d, name, d[name])
+        elif not isinstance(obj, types.ModuleType) and not _library_class(type(obj)) and \
+                isinstance(_mro_lookup(type(obj), name), types.MemberDescriptorType):
+            self._item(_SLOT, obj, name, getattr(obj, name, _MISSING))  # a __slots__ field
 
     def _item(self, kind, source, key, v):
         t = type(v)
@@ -551,6 +557,8 @@ class StateGuard:
                     v = _MISSING
             elif kind == _MRO:
                 v = _mro_lookup(source, key)
+            elif kind == _SLOT:
+                v = getattr(source, key, _MISSING)
             else:
                 try:
                     if _state_key(source, None) != value:
@@ -571,7 +579,7 @@ class StateGuard:
     def describe(self):
         """One line per item (``TAPEGRAD_LOGS=guards``)."""
         names = {_GET: "value", _CELL: "closure cell", _MRO: "class attribute",
-                 _CONTENTS: "contents of"}
+                 _CONTENTS: "contents of", _SLOT: "slot"}
         lines = []
         for kind, source, key, want, value in self.items:
             what = key if key is not None else type(source).__name__
