@@ -141,6 +141,17 @@ def test_trajectory_matches_torch(name, groups, kw):
     assert tg_losses[-1] != tg_losses[0]  # the optimizer moved
 
 
+def test_trajectory_tolerance_still_detects_a_tiny_change():
+    # the most sensitive case's tolerance stays ~100x below what a momentum decay off by 1 part
+    # in 1e9 does to its trajectory: a formula slip cannot hide under it
+    name, groups, kw = CASES[13]
+    theirs = _run(torch, torch.optim.NAdam, groups, dict(kw, foreach=False))
+    ours = _run(tapegrad, optim.NAdam, groups, dict(kw, momentum_decay=4e-3 * (1 + 1e-9)))
+    rtol = _tolerance(_tapegrad_run(optim.NAdam, groups, kw))
+    assert max(_error(a, b) for a, b in zip([ours[0], *ours[1]], [theirs[0], *theirs[1]])) > \
+        10 * rtol
+
+
 @pytest.mark.parametrize("name,groups,kw", CASES, ids=[c[0] for c in CASES])
 def test_foreach_flat_batch_is_bit_identical(name, groups, kw):
     loop = _run(tapegrad, getattr(optim, name), groups, dict(kw, foreach=False), steps=10)
