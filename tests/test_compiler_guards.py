@@ -256,6 +256,42 @@ def test_closure_cell_rebound():
     _same(c(x), f(x))
 
 
+def test_mutable_default_argument_changed():
+    def f(x, scales=[2.0]):  # noqa: B006 - the mutable default is the point
+        return x * scales[0]
+
+    c = tg.compile(f)
+    x = tg.arange(3.0)
+    _twice(c, x)
+    f.__defaults__[0][0] = -1.0
+    _same(c(x), x * -1.0)
+
+
+def test_partial_of_a_function_reading_a_global(_restore_globals):
+    import functools
+
+    global SCALE
+    c = tg.compile(functools.partial(_calls_helper))
+    x = tg.arange(3.0)
+    _twice(c, x)
+    SCALE = 9.0
+    _same(c(x), (x + 1) * 9.0)
+
+
+@pytest.mark.parametrize("make", [lambda ts: iter(ts), lambda ts: (t for t in ts)],
+                         ids=["iterator", "generator"])
+def test_a_function_pulling_from_an_iterator_runs_eagerly(make):
+    """What ``next()`` returns next is hidden in the iterator's state: no guard can see it,
+    so the function is never compiled (each call eager, exact)."""
+    ts = [tg.full((2,), float(k)) for k in range(6)]
+    it = make(ts)
+    f = tg.compile(lambda x: x + next(it))
+    x = tg.ones(2)
+    for k in range(6):
+        _same(f(x), x + float(k))
+    assert not f.entries and any("position" in b.reason for b in f.breaks)
+
+
 def test_state_the_function_itself_changes_is_never_baked():
     """A compiled graph does not replay Python side effects: a function that moves state it
     reads must see a guard fail each call (a retrace, eager), never a stale answer."""

@@ -289,6 +289,8 @@ _LIBRARY = tuple({os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + 
                   for p in [sysconfig.get_paths().get(k)] if p})
 _MODULE_PLAIN = (str, bytes, int, float, bool, type(None))
 _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement (mutable)
+_ITERATORS = (types.GeneratorType, types.AsyncGeneratorType, types.CoroutineType,
+              type(iter([])), type(iter(())), type(iter({})), type(iter(range(0))))
 
 
 def _library_code(code):
@@ -432,6 +434,9 @@ class StateGuard:
         code = f.__code__
         if root or not _library_code(code):
             self._codes.append((code, f.__globals__, f.__closure__))
+            for name in ("__defaults__", "__kwdefaults__"):  # (a mutable default's contents)
+                if getattr(f, name) is not None:
+                    self._item(_SLOT, f, name, getattr(f, name))
 
     def _code(self, code, g, closure):
         if id(code) in self._seen:
@@ -507,6 +512,16 @@ class StateGuard:
             return
         if isinstance(v, (types.BuiltinFunctionType, types.CodeType)):
             return
+        if isinstance(v, functools.partial):
+            for x in (v.func, *v.args, *v.keywords.values()):
+                self._visit(x)
+            return
+        if isinstance(v, _ITERATORS) or not isinstance(v, type) and \
+                hasattr(type(v), "__next__") and (not type(v).__flags__ & _HEAPTYPE or
+                                                  _library_class(type(v))):
+            # what the next call takes from it is hidden in its state: nothing to guard by
+            raise Unguardable(f"it reads a {type(v).__name__}, whose position no guard "
+                              "can see")
         if isinstance(v, (staticmethod, classmethod)):
             self._visit(v.__func__)
             return
