@@ -292,6 +292,20 @@ def test_a_function_pulling_from_an_iterator_runs_eagerly(make):
     assert not f.entries and any("position" in b.reason for b in f.breaks)
 
 
+def test_a_function_drawing_python_random_numbers_runs_eagerly():
+    import random
+
+    rng = random.Random(0)
+    f = tg.compile(lambda x: x * rng.random())
+    x = tg.ones(2)
+    for _ in range(3):
+        state = rng.getstate()
+        got = f(x)
+        rng.setstate(state)
+        _same(got, x * rng.random())
+    assert not f.entries and any("random numbers" in b.reason for b in f.breaks)
+
+
 def test_state_the_function_itself_changes_is_never_baked():
     """A compiled graph does not replay Python side effects: a function that moves state it
     reads must see a guard fail each call (a retrace, eager), never a stale answer."""

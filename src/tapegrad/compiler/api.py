@@ -14,6 +14,7 @@ argument types run eagerly at once.
 import functools
 import operator
 import os
+import random
 import sys
 import sysconfig
 import threading
@@ -516,6 +517,11 @@ class StateGuard:
             for x in (v.func, *v.args, *v.keywords.values()):
                 self._visit(x)
             return
+        if isinstance(v, types.ModuleType) and v.__name__ in ("random", "numpy.random") or \
+                isinstance(v, (random.Random, np.random.Generator, np.random.RandomState)):
+            # a number drawn in the traced call would be a literal of the graph
+            raise Unguardable(f"it reads Python random numbers ({type(v).__name__} "
+                              f"{getattr(v, '__name__', '')})")
         if isinstance(v, _ITERATORS) or not isinstance(v, type) and \
                 hasattr(type(v), "__next__") and (not type(v).__flags__ & _HEAPTYPE or
                                                   _library_class(type(v))):
