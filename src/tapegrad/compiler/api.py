@@ -39,6 +39,7 @@ from tapegrad.tensor import Tensor
 
 cache_size_limit = 8  # as torch._dynamo.config.cache_size_limit
 _calls = threading.local()  # .depth: compiled calls running in this thread
+_tracing = threading.RLock()
 DEBUG = os.environ.get("TAPEGRAD_COMPILE_DEBUG", "") not in ("", "0")
 LOG_KINDS = ("graphs", "passes", "code", "breaks", "guards")
 
@@ -859,8 +860,9 @@ class CompiledFunction:
             guard = StateGuard(self.fn, args, kwargs, self._modules)
         except Exception as e:  # noqa: BLE001 - state too large or too odd to walk: eager
             guard = e if isinstance(e, Unguardable) else Unguardable(f"{type(e).__name__}: {e}")
-        result, graph, tracer = trace_call(self.fn, args, kwargs, self.fullgraph, joint=True,
-                                           split_reads=True)
+        with _tracing:  # one trace at a time: a trace swaps the classes of shared tensors
+            result, graph, tracer = trace_call(self.fn, args, kwargs, self.fullgraph,
+                                               joint=True, split_reads=True)
         self.inner_fallbacks.extend(tracer.inner)
         logs = log_kinds()
         if graph is not None and tracer.splits:
