@@ -22,6 +22,7 @@ import time
 import types
 import warnings
 import weakref
+from collections import OrderedDict
 
 import numpy as np
 
@@ -355,26 +356,25 @@ def _mro_lookup(cls, name):
 
 
 def _module_fact(m, keep):
-    """What an nn.Module holds: its class, and each entry of its ``__dict__`` (parameters,
-    buffers, children and hooks by identity; plain values by value; the rest by identity).
-    Changed only through Module methods, which move ``tracer.MODULE_EPOCH`` on."""
-    out = [id(type(m))]
-    for k, v in m.__dict__.items():
+    """What an nn.Module holds: its class, and each entry of its ``__dict__`` by identity
+    (parameters, buffers, children and hooks: the contents of its dicts and sets too).
+    Changed only through Module methods, which move ``tracer.MODULE_EPOCH`` on. (A plain
+    value set again to an equal but new object reads as changed: a retrace, never stale.)"""
+    d = m.__dict__
+    values = list(d.values())
+    out = [type(m), tuple(d), tuple(map(id, values))]
+    for v in values:
         t = type(v)
-        if t in _SCALARS:
-            out.append((k, _scalar_key(v)))
-        elif isinstance(v, dict):
-            if keep is not None:
-                keep.append(list(v.values()))
-            out.append((k, id(v), tuple([(kk, id(x)) for kk, x in v.items()])))
-        elif isinstance(v, (set, frozenset)):
-            out.append((k, id(v), frozenset(v)))
-        elif t is tuple:
-            out.append((k, _state_key(v, keep)))
-        else:
-            if keep is not None:
-                keep.append(v)
-            out.append((k, id(v)))
+        if t is dict or t is OrderedDict:
+            if v:
+                out.append(tuple(v))
+                out.append(tuple(map(id, v.values())))
+                if keep is not None:
+                    keep.append(list(v.values()))
+        elif t is set:
+            out.append(frozenset(v))
+    if keep is not None:
+        keep.append(values)
     return tuple(out)
 
 
