@@ -270,3 +270,18 @@ def test_broadcasting_a_batched_placeholder_raises_instead_of_giving_zeros():
 
     out = gf.vmap(f)(tapegrad.tensor(X))
     assert seen and out.tolist() == (2 * X).tolist()
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_jacrev_of_jacrev_through_a_two_input_pointwise_rule(approximate):
+    # gelu's gradient is the pointwise op gelu_backward(g, x): under the inner jacrev's vmap
+    # only g is batched, and the physical node the outer jacrev differentiates must see x
+    # expanded to the batch (numpy's broadcasting gave x a gradient of the batched shape)
+    def run(M):
+        _, fn, F = lib(M)
+        f = lambda x: (F.gelu(x, approximate=approximate) ** 2).sum()  # noqa: E731
+        x = M.tensor(X, dtype=M.float64)
+        return fn.jacrev(fn.jacrev(f))(x), fn.vmap(fn.jacrev(fn.jacrev(f)))(x)
+
+    for ours, theirs in zip(run(tapegrad), run(torch)):
+        assert_close(ours, theirs, rtol=1e-12)

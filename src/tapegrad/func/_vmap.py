@@ -383,16 +383,25 @@ class VmapLevel(DispatchMode):
 
 
 def _pointwise_rule(op):
+    # an elementwise op broadcasts its operands through broadcast_to when it dispatches; other
+    # pointwise ops (gelu_backward(g, x)) take operands of one shape, so an unbatched one is
+    # expanded to the batch here: left to numpy's broadcasting, a physical node recorded for
+    # an outer transform would give it a gradient of the batched shape
+    expand = not op.elementwise
+
     def rule(args, bdims, **params):
         nds = [logical_ndim(a, b) for a, b in zip(args, bdims) if hasattr(a, "_data")]
         r = max(nds)
         batched = [i for i, b in enumerate(bdims) if b is not None]
         if len(batched) == 1 and logical_ndim(args[batched[0]], bdims[batched[0]]) == r \
-                and bdims[batched[0]] == 0:
+                and bdims[batched[0]] == 0 and not (expand and len(nds) > 1):
             return op(*args, **params), 0
+        size = args[batched[0]].shape[bdims[batched[0]]]
         new = []
         for a, b in zip(args, bdims):
             if b is None:
+                if expand and hasattr(a, "_data"):
+                    a = pad_after_batch(expand_batch(a, size), r - a.dim())
                 new.append(a)
             else:
                 a = move_to_front(a, b)
