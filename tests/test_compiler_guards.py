@@ -256,6 +256,23 @@ def test_closure_cell_rebound():
     _same(c(x), f(x))
 
 
+def _scaler(k):
+    box = [k]
+    return lambda x: x * box[0], box
+
+
+def test_two_closures_of_one_code_object_are_both_guarded():
+    (first, box1), (second, box2) = _scaler(2.0), _scaler(3.0)
+    f = tg.compile(lambda x: first(x) + second(x))
+    x = tg.arange(3.0)
+    _twice(f, x)
+    box1[0] = -1.0
+    _same(f(x), x * -1.0 + x * 3.0)
+    _twice(f, x)
+    box2[0] = 5.0
+    _same(f(x), x * -1.0 + x * 5.0)
+
+
 def test_mutable_default_argument_changed():
     def f(x, scales=[2.0]):  # noqa: B006 - the mutable default is the point
         return x * scales[0]

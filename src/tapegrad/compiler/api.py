@@ -341,7 +341,7 @@ def _differs(v, value):
         return True
     try:
         return _state_key(v, None) != value
-    except Unguardable:
+    except (Unguardable, RecursionError):
         return True
 
 
@@ -382,11 +382,11 @@ class StateGuard:
     """The Python state a function can read, as found before a trace; ``check()`` tells
     whether it is all still the same. Items are ``(kind, source, key, object, value key)``:
     the value at ``source[key]`` (a dict: globals, a Python module's or an object's
-    ``__dict__``), in a closure cell, found in a class's MRO, or in an object's
-    ``__slots__`` field, must be that object or,
-    with a value key, equal by value; ``_CONTENTS`` items re-key a mutable container (a
-    list, dict) found there. nn.Modules are checked by ``_module_fact``, only when
-    ``tracer.MODULE_EPOCH`` moved since the last check that passed."""
+    ``__dict__``), in a closure cell, found in a class's MRO, or in an object's ``__slots__``
+    field, must be that object or, with a value key, equal by value; ``_CONTENTS`` items
+    re-key a mutable container (a list, dict) found there. nn.Modules are checked by
+    ``_module_fact``, only when ``tracer.MODULE_EPOCH`` moved since the last check that
+    passed."""
 
     def __init__(self, fn, args=(), kwargs=None, modules=()):
         self.items = []
@@ -441,10 +441,11 @@ class StateGuard:
                     self._item(_SLOT, f, name, getattr(f, name))
 
     def _code(self, code, g, closure):
-        if id(code) in self._seen:
+        key = (id(code), id(g), id(closure))  # (closures of one code object differ)
+        if key in self._seen:
             return
-        self._seen.add(id(code))
-        self.keep.append(code)
+        self._seen.add(key)
+        self.keep.append((code, g, closure))
         self._names.update(code.co_names)
         builtins = g.get("__builtins__")
         builtins = getattr(builtins, "__dict__", builtins) or {}
@@ -585,7 +586,7 @@ class StateGuard:
                 try:
                     if _state_key(source, None) != value:
                         return False
-                except Unguardable:
+                except (Unguardable, RecursionError):  # (grown too large, or into itself)
                     return False
                 continue
             if v is not want and (value is None or _differs(v, value)):
@@ -813,6 +814,9 @@ class CompiledFunction:
             spec, flat = _spec(args, kwargs)
         except Unguardable as e:
             self._break(f"{e}: too large to guard; runs eagerly")
+            return self.fn(*args, **kwargs)
+        except RecursionError:
+            self._break("an argument that contains itself cannot be guarded; runs eagerly")
             return self.fn(*args, **kwargs)
         modes = mode_key()
         training = self._training(args)
