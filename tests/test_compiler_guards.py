@@ -273,6 +273,43 @@ def test_two_closures_of_one_code_object_are_both_guarded():
     _same(f(x), x * -1.0 + x * 5.0)
 
 
+def test_a_library_objects_method_reading_its_fields():
+    """``sched.get_last_lr()`` used as a number is a literal of the graph: the fields its
+    code reads are guarded, so the next LR retraces (as torch.compile recompiles)."""
+    w = tg.ones(3, requires_grad=True)
+    opt = tg.optim.SGD([w], lr=1.0)
+    sched = tg.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    f = tg.compile(lambda x: x * sched.get_last_lr()[0])
+    x = tg.arange(3.0)
+    with tg.no_grad():
+        _twice(f, x)
+        opt.step()
+        sched.step()
+        _same(f(x), x * 0.5)
+
+
+def test_a_compiled_training_step_with_a_scheduler_compiles_once():
+    """The optimizer's and scheduler's ``step()`` run inside the graph (effect nodes): the
+    state they change each call (the LR, step counts) is not guarded."""
+    w = tg.ones(3, requires_grad=True)
+    opt = tg.optim.Adam([w], lr=0.1)
+    sched = tg.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+
+    def step(x):
+        opt.zero_grad()
+        loss = (x * w).sum()
+        loss.backward()
+        opt.step()
+        sched.step()
+        return loss
+
+    c = tg.compile(step)
+    x = tg.arange(3.0)
+    for _ in range(6):
+        c(x)
+    assert len(c.entries) <= 2 and c.n_hits == 6 - len(c.entries)
+
+
 def test_mutable_default_argument_changed():
     def f(x, scales=[2.0]):  # noqa: B006 - the mutable default is the point
         return x * scales[0]

@@ -475,9 +475,33 @@ class StateGuard:
         d = getattr(obj, "__dict__", None)
         if isinstance(d, dict) and name in d:
             self._item(_GET, d, name, d[name])
-        elif not isinstance(obj, types.ModuleType) and not _library_class(type(obj)) and \
-                isinstance(_mro_lookup(type(obj), name), types.MemberDescriptorType):
-            self._item(_SLOT, obj, name, getattr(obj, name, _MISSING))  # a __slots__ field
+        elif not isinstance(obj, types.ModuleType):
+            v = _mro_lookup(type(obj), name)
+            if not _library_class(type(obj)):
+                if isinstance(v, types.MemberDescriptorType):  # a __slots__ field
+                    self._item(_SLOT, obj, name, getattr(obj, name, _MISSING))
+            else:
+                self._library_method(obj, v)
+
+    def _library_method(self, obj, f):
+        """A method of a library object the user's code calls (``sched.get_last_lr()``):
+        the fields of ``obj`` its code names (and of the methods of ``obj`` it names in
+        turn) are guarded, as the user's own. A method the compiler hooks (an optimizer's or
+        scheduler's ``step``, ``zero_grad``: effect nodes that run it at each call) is not."""
+        f = f.fget if isinstance(f, property) else getattr(f, "__func__", f)
+        if not isinstance(f, types.FunctionType) or hasattr(f, "__wrapped__") or \
+                getattr(f, "_compiler_hook", False):
+            return
+        key = (id(obj), id(f.__code__))
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        d = getattr(obj, "__dict__", None)
+        for name in f.__code__.co_names:
+            if isinstance(d, dict) and name in d:
+                self._item(_GET, d, name, d[name])
+            else:
+                self._library_method(obj, _mro_lookup(type(obj), name))
 
     def _item(self, kind, source, key, v):
         t = type(v)
