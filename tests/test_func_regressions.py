@@ -285,3 +285,24 @@ def test_jacrev_of_jacrev_through_a_two_input_pointwise_rule(approximate):
 
     for ours, theirs in zip(run(tapegrad), run(torch)):
         assert_close(ours, theirs, rtol=1e-12)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_vmap_cross_entropy_with_batched_targets_runs_its_batch_rules(reduction):
+    # example 1 ignores every row: its loss is nan, its gradient 0 (as PyTorch); targets
+    # batched beside the logits, under two levels (vmap of jacrev), take the batch rules
+    # built from ops, with no loop over the batch
+    tb = np.array([[1, 0, 3], [2, 2, 2]])
+
+    def run(M):
+        _, fn, F = lib(M)
+        f = lambda x, t: F.cross_entropy(x, t, ignore_index=2, reduction=reduction)  # noqa
+        x, t = M.tensor(XB, dtype=M.float64), M.tensor(tb)
+        return (fn.vmap(f)(x, t), fn.vmap(fn.grad(f))(x, t),
+                fn.vmap(fn.jacrev(fn.grad(f)))(x, t))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # vmap's loop fallback warns
+        ours = run(tapegrad)
+    for a, b in zip(ours, run(torch)):
+        assert_close(a, b, rtol=1e-12, atol=1e-12)  # the values are O(1); the nan is matched

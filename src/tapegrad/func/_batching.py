@@ -10,6 +10,7 @@ from tapegrad.func._vmap import (move_to_front, pad_after_batch, expand_batch, l
 from tapegrad.ops.movement import _dim
 from tapegrad.backend import xp
 from tapegrad.ops.registry import REGISTRY
+from tapegrad.ops.nn import _ce_target
 
 R = REGISTRY
 
@@ -370,66 +371,48 @@ def rules():
 
 # --- cross-entropy with class indices -------------------------------------------------------
 def _ce_physical(args, bdims):
-    """Physical ``x`` (B, N, C) and the class indices ``t`` (B, N) as an array (a batched
-    index is data of the batch: read per example), or None where a rule cannot apply (a nested
-    level's batched indices)."""
+    """Physical logits ``x`` (B, N, C) and class indices ``t`` (B, N); ``t`` may be batched
+    by an outer level too: the target is built from ops (``_ce_target``), never read here."""
     x, t = args[-2], args[-1]
     bx, bt = bdims[-2], bdims[-1]
     # the batch may come from any operand: the backward's incoming gradient alone is batched
     # in jacrev of the loss (one cotangent per output element, x and t shared)
     size = next(a.shape[b] for a, b in zip(args, bdims) if b is not None)
     x = move_to_front(x, bx) if bx is not None else expand_batch(x, size)
-    td = getattr(t, "_data", t)
-    if type(td).__name__ == "BatchedArray":
-        return None
-    td = xp.moveaxis(td, bt, 0) if bt is not None else xp.broadcast_to(td, (size,) + td.shape)
-    return x, td
+    if bt is not None:
+        t = move_to_front(t, bt)
+    elif hasattr(t, "_data"):
+        t = expand_batch(t, size)
+    else:
+        t = xp.broadcast_to(t, (size,) + tuple(t.shape))
+    return x, t
 
 
-def _ce_target_batched(x, td, ignore_index, mean, empty):
-    """One-hot target (B, N, C), valid rows (B, N, 1) and each example's 1 / count (B, 1, 1),
-    ``empty`` where an example's rows are all ignored (nan for the loss, 0 for its gradient)."""
-    b, n, c = x.shape
-    dt = x._data.dtype
-    valid = td != ignore_index
-    onehot = xp.zeros((b, n, c), dt)
-    onehot[xp.arange(b)[:, None], xp.arange(n)[None, :], xp.where(valid, td, 0)] = valid
-    count = valid.sum(axis=1) if mean else xp.ones(b)
-    with xp.errstate(divide="ignore"):
-        scale = xp.where(count > 0, 1.0 / xp.maximum(count, 1), empty).astype(dt)
-    return onehot, valid[..., None].astype(dt), scale.reshape(b, 1, 1)
-
-
-def _const(a):
-    from tapegrad.ops import registry
-
-    return registry.Tensor._make(a)
+def _ce_parts(x, t, ignore_index, mean, empty):
+    """One-hot (B, N, C), valid rows (B, N, 1) and each example's 1 / count (B, 1, 1)."""
+    onehot, keep, scale = _ce_target(x, t, ignore_index, mean, empty)
+    if not isinstance(scale, float):
+        scale = R["reshape"](scale, shape=(x.shape[0], 1, 1))
+    return onehot, keep, scale
 
 
 @R["cross_entropy_index"].batch
 def _(args, bdims, ignore_index=-100, mean=True):
-    parts = _ce_physical(args, bdims)
-    if parts is None:
-        return NotImplemented
-    x, td = parts
-    onehot, keep, scale = _ce_target_batched(x, td, ignore_index, mean, xp.nan)
+    x, t = _ce_physical(args, bdims)
+    onehot, keep, scale = _ce_parts(x, t, ignore_index, mean, xp.nan)  # all ignored: nan
     lse = R["logsumexp"](x, dims=(2,), keepdim=True)
-    per_row = R["sum"]((lse - x) * _const(onehot), dims=(2,), keepdim=True)  # lse - x[t]
-    loss = R["sum"](per_row * _const(keep * scale), dims=(1, 2))
-    return loss, 0
+    per_row = R["sum"]((lse - x) * onehot, dims=(2,), keepdim=True)  # lse - x[t]
+    return R["sum"](per_row * keep * scale, dims=(1, 2)), 0
 
 
 @R["cross_entropy_index_backward"].batch
 def _(args, bdims, ignore_index=-100, mean=True):
-    parts = _ce_physical(args, bdims)
-    if parts is None:
-        return NotImplemented
-    x, td = parts
-    onehot, keep, scale = _ce_target_batched(x, td, ignore_index, mean, 0.0)
+    x, t = _ce_physical(args, bdims)
+    onehot, keep, scale = _ce_parts(x, t, ignore_index, mean, 0.0)
     g, bg = args[0], bdims[0]
     g = R["reshape"](move_to_front(g, bg), shape=(x.shape[0], 1, 1)) if bg is not None else g
     p = R["softmax"](x, dim=2)
-    return (p * _const(keep) - _const(onehot)) * (g * _const(scale)), 0
+    return (p * keep - onehot) * (g * scale), 0
 
 
 # --- max pooling: the batch folded into N ----------------------------------------------------

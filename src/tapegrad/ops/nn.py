@@ -308,24 +308,25 @@ def _(g, out, x, t, ignore_index=-100, mean=True):
     return cross_entropy_index_backward(g, x, t, ignore_index=ignore_index, mean=mean), None
 
 
-def _ce_target(x, t, ignore_index, mean):
-    """One-hot ``target`` (N, C), the valid rows ``keep`` (N, 1) and the loss's 1 / count,
-    from the class indices ``t``, for the rules. Built from ops: under vmap or a tracer the
-    indices are batched or symbolic, so nothing here reads their values in Python (on arrays,
-    forward mode's array path, the ops run as their forwards)."""
-    n, c = x.shape
+def _ce_target(x, t, ignore_index, mean, empty=0.0):
+    """One-hot ``target`` (..., N, C), the valid rows ``keep`` (..., N, 1) and the loss's
+    1 / count (``empty`` where every row is ignored) from the class indices ``t`` (..., N), for
+    the rules and vmap's batch rules (a leading batch dim). Built from ops: under vmap or a
+    tracer the indices are batched or symbolic, so nothing here reads their values in Python
+    (on arrays, forward mode's array path, the ops run as their forwards)."""
+    c = x.shape[-1]
     dt = np_dtype(x.dtype)  # x is an array, or a Tensor in a rule
+    rows = tuple(t.shape) + (1,)
     valid = ne(t, ignore_index)
-    keep = to_dtype(reshape(valid, shape=(n, 1)), dtype=dt)
+    keep = to_dtype(reshape(valid, shape=rows), dtype=dt)
     # an ignored row's index may name a class (0 <= ignore_index < C): keep zeroes it
     classes = array_module(getattr(x, "_data", x)).arange(c)
-    target = to_dtype(eq(reshape(t, shape=(n, 1)), classes), dtype=dt) * keep
+    target = to_dtype(eq(reshape(t, shape=rows), classes), dtype=dt) * keep
     if not mean:
         return target, keep, 1.0
-    count = sum_op(valid, dims=(0,), dtype=dt)
+    count = sum_op(valid, dims=(len(t.shape) - 1,), dtype=dt)
     some = gt(count, 0)
-    # every row ignored: the loss is nan but its gradient 0, as PyTorch's nll_loss backward
-    return target, keep, where(some, 1.0 / where(some, count, 1.0), 0.0)
+    return target, keep, where(some, 1.0 / where(some, count, 1.0), empty)
 
 
 @op(flops=6, fused=True)
