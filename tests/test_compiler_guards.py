@@ -66,6 +66,16 @@ def test_tensors_in_a_fresh_list_are_read_from_this_call():
     assert len(f.entries) == 1 and f.n_hits == 3
 
 
+def test_tensors_in_a_keyword_container_are_read_from_this_call():
+    f = tg.compile(lambda x, *, extra: x + extra["w"] * extra["b"][0])
+    rng = np.random.default_rng(1)
+    x = tg.ones(3)
+    for k in range(3):
+        extra = {"w": tg.tensor(rng.standard_normal(3)), "b": (tg.tensor(rng.standard_normal(3)),)}
+        _same(f(x, extra=extra), x + extra["w"] * extra["b"][0])
+    assert len(f.entries) == 1 and f.n_hits == 2
+
+
 def test_one_tensor_twice_inside_a_list_is_part_of_the_key():
     f = tg.compile(lambda xs: xs[0] * 2 + xs[1])
     a, b = tg.arange(3.0), tg.ones(3)
