@@ -52,9 +52,9 @@ def broadcast_prefix(prefix, tree, name):
             out += broadcast_prefix(prefix[k], tree[k], name)
         return out
     if not isinstance(tree, (tuple, list)) or len(prefix) != len(tree):
+        length = f" of length {len(tree)}" if isinstance(tree, (tuple, list)) else ""
         raise ValueError(f"{name}: expected a structure of length {len(prefix)} matching the "
-                         f"inputs, got {type(tree).__name__}"
-                         f"{' of length ' + str(len(tree)) if isinstance(tree, (tuple, list)) else ''}")
+                         f"inputs, got {type(tree).__name__}{length}")
     out = []
     for p, t in zip(prefix, tree):
         out += broadcast_prefix(p, t, name)

@@ -7,8 +7,8 @@ from tapegrad.sparse.coo import (SparseCooTensor, sparse_coo_tensor, to_sparse,
 
 def mm(mat1, mat2):
     """As ``torch.sparse.mm``: sparse @ dense or dense @ sparse (dense result), sparse @ sparse
-    (sparse result) or dense @ dense (``mm``), with gradients for both operands; a sparse leaf that requires grad gets a sparse
-    gradient at its own entries, as in PyTorch.
+    (sparse result) or dense @ dense (``mm``), with gradients for both operands; a sparse
+    leaf that requires grad gets a sparse gradient at its own entries, as in PyTorch.
 
     >>> tapegrad.sparse.mm(adjacency, features)
     """
