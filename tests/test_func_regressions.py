@@ -306,3 +306,16 @@ def test_vmap_cross_entropy_with_batched_targets_runs_its_batch_rules(reduction)
         ours = run(tapegrad)
     for a, b in zip(ours, run(torch)):
         assert_close(a, b, rtol=1e-12, atol=1e-12)  # the values are O(1); the nan is matched
+
+
+def test_vmap_grad_of_var_without_degrees_of_freedom():
+    # one element per example: PyTorch's gradient is nan (inf where the element is off its
+    # mean); the rule built its inf with numpy from the batched placeholder
+    def run(M):
+        _, fn, _ = lib(M)
+        x = M.tensor([[1.5], [2.0]], dtype=M.float32)
+        return fn.vmap(fn.grad(lambda r: r.var()))(x)
+
+    ours, theirs = run(tapegrad), run(torch)
+    assert ours.dtype == tapegrad.float32
+    np.testing.assert_array_equal(ours.numpy(), theirs.numpy())

@@ -114,7 +114,7 @@ def _var_grad(g, a, dims, correction, keepdim, full):
     with xp.errstate(divide="ignore", invalid="ignore"):  # inf * 0 is nan here, as in PyTorch
         if full:
             at_mean = eq(a, mean_op(a, dims=dims, keepdim=True))
-            return g * where_op(at_mean, math.nan, xp.full_like(_data(a), math.inf))
+            return where_op(at_mean, g * math.nan, g * math.inf)  # ops: vmap batches it
         return (2.0 / dof if dof else math.inf) * g * (a - mean_op(a, dims=dims, keepdim=True))
 
 
