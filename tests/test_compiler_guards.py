@@ -443,6 +443,22 @@ def test_module_class_attribute_changed():
             _Scaled.factor = 2.0
 
 
+class _Remembers(nn.Module):
+    def forward(self, x):
+        self.last_shape = tuple(x.shape)  # a plain value set again each call: equal, new
+        return x * 2
+
+
+def test_module_setting_an_equal_plain_value_each_call_compiles():
+    model, x = _Remembers(), tg.arange(3.0)
+    f = tg.compile(model)
+    with tg.no_grad():
+        for _ in range(5):
+            _same(f(x), x * 2)
+    f = f._compiled
+    assert len(f.entries) <= 2 and f.n_hits == 5 - len(f.entries)
+
+
 def test_forward_hook_added_after_compiling():
     model, x = _nets()
     f = tg.compile(lambda x: model(x))

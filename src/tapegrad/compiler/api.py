@@ -356,23 +356,30 @@ def _mro_lookup(cls, name):
 
 
 def _module_fact(m, keep):
-    """What an nn.Module holds: its class, and each entry of its ``__dict__`` by identity
-    (parameters, buffers, children and hooks: the contents of its dicts and sets too).
-    Changed only through Module methods, which move ``tracer.MODULE_EPOCH`` on. (A plain
-    value set again to an equal but new object reads as changed: a retrace, never stale.)"""
+    """What an nn.Module holds: its class and each entry of its ``__dict__``: plain values
+    (numbers, strings, tuples of them) by value, everything else (parameters, buffers,
+    children, hook dicts) by identity, with the contents of its dicts and sets. Changed only
+    through Module methods, which move ``tracer.MODULE_EPOCH`` on."""
     d = m.__dict__
     values = list(d.values())
-    out = [type(m), tuple(d), tuple(map(id, values))]
+    out = [type(m), tuple(d)]
     for v in values:
         t = type(v)
-        if t is dict or t is OrderedDict:
+        if t in _SCALARS:
+            out.append(_scalar_key(v))
+        elif t is dict or t is OrderedDict:
+            out.append(id(v))
             if v:
                 out.append(tuple(v))
                 out.append(tuple(map(id, v.values())))
                 if keep is not None:
                     keep.append(list(v.values()))
         elif t is set:
-            out.append(frozenset(v))
+            out.append((id(v), frozenset(v)))
+        elif t is tuple and all(type(x) in _SCALARS for x in v):
+            out.append(_state_key(v, None))
+        else:
+            out.append(id(v))
     if keep is not None:
         keep.append(values)
     return tuple(out)
