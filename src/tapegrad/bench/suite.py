@@ -38,6 +38,9 @@ from tapegrad.bench.suite_models import SPECS
 
 DTYPES = ("float32", "float64")
 CHECK_STEPS = 5
+# the first call traces and runs eagerly, the second traces again (gradients now exist at the
+# call: a second guard set), the third is the first to run generated code
+QUICK_CHECK_STEPS = 3
 
 
 # --- one model's step, the same code for both libraries ------------------------------------
@@ -165,7 +168,7 @@ def worker(args):
     res = {"model": name, "dtype": dtype}
     torch_default = torch.get_num_threads() if torch is not None else 1
     with harness.Threads(args.threads, torch) as threads:
-        steps = 2 if args.quick else CHECK_STEPS
+        steps = QUICK_CHECK_STEPS if args.quick else CHECK_STEPS
         eager = run_steps(tapegrad, name, dtype, steps)
         res["check_steps"] = steps
         try:
@@ -218,7 +221,7 @@ def _inductor_case(torch, name, dtype, cases, steps):
     out = {}
 
     def compiled_run():
-        step, net, opt, inputs = make_step(torch, name, dtype)
+        _, net, opt, inputs = make_step(torch, name, dtype)
         loss_fn = torch.compile(lambda *b: s.loss(torch, net, *b))
 
         def cstep(*b):
@@ -357,7 +360,8 @@ def main(argv=None):
                    help=f"comma-separated subset of: {', '.join(SPECS)} (default: all)")
     p.add_argument("--dtype", choices=DTYPES + ("both",), default="both")
     p.add_argument("--quick", action="store_true",
-                   help="smoke mode: 3 rounds of >= 5 ms batches (default 7 of >= 50 ms)")
+                   help="smoke mode: 3 rounds of >= 5 ms batches (default 7 of >= 50 ms), "
+                        f"{QUICK_CHECK_STEPS} checked steps")
     p.add_argument("--inductor", action="store_true",
                    help="also torch.compile (inductor; cold compiles take tens of seconds; "
                         "cached under ~/.cache/tapegrad/inductor)")
@@ -400,7 +404,7 @@ def main(argv=None):
                     f"torch.compile at 1")
     harness.out(f"one worker process per (model, dtype); in it contestants interleaved, "
                 f"{args.rounds} rounds of >= {args.min_time * 1e3:.0f} ms batches; "
-                f"compiled == eager over {2 if args.quick else CHECK_STEPS} steps")
+                f"compiled == eager over {QUICK_CHECK_STEPS if args.quick else CHECK_STEPS} steps")
     results = []
     for name in names:
         for dtype in dtypes:
