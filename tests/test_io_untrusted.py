@@ -3,13 +3,14 @@ opcode by opcode: the scanner sees every way a pickle can name an object, no mes
 unbounded repr, ambiguous or corrupt archives raise one clear error each, and the weights-only
 allow-list follows PyTorch's. Each test says what PyTorch 2.13 does with the same file."""
 import collections
+import contextlib
 import copyreg
 import io
 import os
 import pickle
+import signal
 import struct
 import threading
-import time
 import warnings
 import zipfile
 
@@ -139,13 +140,25 @@ def _doubling_list(levels):
     return out
 
 
+@contextlib.contextmanager
+def _unless_hung(seconds=120):
+    """Fail instead of hanging: the unbounded versions of these loads run for hours and take
+    gigabytes, the bounded ones microseconds. A watchdog, not a speed claim."""
+    def hung(signum, frame):
+        raise AssertionError(f"still running after {seconds} s: the work is unbounded")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def _raises_quickly(path, match, **kwargs):
-    start = time.perf_counter()
-    with pytest.raises(CheckpointError, match=match):
+    with _unless_hung(), pytest.raises(CheckpointError, match=match):
         tapegrad.load(path, **kwargs)
-    # the full repr would take minutes and gigabytes; a bounded one takes microseconds (the
-    # limit leaves room for a slow shared machine)
-    assert time.perf_counter() - start < 2.0
 
 
 def test_exponential_objects_in_messages_raise_quickly(tmp_path):
@@ -205,10 +218,8 @@ def test_keys_that_share_tuples_exponentially_are_refused(tmp_path):
     for i in range(1, levels + 1):
         key += b"h" + bytes([i - 1]) + b"\x86q" + bytes([i])
     path = _archive(tmp_path / "key.pt", PROTO + b"}" + key + b"K\x01s.", storages={})
-    start = time.perf_counter()
-    with pytest.raises(CheckpointError, match="hashing them would take more than"):
+    with _unless_hung(), pytest.raises(CheckpointError, match="hashing them would take more than"):
         tapegrad.load(path)
-    assert time.perf_counter() - start < 2.0
     # ordinary tuple keys cost a few steps each
     path = tmp_path / "ok.pt"
     tapegrad.save({(i, "w", (i, i)): i for i in range(2000)}, path)
