@@ -89,3 +89,18 @@ def test_root_gradient_of_the_wrong_shape_is_named_at_the_root(lib):
         (x * 2).backward(lib.ones(1, dtype=lib.float64))
     with pytest.raises(RuntimeError, match="Mismatch in shape"):
         lib.autograd.grad(x * 2, x, grad_outputs=lib.ones(2, 3, dtype=lib.float64))
+
+
+def test_grad_of_a_zero_dim_parameter_takes_in_place_ops():
+    # a full reduction's gradient is a numpy scalar; .grad must still be an array to write into
+    results = []
+    for lib in (tapegrad, torch):
+        p = lib.nn.Parameter(lib.tensor(2.0, dtype=lib.float64))
+        (p * p).backward()
+        p.grad.add_(1.0)
+        p.grad.mul_(3.0)
+        (p * p * p).backward()  # accumulates into the written-to gradient
+        before = float(p.grad)
+        p.grad.copy_(lib.tensor(-1.5, dtype=lib.float64))
+        results.append((before, float(p.grad)))
+    assert results[0] == results[1] == (27.0, -1.5)

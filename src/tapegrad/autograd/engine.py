@@ -439,8 +439,11 @@ def run_backward(roots, root_grads, retain_graph=False, create_graph=False, inpu
 
 def _owned(g):
     """A copy of gradient array ``g`` in its layout, on its device (``np.array`` would pull a
-    device array to the host)."""
-    return xp.array(g) if type(g) is xp.ndarray or not hasattr(g, "copy") else g.copy(order="K")
+    device array to the host). A numpy scalar (a full reduction's gradient) becomes a 0-d
+    array: a ``.grad`` must take in-place ops."""
+    if type(g) is xp.ndarray or not hasattr(g, "copy") or xp.isscalar(g):
+        return xp.array(g)
+    return g.copy(order="K")
 
 
 def _accumulate_leaf(leaf, g, create_graph, capture):
