@@ -114,7 +114,9 @@ def _var_grad(g, a, dims, correction, keepdim, full):
     with xp.errstate(divide="ignore", invalid="ignore"):  # inf * 0 is nan here, as in PyTorch
         if full:
             at_mean = eq(a, mean_op(a, dims=dims, keepdim=True))
-            return where_op(at_mean, g * math.nan, g * math.inf)  # ops: vmap batches it
+            # built from ops (vmap batches it) in a's shape: g's own products would put
+            # 0-d nan/inf products on the graph, and the second order multiplies by them
+            return g * to_dtype(where_op(at_mean, math.nan, math.inf), dtype=a.dtype)
         return (2.0 / dof if dof else math.inf) * g * (a - mean_op(a, dims=dims, keepdim=True))
 
 
