@@ -375,3 +375,43 @@ def test_a_producer_without_consumer_keeps_nothing():
                                  pp, [iv]))
     np.testing.assert_array_equal(ind(xp, **pp), N.max_pool2d_indices.forward(xp, **pp))
     assert kernels_conv._SHARED[id(iv)][3][0] is None
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_bias_gradient_kernel_of_a_strided_gradient_is_eager_bitwise(dtype):
+    """A gradient that reaches the bias through a transpose (a patch embedding's
+    ``flatten(2).transpose(1, 2)``) is strided: numpy sums it in its memory order."""
+    from tapegrad.ops.movement import sum_to
+
+    rows = np.random.default_rng(5).standard_normal((16, 16, 48)).astype(dtype)
+    g = rows.transpose(0, 2, 1).reshape(16, 48, 4, 4)  # a view, not C-contiguous
+    assert not g.flags.c_contiguous
+    params = {"shape": (1, 48, 1, 1)}
+    got = _kernel("sum_to", [g], params, params["shape"])(g, **params)
+    assert np.array_equal(got, sum_to.forward(g, **params))
+
+
+def test_compiled_patch_embedding_step_is_eager_bitwise(monkeypatch):
+    monkeypatch.setenv("TAPEGRAD_COMPILE_KERNELS", "numba")
+    rng = np.random.default_rng(0)
+    x = tapegrad.tensor(rng.standard_normal((16, 3, 16, 16)))
+    w = tapegrad.tensor(rng.standard_normal((16, 16, 48)))
+
+    def run(compiled):
+        tapegrad.manual_seed(0)
+        conv = tapegrad.nn.Conv2d(3, 48, 4, stride=4).double()
+        opt = tapegrad.optim.SGD(conv.parameters(), lr=0.01)
+
+        def step(x, w):
+            opt.zero_grad()
+            loss = (conv(x).flatten(2).transpose(1, 2) * w).sum()
+            loss.backward()
+            opt.step()
+            return loss
+
+        step = tapegrad.compile(step) if compiled else step
+        losses = [float(step(x, w)) for _ in range(5)]  # calls 3-5 run generated code
+        return losses, conv.weight.detach().numpy(), conv.bias.detach().numpy()
+
+    for a, b in zip(run(False), run(True)):
+        assert np.array_equal(a, b)

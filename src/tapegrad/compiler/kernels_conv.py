@@ -15,8 +15,9 @@ loaded through ``kernels.load`` (numba's disk cache keeps the machine code):
   of one sample at a time, moves between NCHW and rows, and col2im adds the taps back in
   eager's order. ``conv2d_weight`` takes the patches its graph's ``conv2d`` of the same
   array built in the same call (``_SHARED``) instead of building them again.
-- ``sum_to`` of an (N, C, H, W) gradient onto a (1, C, 1, 1) bias: numpy's pairwise sum of
-  each plane, unrolled for the plane's size, added per channel in numpy's order (bitwise).
+- ``sum_to`` of a C-contiguous (N, C, H, W) gradient onto a (1, C, 1, 1) bias: numpy's
+  pairwise sum of each plane, unrolled for the plane's size, added per channel in numpy's
+  order (bitwise); a strided gradient takes the node's own op.
 - ``max_pool2d_indices``: each window's maximum and its index in one pass (the first
   maximum; a NaN wins, and of several the last, as in PyTorch; a padded position reads as -inf; a window of
   only -inf keeps its first in-bounds position: eager's indices exactly, ceil mode
@@ -357,9 +358,12 @@ def _sum_to(node):
     c, hw = int(shape[1]), int(shape[2] * shape[3])
     body = _BIAS_SUM.replace("{SUM}", _pairwise(f"(n * {c} + c) * {hw}", hw))
     fn = _load("bias_sum", body, C=c)
+    from tapegrad.ops.movement import sum_to as eager
 
-    def sum_to(g, **_):
-        return fn(g)
+    def sum_to(g, **params):
+        # numpy sums a strided gradient (one reaching the bias through a transpose) in the
+        # order of its memory layout, not plane by plane: eager's op gives eager's bits
+        return fn(g) if g.flags.c_contiguous else eager.forward(g, **params)
 
     return sum_to
 
