@@ -475,18 +475,21 @@ def test_explain_reports_graphs_breaks_and_passes():
     assert "item" in out.break_reasons[0].reason
 
 
-def test_in_place_outside_ops_is_a_break_not_a_silent_drop():
+def test_in_place_outside_ops_is_captured_not_a_silent_drop():
     w = tg.ones(3, dtype=tg.float64)
 
     def f(x):
         with tg.no_grad():
-            w.clamp_(max=0.5)  # an untraced in-place fast path on outside state
+            w.clamp_(max=0.5)  # an in-place fast path on outside state: recorded, written back
         return x * w
 
     c = tg.compile(f)
     x = tg.ones(3, dtype=tg.float64)
-    np.testing.assert_array_equal(c(x).numpy(), [0.5] * 3)
-    assert not c.entries and c.breaks
+    for _ in range(3):
+        w.copy_(tg.tensor([1.0, 0.25, 2.0], dtype=tg.float64))
+        np.testing.assert_array_equal(c(x).numpy(), [0.5, 0.25, 0.5])
+        np.testing.assert_array_equal(w.numpy(), [0.5, 0.25, 0.5])
+    assert len(c.entries) == 1 and c.n_hits == 2 and not c.breaks
 
 
 def test_manual_sgd_in_place_update_is_traced_and_written_back(kernels_):

@@ -25,11 +25,34 @@ _new = object.__new__
 # whose Node the tensor takes over ("rebasing" its history); Nodes that saved the old tensor
 # see its new version and raise at backward, as in PyTorch.
 
+def _recorder():
+    """The mode that records in-place writes without grad as their out-of-place ops (the
+    compiler's tracer, while it captures), or None."""
+    for m in reversed(grad_state.modes):
+        record = getattr(m, "records_writes", None)
+        if record is not None:
+            return m if record() else None
+    return None
+
+
 def _tracked(t, operands):
-    if WATCH and grad_state.modes and _V.any_batched(t, operands):
+    """Whether an in-place op takes the general path (``_inplace``): something requires grad
+    or carries a tangent or a batch dimension, or the compiler records the write."""
+    if WATCH and grad_state.modes and (_V.any_batched(t, operands) or
+                                       _F.carries_tangent(t, operands) or _recorder()):
         return True
-    if WATCH and grad_state.modes and _F.carries_tangent(t, operands):  # forward mode (tapegrad.func)
+    return _needs_grad(t, operands)
+
+
+def _differentiable(t, operands):
+    """``_tracked`` without the compiler's recording: the write must rebase ``t``'s history."""
+    if WATCH and grad_state.modes and (_V.any_batched(t, operands) or
+                                       _F.carries_tangent(t, operands)):
         return True
+    return _needs_grad(t, operands)
+
+
+def _needs_grad(t, operands):
     if not grad_state.enabled:
         return False
     if t._requires_grad:
@@ -159,7 +182,7 @@ def _binary_inplace(t, name, ufunc, other, alpha, fn, float_only=False):
 
 
 def _unary_inplace(t, name, ufunc, fn, float_only):
-    if WATCH and grad_state.modes and _V.is_batched(t):
+    if WATCH and grad_state.modes and (_V.is_batched(t) or _recorder()):
         return _inplace(t, name, fn, (), {})
     if grad_state.enabled and t._requires_grad or WATCH and grad_state.modes and \
             _F.carries_tangent(t):
@@ -385,9 +408,15 @@ def _inplace(t, name, fn, args, kwargs):
     Node; otherwise this is a plain write."""
     if WATCH and grad_state.modes and _V.any_batched(t, args + tuple(kwargs.values())):
         return _V.inplace(t, name, fn, args, kwargs)
-    if not _tracked(t, args + tuple(kwargs.values())):
+    if not _differentiable(t, args + tuple(kwargs.values())):
         from tapegrad.autograd.grad_mode import no_grad
 
+        if WATCH and grad_state.modes:
+            mode = _recorder()  # the compiler: fn recorded out of place, t rebound to it
+            if mode is not None:
+                done = mode.record_write(t, name, fn, args, kwargs)
+                if done is not None:
+                    return done
         with no_grad():
             result = fn(t, *args, **kwargs)
         return _write(t, result._data, name)

@@ -631,7 +631,7 @@ class Tensor:
         broadcasts to the indexed shape and is cast to this dtype. Differentiable when this
         tensor or ``value`` requires grad: basic indices copy into the view, integer-array and
         mask indices go through the ``index_put`` op (as PyTorch)."""
-        if _tracked(self, (value,)):
+        if _differentiable(self, (value,)):
             if not isinstance(value, Tensor):
                 value = Tensor._make(xp.asarray(value, dtype=self._data.dtype))
             key, basic, _ = _I.index_key(self, index)
@@ -980,7 +980,7 @@ from tapegrad.ops import extra_index as _XI, extra_pointwise as _XP  # noqa: E40
 from tapegrad import creation as _C  # noqa: E402  (clone, copy_op, factories)
 from tapegrad.inplace import (  # noqa: E402  (in-place ops and views)
     _tracked, _public, _check_result, _check_float_result, _shape_error, _write, _accumulate,
-    _binary_inplace, _unary_inplace, _lerp, _inplace)
+    _binary_inplace, _unary_inplace, _lerp, _inplace, _differentiable)
 
 def _method(fn):
     return fn  # plain functions and ops (Op.__get__) both bind as methods

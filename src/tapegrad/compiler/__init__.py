@@ -9,5 +9,5 @@
 from tapegrad.compiler.ir import Graph, Node, Value, evaluate  # noqa: F401
 from tapegrad.compiler.tracer import GraphBreak, trace  # noqa: F401
 from tapegrad.compiler.api import (compile, explain, CompiledFunction,  # noqa: F401,E402
-                                   CompiledModule)
+                                   CompiledModule, CompileFallbackWarning)
 from tapegrad.compiler import passes, codegen, kernels, memory  # noqa: F401,E402

@@ -9,7 +9,8 @@ the training flags of the modules it can see). A hit runs the generated code; a 
 again (that call runs eagerly while it is recorded, so its result is exact), up to
 ``cache_size_limit`` entries per function, then the function runs eagerly with a warning.
 A call whose trace hits a graph break runs to the end eagerly; further calls with the same
-argument types run eagerly at once.
+argument types run eagerly at once. A function that runs eagerly on most of its calls warns
+once per reason (``CompileFallbackWarning``, with the reason and the user's line).
 """
 import functools
 import operator
@@ -39,6 +40,15 @@ from tapegrad.ops.registry import _prepare_elementwise, dispatch
 from tapegrad.tensor import Tensor
 
 cache_size_limit = 8  # as torch._dynamo.config.cache_size_limit
+# a compiled function warns (CompileFallbackWarning) once this many calls did not trace and
+# more than half of them ran eagerly
+FALLBACK_MIN_CALLS = 3
+
+
+class CompileFallbackWarning(UserWarning, RuntimeWarning):
+    """A compiled function runs eagerly on most of its calls: the reason and the user's source
+    line (``CompiledFunction.fallbacks`` keeps them). Shown once per function and reason. A
+    ``RuntimeWarning`` too, as the cache-size-limit warning always was."""
 _calls = threading.local()  # .depth: compiled calls running in this thread
 _tracing = threading.RLock()
 DEBUG = os.environ.get("TAPEGRAD_COMPILE_DEBUG", "") not in ("", "0")
@@ -676,6 +686,9 @@ class Entry:
                 checks.append(("hyper", obj, expected))
         self.checks = checks
         self.writes = [t for _, t, _, _ in graph.writes]
+        # (write index, version bumps beyond the write-back's one) where eager bumped a
+        # written tensor's counter another number of times (a ``.data`` write: none)
+        self.bumps = tuple(sorted(tracer.extra_bumps.items()))
         self.places = []  # (0: refs / 1: writes, position, place)
         for i, (_, src) in enumerate(graph.inputs):
             if src.kind in ("ref", "grad") and id(src.ref) in self.arg_places:
@@ -797,7 +810,10 @@ class CompiledFunction:
         self.compile_times = []  # seconds per trace+compile
         self.n_calls = self.n_hits = 0
         self._last = None
-        self._warned = False
+        self._warned = set()  # reasons a CompileFallbackWarning was shown for
+        self.n_eager = 0  # calls run eagerly without tracing (a break, a refusal, the limit)
+        self.fallbacks = []  # GraphBreak per reason warned about (CompileFallbackWarning)
+        self._eager_why = {}  # spec -> the GraphBreak its calls run eagerly for
         self._modules = None
         self._state = None  # id -> weakref of the tensors fn reads by reference
         self._lock = threading.RLock()
@@ -844,10 +860,11 @@ class CompiledFunction:
         try:
             spec, flat = _spec(args, kwargs)
         except Unguardable as e:
-            self._break(f"{e}: too large to guard; runs eagerly")
+            self._fell_back(self._break(f"{e}: too large to guard; runs eagerly"))
             return self.fn(*args, **kwargs)
         except RecursionError:
-            self._break("an argument that contains itself cannot be guarded; runs eagerly")
+            self._fell_back(self._break("an argument that contains itself cannot be guarded; "
+                                        "runs eagerly"))
             return self.fn(*args, **kwargs)
         modes = mode_key()
         training = self._training(args)
@@ -871,23 +888,46 @@ class CompiledFunction:
                 self._last = e
                 return self._run(e, args, kwargs)
         if spec in self.eager_specs:
+            self._fell_back(self._eager_why.get(spec))
             return self.fn(*args, **kwargs)
         if len(self.entries) >= cache_size_limit:
-            if not self._warned:
-                warnings.warn(f"tapegrad.compile: {self.__name__} hit the cache size limit "
-                              f"({cache_size_limit} graphs); it now runs eagerly for new "
-                              "guard sets", RuntimeWarning, stacklevel=3)
-                self._warned = True
+            reason = (f"hit the cache size limit ({cache_size_limit} graphs, "
+                      "api.cache_size_limit): a call whose guards match none of them runs "
+                      "eagerly")
+            brk = self._break(reason)
+            self._fell_back(brk, now=True)
             return self.fn(*args, **kwargs)
         return self._compile(args, kwargs, spec, modes, training)
 
+    def _fell_back(self, brk, now=False):
+        """Count a call that ran eagerly for ``brk``'s reason without tracing; warn once per
+        reason (``CompileFallbackWarning``) when most calls run eagerly: at least
+        ``FALLBACK_MIN_CALLS`` calls that did not trace, more than half of them eager (``now``:
+        at once, the cache size limit)."""
+        self.n_eager += 1
+        if brk is None or brk.reason in self._warned:
+            return
+        n = self.n_eager + self.n_hits
+        if now or (n >= FALLBACK_MIN_CALLS and 2 * self.n_eager > n):
+            self._warned.add(brk.reason)
+            self.fallbacks.append(brk)
+            code = getattr(self.fn, "__code__", None)
+            defined = f" (defined at {code.co_filename}:{code.co_firstlineno})" if code else ""
+            warnings.warn(f"tapegrad.compile: {self.__name__}{defined} runs eagerly on "
+                          f"{self.n_eager} of {n} calls (the compiler is off on this path): "
+                          f"{brk.reason} (at {brk.where})", CompileFallbackWarning,
+                          stacklevel=4)
+
     def _break(self, reason):
-        """Record a reason the function runs eagerly (once), as a graph break."""
-        if not any(b.reason == reason for b in self.breaks):
-            brk = GraphBreak(reason, user_frame())
-            self.breaks.append(brk)
-            if "breaks" in log_kinds():
-                _log(self.__name__, "breaks", f"{brk.reason}\n    at {brk.where}")
+        """Record a reason the function runs eagerly (once), as a graph break; returns it."""
+        for b in self.breaks:
+            if b.reason == reason:
+                return b
+        brk = GraphBreak(reason, user_frame())
+        self.breaks.append(brk)
+        if "breaks" in log_kinds():
+            _log(self.__name__, "breaks", f"{brk.reason}\n    at {brk.where}")
+        return brk
 
     def _compile(self, args, kwargs, spec, modes, training):
         t0 = time.perf_counter()
@@ -930,12 +970,15 @@ class CompiledFunction:
         if graph is None:
             self.breaks.extend(tracer.breaks[:1])
             self.eager_specs.add(spec)
+            if tracer.breaks:
+                self._eager_why[spec] = tracer.breaks[0]
             if "breaks" in logs:
                 _log(self.__name__, "breaks", "\n".join(f"{b.reason}\n    at {b.where}"
                                                         for b in tracer.breaks[:1]))
             return result
         if isinstance(guard, Unguardable):
-            self._break(f"the Python state it reads: {guard}; runs eagerly")
+            self._eager_why[spec] = self._break(f"the Python state it reads: {guard}; runs "
+                                                "eagerly")
             self.eager_specs.add(spec)
             return result
         entry = Entry(spec, modes, training, graph, tracer)
@@ -973,7 +1016,10 @@ class CompiledFunction:
             return e.replay(self.fn, args, kwargs)
         if e.joint is not None:
             return e.joint(args, kwargs)
-        arrays = e.run(args, *e.bind(args, kwargs))
+        refs, writes = e.bind(args, kwargs)
+        arrays = e.run(args, refs, writes)
+        for k, extra in e.bumps:
+            writes[k]._version[0] += extra
         outs = [Tensor._make(np.array(a) if k in e.copy_out else a)
                 if isinstance(v, Value) else v
                 for k, (a, v) in enumerate(zip(arrays, e.graph.outputs))]
@@ -1039,6 +1085,8 @@ class CompiledFunction:
             diff = diff_refs if not ref_places else \
                 [entry.here(r, call_args, call_kwargs) for r in diff_refs]  # (kwargs)
             outs = Compiled.apply(*call_args, *diff)
+            for k, extra in entry.bumps:
+                args_box[2][k]._version[0] += extra
             outs = outs if isinstance(outs, tuple) else (outs,)
             it = iter(outs)
             leaves = []
@@ -1054,7 +1102,7 @@ class CompiledFunction:
 def _splittable(graph, tracer):
     """Pieces replay forward work only: no backward, effects, write-backs, random draws, or
     op results that need grad (their tape would be missing)."""
-    if tracer.n_backward or graph.writes or tracer.mutated:
+    if tracer.n_backward or graph.writes or tracer.mutated or tracer.wrote:
         return False
     if any(n.effect for n in graph.nodes):
         return False
@@ -1877,6 +1925,8 @@ class _TailReplay(_Replay):
             arrays = e.run(self.args, *self.bound)
         finally:
             grad_state.modes = modes
+        for k, extra in e.bumps:
+            self.bound[1][k]._version[0] += extra
         env = {id(v): a for v, a in zip(e.out_values, arrays) if isinstance(v, Value)}
         for t, v in self.placeholders:
             a = env.get(id(v))
@@ -2036,7 +2086,7 @@ def compile(model=None, *, fullgraph=False, dynamic=False, backend="tapegrad", m
 class ExplainOutput:
     """What ``explain(fn)(*args)`` returns (as ``torch._dynamo.explain``)."""
 
-    def __init__(self, graphs, breaks, pass_log, inner_fallbacks=()):
+    def __init__(self, graphs, breaks, pass_log, inner_fallbacks=(), fallbacks=(), calls=None):
         self.graphs = graphs
         self.graph_count = len(graphs)
         self.graph_break_count = len(breaks)
@@ -2046,6 +2096,10 @@ class ExplainOutput:
         # of grad): (name, GraphBreak with the reason and the calling line). Their ops were
         # traced into this graph, so they are no break of it, but they did not run compiled
         self.inner_fallbacks = list(inner_fallbacks)
+        # the reasons the function ran eagerly on most calls (CompileFallbackWarning), and
+        # (calls, compiled calls, eager calls without a trace) over its life
+        self.fallbacks = list(fallbacks)
+        self.calls = calls
 
     def __str__(self):
         lines = [f"Graph Count: {self.graph_count}",
@@ -2058,6 +2112,14 @@ class ExplainOutput:
             lines.append("Compiled functions called inside that ran eagerly:")
             for name, b in self.inner_fallbacks:
                 lines.append(f"  {name}: {b.reason}\n    at {b.where}")
+        if self.calls is not None:
+            n, hits, eager = self.calls
+            lines.append(f"Calls: {n} ({hits} compiled, {eager} eager, {n - hits - eager} "
+                         "traced or other)")
+        if self.fallbacks:
+            lines.append("Runs eagerly on most calls:")
+            for b in self.fallbacks:
+                lines.append(f"  {b.reason}\n    at {b.where}")
         if self.pass_log:
             lines.append("Passes (nodes before -> after):")
             for name, a, b in self.pass_log:
@@ -2067,16 +2129,20 @@ class ExplainOutput:
 
 def explain(fn):
     """``explain(fn)(*args)``: trace one call and report graphs, breaks and pass counts, and
-    the compiled functions ``fn`` called that ran eagerly (``inner_fallbacks``)."""
+    the compiled functions ``fn`` called that ran eagerly (``inner_fallbacks``). Given a
+    ``CompiledFunction``, the call is one more of its calls and the report covers its whole
+    life: every graph and break, how many calls ran compiled or eagerly, and the reasons it
+    runs eagerly on most calls (``fallbacks``, as its ``CompileFallbackWarning`` said)."""
     def run(*args, **kwargs):
-        c = CompiledFunction(fn)
+        c = fn if isinstance(fn, CompiledFunction) else CompiledFunction(fn)
         c(*args, **kwargs)
         log = [x for e in c.entries for x in e.log]
         graphs = [g for e in c.entries for g in getattr(e, "graphs", [e.graph])]
-        return ExplainOutput(graphs, c.breaks, log, c.inner_fallbacks)
+        return ExplainOutput(graphs, c.breaks, log, c.inner_fallbacks, c.fallbacks,
+                             (c.n_calls, c.n_hits, c.n_eager))
 
     return run
 
 
 __all__ = ["compile", "explain", "CompiledFunction", "CompiledModule", "GraphBreak",
-           "cache_size_limit"]
+           "CompileFallbackWarning", "cache_size_limit"]

@@ -95,7 +95,6 @@ def _tail_replay():
 # --- tensors seen by the trace: reading their values into Python is a graph break --------
 _READS = ("item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__",
           "__array__", "__repr__", "__str__", "__format__")
-_INPLACE = {"add_": "add", "sub_": "sub", "mul_": "mul"}
 _traced_classes = {}
 
 
@@ -116,19 +115,6 @@ def _reader(name):
                     m.on_read(self)
                     break
         return base(self, *args, **kwargs)
-
-    method.__name__ = name
-    return method
-
-
-def _inplace_method(name):
-    base = getattr(Tensor, name)
-
-    def method(self, other, *args, **kwargs):
-        tr = active()
-        if tr is None or tr.broken:
-            return base(self, other, *args, **kwargs)
-        return tr.inplace(self, name, base, other, *args, **kwargs)
 
     method.__name__ = name
     return method
@@ -245,8 +231,6 @@ def _traced_class(cls):
         body = {"__slots__": (), "__module__": cls.__module__}
         for name in _READS:
             body[name] = _reader(name)
-        for name in _INPLACE:
-            body[name] = _inplace_method(name)
         for name in ("detach", "data"):
             body[name] = _aliasing(name)
         body["__setitem__"] = _setitem_method(cls)
@@ -383,6 +367,13 @@ class Tracer(CompilerMode):
         # numbers during the call; constants of the graph, no break
         self.static = {}
         self.in_effect = False  # inside a python_effect call: nested ones are part of it
+        # > 0 while library code the graph runs as one effect node writes (an optimizer's own
+        # update): those writes are the node's, not recorded op by op (records_writes)
+        self.quiet = 0
+        self.wrote = False  # an in-place write was recorded (record_write)
+        self.extra_bumps = {}  # index in graph.writes -> version bumps beyond the write-back's
+        self.holders = {}  # id(array) -> the bound tensors over it (a parameter, its .data)
+        self._by_array = None  # id(array) -> census tensor, made on the first write
         self.split_reads = False  # value reads split the graph into pieces (api.SplitEntry)
         self.splits = []  # (node index, Value read, GraphBreak)
         # what a tail replay (api.TailEntry: reads only after the last op of a training step)
@@ -411,6 +402,7 @@ class Tracer(CompilerMode):
         self.tmap[id(t)] = [t, v, t._version[0]]
         self.amap[id(t._data)] = v
         self.held.append(t)
+        self.holders.setdefault(id(t._data), []).append(t)
         cls = type(t)
         if cls is Tensor or cls is _parameter():
             self.swapped.append((t, cls))
@@ -683,11 +675,11 @@ class Tracer(CompilerMode):
         this is eager's own in-place machinery (``inplace._inplace``: ``t`` takes over the
         result's history, views are rebased) with every tensor it makes known to the trace;
         a Python number assigned becomes a literal of the graph and a list index a constant."""
-        from tapegrad.inplace import _inplace, _tracked
+        from tapegrad.inplace import _differentiable, _inplace
 
         if self.broken:
             return base(t, index, value)
-        tracked = _tracked(t, (value,))
+        tracked = _differentiable(t, (value,))
         masked = _mask_write(t, index, value)
         if masked is None:
             index = self._literal_index(index)
@@ -838,39 +830,91 @@ class Tracer(CompilerMode):
         return tuple(result)
 
     # --- in-place fast paths and the optimizer ------------------------------------------
-    def inplace(self, t, name, base, other, *args, **kwargs):
-        """``t.add_/sub_/mul_(other)`` outside grad mode: the same arithmetic through ops,
-        the tensor then maps to the new value (external ones are written back)."""
-        alpha = (args[0] if args else kwargs.get("alpha", 1)) if name != "mul_" else 1
-        tracked = grad_state.enabled and (t._requires_grad or isinstance(other, Tensor)
-                                          and other._requires_grad)
-        same = isinstance(other, Tensor) and other._data.dtype == t._data.dtype \
-            or isinstance(other, (int, float)) and t._data.dtype.kind == "f"
-        if tracked or not same or (name == "mul_" and (args or kwargs)):
-            self.graph_break(f"Tensor.{name} outside the traced forms")
-            return base(t, other, *args, **kwargs)
-        self.value_of(t)
-        self.tail_ok = False
-        prev_enabled = grad_state.enabled
-        grad_state.enabled = False
+    def records_writes(self):
+        """Whether an in-place op without grad is recorded now (``inplace._recorder``)."""
+        return not self.broken and not self.quiet
+
+    def record_write(self, t, name, fn, args, kwargs):
+        """An in-place op without grad (``p -= lr * p.grad``, ``p.data.add_(g, alpha=-lr)``,
+        ``buf.mul_(m).add_(g)``, ``p.copy_(new)``, ``g.zero_()``; ``inplace._inplace`` calls
+        this): ``fn(t, *args, **kwargs)``, its out-of-place form, is recorded on ``t``'s value
+        and its result written into ``t``'s buffer as eager writes it (its checks, cast and
+        version bump). Every tensor over that buffer (``t``, the parameter behind a ``.data``)
+        then stands for the result; one alive before the call is written back at the end of
+        each compiled call. None: not captured (a view of another tensor: eager's write)."""
+        if t._data.base is not None and type(getattr(t, "_view", None)) is tuple:
+            # its base changes too, and a base reached through ``.data`` does not share the
+            # view's version counter: no later read would notice
+            self.graph_break(f"Tensor.{name} without grad into a view of another tensor")
+            return None
+        self._lift(t)
+        if self.broken:
+            return None
+        args = tuple(self._literal(a) for a in args)
+        prev, grad_state.enabled = grad_state.enabled, False
         try:
-            o = other
-            if alpha != 1:
-                o = REGISTRY["mul"](other, alpha) if isinstance(other, Tensor) else other * alpha
-            new = REGISTRY[_INPLACE[name]](t, o)
+            result = fn(t, *args, **kwargs)
+            if self.broken or not isinstance(result, Tensor):
+                return None
+            from tapegrad.inplace import _write
+
+            _write(t, result._data, name)  # eager's checks and message, cast and bump
+            if result._data.dtype != t._data.dtype:
+                from tapegrad.ops import elementwise as E
+
+                result = E.to_dtype(result, dtype=t.dtype)
         finally:
-            grad_state.enabled = prev_enabled
-        if self.broken or new._data.shape != t._data.shape:
+            grad_state.enabled = prev
+        if self.broken:
+            return t
+        if result._data.shape != t._data.shape:
             self.graph_break(f"Tensor.{name}: the result does not keep the tensor's shape")
-            return base(t, other, *args, **kwargs)
-        np.copyto(t._data, new._data)
-        t._version[0] += 1
-        v = self.tmap[id(new)][1]
-        self.tmap[id(t)] = [t, v, t._version[0]]
-        c = self.census.get(id(t))
-        if c is not None and c[0] is t:
-            self.mutated[id(t)] = t
+            return t
+        v = self.value_of(result)
+        self.amap[id(t._data)] = v
+        for x in self.holders.get(id(t._data), ()) + [t]:
+            if x._data is t._data:
+                self.tmap[id(x)] = [x, v, x._version[0]]
+                c = self.census.get(id(x))
+                if c is not None and c[0] is x:
+                    self.mutated[id(x)] = x
+        self.tail_ok = False
+        self.wrote = True
         return t
+
+    def _lift(self, t):
+        """Make ``t`` stand for its value before a write: a tensor over a census tensor's
+        array (``p.data`` of a parameter not read yet) stands for that tensor's value."""
+        e = self.tmap.get(id(t))
+        if (e is None or e[0] is not t) and id(t._data) not in self.amap and \
+                self.census.get(id(t), (None,))[0] is not t:
+            if self._by_array is None:
+                self._by_array = {id(c[0]._data): c[0] for c in self.census.values()}
+            owner = self._by_array.get(id(t._data))
+            if owner is not None and owner._data is t._data:
+                v = self.value_of(owner)
+                if not self.broken:
+                    self._bind(t, v)
+                return
+        self.value_of(t)
+
+    def _literal(self, a):
+        """A 0-d array an in-place op made from a Python number (``fill_``'s value): a
+        constant of the graph."""
+        if type(a) is np.ndarray and not a.ndim and id(a) not in self.amap:
+            lit = Tensor._make(a)
+            self.constant(lit)
+            self.held.append(lit)
+            return lit
+        return a
+
+    def _quietly(self, call, *args):
+        """``call(*args)`` with its in-place writes unrecorded (the effect node runs it)."""
+        self.quiet += 1
+        try:
+            return call(*args)
+        finally:
+            self.quiet -= 1
 
     def optimizer_step(self, opt, original):
         """``opt.step()`` under the tracer: one effect node running the real update."""
@@ -892,7 +936,7 @@ class Tracer(CompilerMode):
         ins = [self.value_of(p) for p in params] + [self.value_of(p.grad) for p in params]
         if self.broken:
             return original(opt)
-        original(opt)
+        self._quietly(original, opt)
         for p in params:
             self.stepped[id(p)] = p
         impl = _optimizer_impl(opt, original, params)
@@ -920,7 +964,7 @@ class Tracer(CompilerMode):
         steps = [(p, self.value_of(p), self.value_of(p.grad), lr) for p, lr in plan]
         if self.broken:
             return original(opt)
-        original(opt)
+        self._quietly(original, opt)
         for p, pv, gv, lr in steps:
             d = p._data
             step = self.graph.new_value(d.shape, p.grad._data.dtype)
@@ -980,7 +1024,7 @@ class Tracer(CompilerMode):
             return call(*args)  # (a tensor argument: read as a value, i.e. a break)
         self.in_effect = True
         try:
-            result = call(*args)
+            result = self._quietly(call, *args)
         finally:
             self.in_effect = False
         if not self.broken:
@@ -1075,6 +1119,11 @@ class Tracer(CompilerMode):
                                     (grad._data.shape, grad._data.dtype)))
         for key, t in self.mutated.items():
             g.writes.append(("data", t, _label(t), self.tmap[key][1]))
+            # the version bumps eager made (a write-back bumps once): ``buf.mul_(m).add_(g)``
+            # two, a write through ``p.data`` none (its own counter)
+            bumps = t._version[0] - self.census[key][1]
+            if bumps != 1:
+                self.extra_bumps[len(g.writes) - 1] = bumps - 1
         for v, src in g.inputs:
             if src.kind == "grad":
                 gr = src.ref.grad
