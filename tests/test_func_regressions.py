@@ -310,3 +310,152 @@ def test_vmap_grad_of_var_without_degrees_of_freedom():
     ours, theirs = run(tapegrad), run(torch)
     assert ours.dtype == tapegrad.float32
     np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+
+
+# --- gathers and class-index losses with indices batched by vmap ----------------------------
+# The indices' placeholder holds no values: the gathers take the index Tensor as an op's param
+# (batched by its rule) and the losses build their targets by ops. Values are picked, summed
+# or differentiated in a few float64 operations on both sides: 1e-12 as above.
+XG = RNG.standard_normal((3, 5, 4))
+IG = RNG.integers(-5, 5, (3, 2, 4))  # take_along_dim wraps negative indices
+IG1 = RNG.integers(0, 5, (3, 2, 1))  # broadcasts along dim 1; gathers a part of dim 1
+IV = RNG.integers(0, 5, (3, 6))
+
+
+def _gathers(M):
+    return {
+        "take_along_both": (lambda x, i: M.take_along_dim(x, i, dim=0), (XG, IG), (0, 0)),
+        "take_along_index_only": (lambda x, i: M.take_along_dim(x, i, dim=0), (XG[0], IG),
+                                  (None, 0)),
+        "take_along_broadcast": (lambda x, i: M.take_along_dim(x, i, dim=0), (XG, IG1), (0, 0)),
+        "take_along_flat": (lambda x, i: M.take_along_dim(x, i), (XG, IV * 3), (0, 0)),
+        "take_along_dim1": (lambda x, i: M.take_along_dim(x, i, dim=-1), (XG[0], IG1[:, :1]),
+                            (None, 0)),
+        "gather_part": (lambda x, i: M.gather(x, 0, i), (XG, IG1), (0, 0)),
+        "gather_index_only": (lambda x, i: M.gather(x, 1, i), (XG[0], IG % 4), (None, 0)),
+        "index_select": (lambda x, i: M.index_select(x, 0, i), (XG, IV), (0, 0)),
+        "index_select_index_only": (lambda x, i: M.index_select(x, 1, i), (XG[0], IV % 4),
+                                    (None, 0)),
+        "scatter_add_part": (lambda x, i: M.scatter_add(x, 0, i, x[:2, :1] ** 2), (XG, IG1),
+                             (0, 0)),
+    }
+
+
+@pytest.mark.parametrize("name", list(_gathers(torch)))
+def test_vmap_gathers_with_batched_indices(name):
+    # numpy indexing with the placeholder read zeros (every example took index 0) or the
+    # host read raised; PyTorch computes each example's gather
+    def run(M):
+        _, fn, _ = lib(M)
+        f, (x, i), dims = _gathers(M)[name]
+        x, i = M.tensor(x, dtype=M.float64), M.tensor(i)
+        return (fn.vmap(f, in_dims=dims)(x, i),
+                fn.vmap(fn.jacrev(f), in_dims=dims)(x, i),
+                fn.vmap(fn.vmap(f, in_dims=dims), in_dims=(None, 0))(
+                    x, M.stack([i, M.flip(i, (0,))])))
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="vmap")  # no loop over the batch
+        ours = run(tapegrad)
+    for a, b in zip(ours, run(torch)):
+        assert_close(a, b, rtol=1e-12)
+
+
+@pytest.mark.parametrize("fname", ["gather", "index_select", "scatter_add", "take_along_flat"])
+def test_vmap_gathers_batched_index_out_of_range_raises(fname):
+    x = tapegrad.tensor(XG)
+    bad = IG1.copy()
+    bad[2, 1, 0] = 5  # one example's index past the end: the check reads the whole batch
+    f = {"gather": lambda x, i: tapegrad.gather(x, 0, i),
+         "index_select": lambda x, i: tapegrad.index_select(x, 0, i.reshape(-1)),
+         "scatter_add": lambda x, i: tapegrad.scatter_add(x, 0, i, x[:2, :1]),
+         "take_along_flat": lambda x, i: tapegrad.take_along_dim(x, i * 4)}[fname]
+    with pytest.raises((IndexError, RuntimeError), match="out of (bounds|range)"):
+        gf.vmap(f)(x, tapegrad.tensor(bad))
+
+
+def _class_loss_cases():
+    cases = []
+    for shape in [(4, 5), (4, 5, 3), (5,)]:
+        for reduction in ["none", "mean", "sum"]:
+            cases.append(("nll_loss", shape, reduction, {}))
+            cases.append(("nll_loss", shape, reduction, {"weight": True, "ignore_index": 1}))
+            cases.append(("cross_entropy", shape, reduction, {"weight": True}))
+            cases.append(("cross_entropy", shape, reduction,
+                          {"label_smoothing": 0.2, "ignore_index": 1}))
+            cases.append(("cross_entropy", shape, reduction,
+                          {"weight": True, "label_smoothing": 0.1}))
+    return cases
+
+
+@pytest.mark.parametrize("fname,shape,reduction,kw", _class_loss_cases())
+def test_vmap_class_index_losses_with_batched_targets(fname, shape, reduction, kw):
+    # the general path (class weights, label smoothing, ignore_index, inputs above 2-D) read
+    # the batched targets on the host; it builds the target distribution by ops now
+    cdim = 0 if len(shape) == 1 else 1
+    x = RNG.standard_normal((3,) + shape)
+    t = RNG.integers(0, shape[cdim], (3,) + tuple(s for k, s in enumerate(shape) if k != cdim))
+    w = RNG.random(shape[cdim]) + 0.5
+
+    def run(M, looped=False):
+        _, fn, F = lib(M)
+        extra = dict(kw, reduction=reduction)
+        if "weight" in extra:
+            extra["weight"] = M.tensor(w)
+        f = lambda x, t: getattr(F, fname)(x, t, **extra)  # noqa: E731
+        xs, ts = M.tensor(x), M.tensor(t)
+        if looped:  # torch.func.vmap cannot batch this form (a masked_select inside)
+            return tuple(M.stack([g(xs[b], ts[b]) for b in range(3)])
+                         for g in (f, fn.jacrev(f)))
+        return fn.vmap(f)(xs, ts), fn.vmap(fn.jacrev(f))(xs, ts)
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="vmap")  # no loop over the batch
+        ours = run(tapegrad)
+    try:
+        theirs = run(torch)
+    except RuntimeError as e:
+        assert "masked_select" in str(e)
+        theirs = run(torch, looped=True)
+    for a, b in zip(ours, theirs):  # O(1) values (an example whose targets are all ignored:
+        assert_close(a, b, rtol=1e-12, atol=1e-12)  # nan, its gradient 0): atol as rtol
+
+
+@pytest.mark.parametrize("fname,kw", [("nll_loss", {"weight": True}),
+                                      ("nll_loss", {"ignore_index": 2}),
+                                      ("cross_entropy", {"label_smoothing": 0.1}),
+                                      ("cross_entropy", {"weight": True, "ignore_index": -1})])
+@pytest.mark.parametrize("bad", [5, -3])
+def test_vmap_class_index_losses_bad_target_raises(fname, kw, bad):
+    t = np.array([[[0, 1, 2], [2, 2, 1]], [[1, 1, 0], [4, 3, 2]]])  # (B, N, d), 5 classes
+    t[1, 1, 2] = bad  # one example's target out of range (the ignore_index aside)
+    if "weight" in kw:
+        kw = dict(kw, weight=tapegrad.ones(5, dtype=tapegrad.float64))
+    f = lambda x, t: getattr(GF, fname)(x, t, **kw)  # noqa: E731
+    x = tapegrad.tensor(RNG.standard_normal((2, 2, 5, 3)))
+    with pytest.raises(IndexError, match=f"Target {bad} is out of bounds"):
+        gf.vmap(f)(x, tapegrad.tensor(t))
+    with pytest.raises(IndexError, match=f"Target {bad} is out of bounds"):
+        gf.vmap(gf.grad(f))(x, tapegrad.tensor(t))
+
+
+def test_index_key_holding_a_batched_placeholder_raises_instead_of_reading_zeros():
+    # index_add takes its index array from the Tensor's _data: under vmap the placeholder,
+    # whose zeros numpy indexed with (every example added at row 0); the index ops' batch
+    # rules refuse it as a read of batched values
+    x = tapegrad.tensor(XG)
+    with pytest.raises(RuntimeError, match="vmap: It looks like"):
+        gf.vmap(lambda x, i: x.index_add(0, i, x[:2]))(x, tapegrad.tensor(IV[:, :2]))
+
+
+def test_vmap_class_index_losses_with_batched_class_weights():
+    # per-example class weights (targets shared): the weights are picked by ops too
+    x, t = RNG.standard_normal((4, 5)), np.array([1, 0, 4, 4])
+    w = RNG.random((3, 5)) + 0.5
+
+    def run(M):
+        _, fn, F = lib(M)
+        f = lambda w: F.nll_loss(M.tensor(x), M.tensor(t), weight=w)  # noqa: E731
+        return fn.vmap(f)(M.tensor(w))
+
+    assert_close(run(tapegrad), run(torch), rtol=1e-12)

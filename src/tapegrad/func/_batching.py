@@ -6,7 +6,7 @@ move the batch to the front and shift the op's dim params by one: numpy forwards
 handle a leading dim.
 """
 from tapegrad.func._vmap import (move_to_front, pad_after_batch, expand_batch, logical_ndim,
-                                 _front, is_batched, DEFERRED)
+                                 _front, is_batched, DEFERRED, BatchedArray)
 from tapegrad.ops.movement import _dim
 from tapegrad.backend import xp
 from tapegrad.ops.registry import REGISTRY
@@ -191,13 +191,23 @@ def _is_advanced(k):
     return hasattr(k, "shape") or isinstance(k, list)
 
 
+def _tensor_key(key):
+    """Whether an index key holds a Tensor (the loop picks each example's). An array in it
+    that is vmap's placeholder (a batched Tensor's ``_data``) holds no values, and numpy would
+    index with its zeros: refused as a read of the batched values."""
+    for k in key:
+        if type(k) is BatchedArray:
+            k.refuse_host_read()
+    return any(hasattr(k, "_data") for k in key)
+
+
 def _index_rule(name):
     o = R[name]
 
     def rule(args, bdims, index, **params):
         a = move_to_front(args[0], bdims[0])
         key = index if isinstance(index, tuple) else (index,)
-        if any(hasattr(k, "_data") for k in key):
+        if _tensor_key(key):
             return NotImplemented  # a tensor index: the loop
         arrays = [i for i, k in enumerate(key) if _is_advanced(k)]
         out = o(a, index=(slice(None),) + key, **params)
@@ -637,7 +647,7 @@ def _place(t, b, pos, rank):
 @R["index_backward"].batch
 def _(args, bdims, shape, index, accumulate=True):
     key = index if isinstance(index, tuple) else (index,)
-    if any(hasattr(k, "_data") for k in key):
+    if _tensor_key(key):
         return NotImplemented  # a tensor index: the loop
     g = args[0]
     pos = _batch_position(key)
@@ -649,7 +659,7 @@ def _(args, bdims, shape, index, accumulate=True):
 @R["index_put"].batch
 def _(args, bdims, index, accumulate=False, basic=False):
     key = index if isinstance(index, tuple) else (index,)
-    if any(hasattr(k, "_data") for k in key):
+    if _tensor_key(key):
         return NotImplemented
     a, v = args
     ba, bv = bdims

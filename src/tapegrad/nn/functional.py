@@ -11,7 +11,7 @@ from tapegrad.autograd.grad_mode import state as grad_state
 from tapegrad.backend import xp, on_device_of
 from tapegrad.ops import nn as N
 from tapegrad.ops.elementwise import relu as _relu, tanh as _tanh, sigmoid as _sigmoid
-from tapegrad.ops.elementwise import where, sqrt, to_dtype, exp, log, expm1, log1p
+from tapegrad.ops.elementwise import where, sqrt, to_dtype, exp, log, expm1, log1p, gt
 from tapegrad.ops.linalg import matmul
 from tapegrad.ops.movement import reshape_op, permute_op, broadcast_to, pad  # noqa: F401
 from tapegrad.ops.movement import _dim  # the one dim normaliser (negative dims, range error)
@@ -414,6 +414,17 @@ def _reduce(loss, reduction, denominator=None):
         return total / count
 
 
+def _reduce_by_weight(loss, reduction, total):
+    """``_reduce`` whose mean divides by ``total``, the counted targets' weights summed by ops
+    (vmap-batched targets): nothing counted gives nan with a zero gradient, as PyTorch's
+    ``nll_loss``, where a plain division would give nan gradients too."""
+    if reduction != "mean":
+        return _reduce(loss, reduction)
+    some = gt(total, 0)
+    summed = sum_op(loss, dims=tuple(range(loss.ndim)))
+    return where(some, summed / where(some, total, 1.0), math.nan)
+
+
 def _same_size(name, input, target):
     if tuple(target.shape) != tuple(input.shape):
         warnings.warn(f"{name}: Using a target size ({tuple(target.shape)}) that is different to "
@@ -438,8 +449,11 @@ def _target_message(name, n_classes):
     return f"{name}: Target {{}} is out of bounds ({n_classes} classes)"
 
 
-def _class_targets(name, input, target, weight, ignore_index):
-    """One-hot (class dim 1, or 0 for 1-D input) with the class weight folded in."""
+def _class_targets(name, input, target, weight, ignore_index, smoothing=0.0):
+    """The target distribution ``q`` (the one-hot at class dim ``cdim``, 1 or 0 for 1-D input,
+    times the class weight, with ``smoothing``'s share spread over the classes) and the weight
+    sum of the counted targets (the mean's denominator): ``(q, total, cdim)``. Arrays read from
+    the indices; Tensors built by ops when the indices or the weight are vmap-batched."""
     if input.ndim == 0:
         raise RuntimeError(f"{name}: input must have at least 1 dimension (got a scalar)")
     cdim = 0 if input.ndim == 1 else 1
@@ -453,10 +467,6 @@ def _class_targets(name, input, target, weight, ignore_index):
     if t.dtype != xp.int64 and t.dtype != xp.uint8:
         raise RuntimeError(f"{name}: expected target dtype to be Long (int64) or Byte (uint8) "
                            f"for class indices, but got {target.dtype}")
-    check_index.forward(t, n_classes, _target_message(name, n_classes), "IndexError",
-                        ignore_index)
-    valid = t != ignore_index
-    everything = bool(valid.all())
     if weight is not None and weight.requires_grad and grad_state.enabled:
         raise RuntimeError(f"{name}: the class weight is not differentiable; this input cannot "
                            "have requires_grad=True (pass weight.detach())")
@@ -464,6 +474,12 @@ def _class_targets(name, input, target, weight, ignore_index):
         raise RuntimeError(f"{name}: weight tensor should be defined either for all "
                            f"{n_classes} classes or no classes but got weight tensor of shape: "
                            f"{list(weight.shape)}")
+    if _batched(target) or weight is not None and _batched(weight):
+        return _class_targets_ops(name, input, target, weight, ignore_index, smoothing, cdim)
+    check_index.forward(t, n_classes, _target_message(name, n_classes), "IndexError",
+                        ignore_index)
+    valid = t != ignore_index
+    everything = bool(valid.all())
     dt = input._data.dtype
     safe = t if everything else xp.where(valid, t, 0)
     wvec = weight._data.astype(dt) if weight is not None else xp.ones(n_classes, dtype=dt)
@@ -471,10 +487,39 @@ def _class_targets(name, input, target, weight, ignore_index):
     # one-hot with the class last (a flat scatter), then the class axis moved into place
     flat = xp.zeros(t.size * n_classes, dtype=dt)
     flat[xp.arange(t.size) * n_classes + safe.reshape(-1)] = wy.reshape(-1)
-    onehot = flat.reshape(t.shape + (n_classes,))
-    if cdim != onehot.ndim - 1:
-        onehot = xp.moveaxis(onehot, -1, cdim)
-    return onehot, wy, wvec, valid, cdim
+    q = flat.reshape(t.shape + (n_classes,))
+    if cdim != q.ndim - 1:
+        q = xp.moveaxis(q, -1, cdim)
+    if smoothing > 0:
+        wshape = [1] * input.ndim
+        wshape[cdim] = n_classes
+        spread = wvec.reshape(wshape) * xp.expand_dims(valid, cdim)
+        q = (1 - smoothing) * q + (smoothing / n_classes) * spread
+    return q, wy.sum(), cdim
+
+
+def _class_targets_ops(name, input, target, weight, ignore_index, smoothing, cdim):
+    """``_class_targets`` as ops on vmap-batched indices (or class weights), whose placeholders
+    hold no values: the one-hot from ``_ce_target``, the weight picked per target by
+    multiplying it in; the range check reads every example's indices (traced: a node)."""
+    n_classes = input.shape[cdim]
+    target = range_checked(target, _values(target), n_classes,
+                           _target_message(name, n_classes), "IndexError", ignore_index)[0]
+    dt = input._data.dtype
+    probe = xp.broadcast_to(xp.zeros((), dt), (n_classes,))  # the class count and dtype
+    q, keep, _ = N._ce_target(probe, target, ignore_index, False)  # class last, 0 if ignored
+    spread = keep
+    if weight is not None:
+        w = weight if weight._data.dtype == dt else to_dtype(weight, dtype=dt)
+        q = q * w
+        spread = keep * w
+    total = sum_op(q, dims=tuple(range(q.ndim)))
+    if smoothing > 0:
+        q = (1 - smoothing) * q + (smoothing / n_classes) * spread
+    if cdim != q.ndim - 1:
+        last = q.ndim - 1
+        q = permute_op(q, dims=tuple(range(cdim)) + (last,) + tuple(range(cdim, last)))
+    return q, total, cdim
 
 
 def _class_target_arrays(t, w=None, *, loss, shape, dtype, ignore_index, smoothing=0.0):
@@ -482,14 +527,9 @@ def _class_target_arrays(t, w=None, *, loss, shape, dtype, ignore_index, smoothi
     indices (and class weights) alone: the target distribution and the weight sum. Under the
     compiler's tracer it runs as one node (``_array_fn``), so new targets are read each call."""
     probe = _const(xp.broadcast_to(xp.zeros((), dtype), shape))  # the input's shape and dtype
-    q, wy, wvec, valid, cdim = _class_targets(loss, probe, _const(t),
-                                              None if w is None else _const(w), ignore_index)
-    if smoothing > 0:
-        wshape = [1] * len(shape)
-        wshape[cdim] = shape[cdim]
-        spread = wvec.reshape(wshape) * xp.expand_dims(valid, cdim)
-        q = ((1 - smoothing) * q + (smoothing / shape[cdim]) * spread).astype(dtype)
-    return q, xp.asarray(wy.sum())
+    q, total, _ = _class_targets(loss, probe, _const(t), None if w is None else _const(w),
+                                 ignore_index, smoothing)
+    return q.astype(dtype, copy=False), xp.asarray(total)
 
 
 def _traced_class_targets(name, input, target, weight, ignore_index, smoothing=0.0):
@@ -507,12 +547,14 @@ def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, r
              reduction="mean"):
     """As ``F.nll_loss``: ``-weight[t] * input[n, t]``, averaged by the summed weights."""
     reduction = _reduction(size_average, reduce, reduction)
-    q, wy, _, _, cdim = _class_targets("nll_loss", input, target, weight, ignore_index)
+    q, total, cdim = _class_targets("nll_loss", input, target, weight, ignore_index)
+    if isinstance(q, Tensor):  # built by ops (vmap-batched indices)
+        return _reduce_by_weight(N.nll_loss(input, q, dim=cdim), reduction, total)
     traced = _traced_class_targets("nll_loss", input, target, weight, ignore_index)
     if traced is not None:  # the compiler's tracer: built from the targets at run time
         return _reduce(N.nll_loss(input, traced[0], dim=cdim), reduction, traced[1])
     loss = N.nll_loss(input, _const(q), dim=cdim)
-    return _reduce(loss, reduction, float(wy.sum()))
+    return _reduce(loss, reduction, float(total))
 
 
 @autocast_composite
@@ -558,20 +600,18 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
             q = q * _reshape(weight, wshape)
         loss = N.softmax_cross_entropy(input, q, dim=cdim)
         return _reduce(loss, reduction, input.numel() / n_classes if input.numel() else 0)
-    q, wy, wvec, valid, cdim = _class_targets("cross_entropy", input, target, weight,
-                                              ignore_index)
+    q, total, cdim = _class_targets("cross_entropy", input, target, weight, ignore_index,
+                                    label_smoothing)
+    if isinstance(q, Tensor):  # built by ops (vmap-batched indices)
+        return _reduce_by_weight(N.softmax_cross_entropy(input, q, dim=cdim), reduction,
+                                 total)
     traced = _traced_class_targets("cross_entropy", input, target, weight, ignore_index,
                                    label_smoothing)
     if traced is not None:  # the compiler's tracer: built from the targets at run time
         loss = N.softmax_cross_entropy(input, traced[0], dim=cdim)
         return _reduce(loss, reduction, traced[1])
-    if label_smoothing > 0:
-        wshape = [1] * input.ndim
-        wshape[cdim] = n_classes
-        spread = wvec.reshape(wshape) * xp.expand_dims(valid, cdim)
-        q = (1 - label_smoothing) * q + (label_smoothing / n_classes) * spread
     loss = N.softmax_cross_entropy(input, _const(q.astype(input._data.dtype)), dim=cdim)
-    return _reduce(loss, reduction, float(wy.sum()))
+    return _reduce(loss, reduction, float(total))
 
 
 @autocast_composite

@@ -5,6 +5,7 @@ and ``index_put``, the gather family expressed through them (``gather``, ``scatt
 ``index_select``, ``take_along_dim``) and the index checks (``out_of_range``: the one range
 check of the index-taking ops). Split out of ``movement.py``, whose shape ops these use.
 """
+import math
 import operator
 import warnings
 
@@ -12,7 +13,8 @@ from tapegrad.autograd.grad_mode import state as grad_state
 from tapegrad.ops.registry import op, xp
 from tapegrad.backend import array_module, add_at
 from tapegrad.ops import registry as _registry
-from tapegrad.ops.movement import (_check_tensor, _dim, expand, reshape_op, sum_to)
+from tapegrad.ops.movement import (_check_tensor, _dim, constant_pad, expand, reshape_op,
+                                   sum_to)
 from tapegrad.ops import elementwise as _E
 
 
@@ -129,13 +131,28 @@ def _index_array(index, name):
     return data
 
 
+def _batched(idx):
+    """Whether an index array is vmap's placeholder (``func._vmap.BatchedArray``): it holds no
+    values (numpy indexing with it would read zeros), so the index must stay a Tensor that
+    ops take."""
+    return getattr(idx, "value", None) is not None
+
+
+def _physical(idx):
+    """A vmap-batched index array's values (``func._vmap.BatchedArray``: the placeholder holds
+    none): the physical batch, level by level; any other array as it is."""
+    value = getattr(idx, "value", None)
+    while value is not None:
+        idx = value._data
+        value = getattr(idx, "value", None)
+    return idx
+
+
 def out_of_range(idx, n):
     """The first index of an integer array outside [0, n) (the smallest if any is negative,
     else the largest), or None. The one range check of the index-taking ops: a single
     reduction when all are in range, since a negative int viewed as unsigned is >= 2**63."""
-    value = getattr(idx, "value", None)  # a vmap-batched index (func._vmap.BatchedArray):
-    if value is not None:  # every example's indices
-        return out_of_range(value._data, n)
+    idx = _physical(idx)  # a vmap-batched index: every example's indices
     if idx.size == 0:
         return None
     if idx.dtype.kind == "i":
@@ -156,15 +173,17 @@ def check_index(idx, n, message, error="IndexError", ignore=None, negative=False
     ``negative``: [-n, n)), else ``error`` with ``message.format(bad)``; ``bad``:
     ``out_of_range``'s, or with ``ignore`` the first offending entry. An op so that a compiled
     graph checks each call's indices (numpy would wrap a negative one around where eager
-    raises); params are literals the printout shows."""
+    raises); params are literals the printout shows. A vmap-batched ``idx`` is checked over
+    its physical batch (every example's indices)."""
+    values = _physical(idx)
     if negative:
-        bad = out_of_range(idx + n, 2 * n)
+        bad = out_of_range(values + n, 2 * n)
         if bad is not None:
             raise _ERRORS[error](message.format(bad - n))
         return idx
-    bad = out_of_range(idx, n)
+    bad = out_of_range(values, n)
     if bad is not None and ignore is not None:
-        safe = idx[idx != ignore]
+        safe = values[values != ignore]
         wrong = safe[(safe < 0) | (safe >= n)]
         bad = int(wrong[0]) if wrong.size else None
     if bad is not None:
@@ -233,8 +252,33 @@ def _check_index_shape(input, d, idx, name):
 
 def _check_gather_bounds(index, idx, n, d, name):
     """``idx`` once in range (``range_checked``)."""
+    return _gather_checked(index, idx, n, d, name)[1]
+
+
+def _gather_checked(index, idx, n, d, name):
+    """``(index, idx)`` once in range (``range_checked``): the Tensor too, which a batched
+    index stays (ops take it)."""
     return range_checked(index, idx, n, f"{name}(): index {{}} is out of bounds for dimension "
-                         f"{d} with size {n}", "RuntimeError")[1]
+                         f"{d} with size {n}", "RuntimeError")
+
+
+def _gather_batched(input, d, index, name):
+    """``gather`` with indices batched by vmap: ``take_along_reduce`` with the index Tensor
+    as its ``idx`` param, whose batch rule puts the batch in front of both operands; the
+    range check reads the physical batch (or, traced, is a node)."""
+    from tapegrad.ops.reduce import take_along_reduce
+
+    n = input.shape[d] if input.ndim else 1
+    index = _gather_checked(index, index._data, n, d, name)[0]
+    if input.ndim == 0 or index.ndim == 0:
+        flat = reshape_op(input, shape=(1,)) if input.ndim == 0 else input
+        out = _gather_batched(flat, 0, reshape_op(index, shape=(1,) * flat.ndim), name)
+        return reshape_op(out, shape=tuple(index.shape))
+    if any(m != s for k, (m, s) in enumerate(zip(index.shape, input.shape)) if k != d):
+        # only input[:index.shape] (dim d whole) takes part; take_along needs equal shapes
+        input = getitem(input, index=tuple(slice(None) if k == d else slice(0, m)
+                                           for k, m in enumerate(index.shape)))
+    return take_along_reduce(input, idx=index, dim=d, keepdim=True)
 
 
 def gather(input, dim, index, *, sparse_grad=False):
@@ -242,6 +286,8 @@ def gather(input, dim, index, *, sparse_grad=False):
     idx = _index_array(index, "gather")
     d = _dim(dim, input.ndim, "gather")
     _check_index_shape(input, d, idx, "gather")
+    if _batched(idx):
+        return _gather_batched(input, d, index, "gather")
     idx = _check_gather_bounds(index, idx, input.shape[d] if input.ndim else 1, d, "gather")
     if input.ndim == 0 or idx.ndim == 0:
         flat = reshape_op(input, shape=(1,)) if input.ndim == 0 else input
@@ -268,9 +314,19 @@ def scatter_add(input, dim, index, src):
         out = scatter_add(reshape_op(input, shape=(1,)), 0, idx.reshape(1),
                           reshape_op(src, shape=(1,)))
         return reshape_op(out, shape=())
-    idx = _check_gather_bounds(index, idx, input.shape[d], d, "scatter_add")
+    index, idx = _gather_checked(index, idx, input.shape[d], d, "scatter_add")
     if src.shape != idx.shape:  # only src[:index.shape] takes part
         src = getitem(src, index=tuple(slice(0, n) for n in idx.shape) + (Ellipsis,))
+    if _batched(idx):  # each example's indices: put_along (an op taking the index Tensor,
+        # batched by its rule) over the indexed region, padded with zeros to input's shape
+        from tapegrad.ops.reduce import put_along
+
+        region = tuple(input.shape[d] if k == d else m for k, m in enumerate(idx.shape))
+        part = put_along(src, idx=index, shape=region, dim=d, keepdim=True)
+        if region != tuple(input.shape):
+            part = constant_pad(part, widths=tuple((0, n - m) for n, m in
+                                                   zip(input.shape, region)))
+        return _E.add(input, part)
     return index_put_op(input, src, index=_grid(idx, d), accumulate=True)
 
 
@@ -291,8 +347,15 @@ def index_select(input, dim, index):
         # empty-input paths
         exc = "RuntimeError" if input.ndim > 1 and (d == 1 or input.numel() == 0) else \
             "IndexError"
-        idx = range_checked(index, idx, n, f"index_select(): index {{}} is out of range for "
-                            f"dimension {d} with size {n}", exc)[1]
+        index, idx = range_checked(index, idx, n, f"index_select(): index {{}} is out of "
+                                   f"range for dimension {d} with size {n}", exc)
+    if _batched(idx):  # each example's indices: a gather along d, through ops
+        flat = reshape_op(input, shape=(1,)) if input.ndim == 0 else input
+        k = idx.size
+        shape = tuple(k if j == d else m for j, m in enumerate(flat.shape))
+        along = reshape_op(index, shape=tuple(k if j == d else 1 for j in range(flat.ndim)))
+        out = _gather_batched(flat, d, expand(along, shape), "index_select")
+        return reshape_op(out, shape=()) if input.ndim == 0 else out
     if input.ndim == 0:
         return reshape_op(index_op(reshape_op(input, shape=(1,)), index=(idx, Ellipsis)),
                           shape=())
@@ -306,6 +369,9 @@ def take_along_dim(input, indices, dim=None):
     any index outside [0, numel) raises."""
     idx = _index_array(indices, "take_along_dim")
     if dim is None:
+        if _batched(idx):  # a Tensor through ops (reshaping the placeholder drops its batch)
+            return _gather_batched(reshape_op(input, shape=(-1,)), 0,
+                                   reshape_op(indices, shape=(-1,)), "take_along_dim")
         idx = _check_gather_bounds(indices, idx, input.numel(), 0, "take_along_dim")
         return gather(reshape_op(input, shape=(-1,)), 0, idx.reshape(-1))
     if idx.dtype != xp.int64:
@@ -327,15 +393,25 @@ def take_along_dim(input, indices, dim=None):
         raise RuntimeError(f"take_along_dim(): input of shape {tuple(input.shape)} and indices "
                            f"of shape {tuple(idx.shape)} cannot be broadcast apart from dimension "
                            f"{d}") from None
-    idx = xp.broadcast_to(idx, idx_shape)
     n = input.shape[d]
+    if _batched(idx):  # the broadcast and the wrap as ops on the Tensor: no host read
+        if n == 0 and math.prod(idx_shape):  # every index is out of range: the error below
+            _wrap_by_zero(idx_shape, d, input)
+        indices = expand(indices, idx_shape)
+        if n:
+            indices = _E.remainder(indices, n)
+        return gather(expand(input, in_shape), d, indices)
+    idx = xp.broadcast_to(idx, idx_shape)
     if out_of_range(idx, n) is not None:
         if n == 0:
-            raise RuntimeError(f"take_along_dim(): ZeroDivisionError: indices {tuple(idx.shape)} "
-                               f"taken modulo the size 0 of dimension {d} of input "
-                               f"{tuple(input.shape)}")
+            _wrap_by_zero(idx.shape, d, input)
         idx = idx % n
     return gather(expand(input, in_shape), d, idx)
+
+
+def _wrap_by_zero(idx_shape, d, input):
+    raise RuntimeError(f"take_along_dim(): ZeroDivisionError: indices {tuple(idx_shape)} taken "
+                       f"modulo the size 0 of dimension {d} of input {tuple(input.shape)}")
 
 
 # --- Tensor.__getitem__ and index_put (which Tensor.__setitem__ uses) ----------------------
