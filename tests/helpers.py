@@ -125,7 +125,7 @@ def check_op(fn, specs, *, seed=0, low=None, high=None, away_from=None, grad=Tru
         assert tapegrad.autograd.gradgradcheck(f, inputs)
 
 
-# --- forward mode and vmap (tapegrad.func, issue 11) ---------------------------------------
+# --- forward mode and vmap (tapegrad.func) ---------------------------------------
 def _float_positions(arrays):
     return [i for i, a in enumerate(arrays) if isinstance(a, np.ndarray) and a.dtype.kind == "f"]
 

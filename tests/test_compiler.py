@@ -1,4 +1,4 @@
-"""tapegrad.compile and tapegrad.compiler (issue 9): trace/IR, passes, codegen, guards, breaks.
+"""tapegrad.compile and tapegrad.compiler: trace/IR, passes, codegen, guards, breaks.
 
 Compiled results are compared with eager tapegrad bitwise with the numpy kernels (no kernel
 reorders arithmetic), at 1e-12 with numba's (libm transcendentals, the fused cross-entropy,

@@ -1,4 +1,4 @@
-"""Compiled GELU and exp/log/tanh groups with numba, bitwise eager's (issue 9).
+"""Compiled GELU and exp/log/tanh groups with numba, bitwise eager's.
 
 Where numba's exp/log/tanh (the C library's) are not numpy's ufuncs on this machine
 (``kernels.libm_exact``), a fused group whose only such call is gelu_backward's

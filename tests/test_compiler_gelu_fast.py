@@ -1,5 +1,5 @@
-"""The float32 GELU forward's short erf fit and the gradient's column sums (issue 9,
-compiler/kernels_gelu.py).
+"""The float32 GELU forward's short erf fit and the gradient's column sums
+(compiler/kernels_gelu.py).
 
 Forward: lanes with u*u <= 4 (u = x / sqrt 2) take ``ERF32_SHORT`` (degree 15), the others
 ``ERF32_MID`` (degree 21, erf on 2 < |u| <= 4, +-1 beyond); rounded to float32 and through

@@ -1,4 +1,4 @@
-"""In-place writes inside ``tapegrad.compile`` (issue 9: graph breaks that should not be).
+"""In-place writes inside ``tapegrad.compile`` (graph breaks that should not be).
 
 ``x[1:3] = v``, ``x[idx] = 0.5`` (an index tensor or a list), ``x[mask] = v`` (as ``where``),
 ``masked_fill_``, ``scatter_``, ``index_add_/index_copy_/index_fill_``, ``fill_``/``zero_``

@@ -1,4 +1,4 @@
-"""tapegrad.compile on whole training steps of the examples' models (issue 9): compiled losses
+"""tapegrad.compile on whole training steps of the examples' models: compiled losses
 equal eager's over the run, with no graph break, one trace per guard set.
 
 Each test builds the same model twice from one seed, runs the step eagerly and compiled on the

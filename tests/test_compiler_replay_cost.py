@@ -1,4 +1,4 @@
-"""The tail replay's cheap per-op path (compiler/api.py ``_Replay``/``_TailReplay``, issue 9)
+"""The tail replay's cheap per-op path (compiler/api.py ``_Replay``/``_TailReplay``)
 keeps its correctness role: a call whose Python diverges from the trace (another literal,
 another index, another branch) is still detected and rerun eagerly, every traced op is
 matched once per call, placeholders never leave the call as traced tensors (and one the

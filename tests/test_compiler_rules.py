@@ -1,4 +1,4 @@
-"""Traced gradient rules (issue 9, third layer): each rule audited as value-independent runs
+"""Traced gradient rules: each rule audited as value-independent runs
 as ops in the joint graph (no opaque ``vjp_<op>`` node that calls the rule on arrays), and the
 compiled call equals eager bitwise (numpy kernels: no arithmetic reordered).
 
@@ -302,7 +302,7 @@ def test_forward_pieces_with_index_tensors_replay_compiled():
     assert type(e).__name__ == "SplitEntry" and e.n_replays == 3 and not e.n_fallbacks
 
 
-# --- numba kernels against eager (issue 9: the char-GPT drift) ---------------------------
+# --- numba kernels against eager (the char-GPT step's drift) ---------------------------
 # Each numba kernel computes eager's arithmetic in eager's order: the cross-entropy's row sums
 # in numpy's pairwise order (its exp and log left to numpy), float64 erf as scipy's Cephes
 # code when eager uses scipy, exp/log/tanh groups left to numpy where numpy has its own loops.

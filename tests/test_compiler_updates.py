@@ -163,6 +163,43 @@ def _inputs(dtype):
     return tg.tensor(X).to(dtype), tg.tensor(y)
 
 
+@pytest.mark.parametrize("update", [isub, data_add_, copy_, momentum_dict],
+                         ids=["isub", "data_add_", "copy_", "momentum_dict"])
+def test_update_step_returning_loss_item_replays_compiled(numpy_kernels, update):
+    """``return loss.item()`` after the update: the whole step is one graph whose read is
+    served after it ran (``TailEntry``), the writes replayed without diverging."""
+    def run(compiled):
+        model = _mlp(tg.float64)
+        x, t = _inputs(tg.float64)
+        params = list(model.parameters())
+        state = {}
+
+        def step(x, t):
+            loss = F.cross_entropy(model(x), t)
+            loss.backward()
+            with tg.no_grad():
+                for p in params:
+                    update(p, state)
+                    p.grad = None
+            return loss.item()
+
+        fn = tg.compile(step) if compiled else step
+        return [fn(x, t) for _ in range(STEPS)], params, fn
+
+    le, pe, _ = run(False)
+    lc, pc, fn = run(True)
+    assert le == lc
+    for p, q in zip(pe, pc):
+        assert _bitwise(p.detach().numpy(), q.detach().numpy())
+        assert p._version[0] == q._version[0]
+    # momentum_dict's first call makes the buffers: its replay of the second call diverges
+    # (that call runs eagerly), the entry is dropped, the third call traces the steady step
+    first = 1 if update is momentum_dict else 0
+    assert not fn.breaks and fn.n_eager == first and fn.n_hits >= STEPS - 2 - first
+    assert len(fn.entries) == 1 and type(fn.entries[0]).__name__ == "TailEntry"
+    assert fn.entries[0].n_fallbacks == 0
+
+
 def test_update_through_data_keeps_eager_version_semantics(numpy_kernels):
     """A write through ``.data`` bumps neither the parameter's counter nor breaks autograd's
     saved-tensor check; a direct in-place write bumps it once per op, as eager."""

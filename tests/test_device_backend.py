@@ -1,4 +1,4 @@
-"""Devices (issue 14, the cpu part): per-tensor devices read from the array's type, ``.to()``
+"""Devices (the cpu part): per-tensor devices read from the array's type, ``.to()``
 round trips, ``tapegrad.cuda`` true to the machine, PyTorch's mixed-device error, and the seam
 test: every op row run on a stand-in device (``fake_device``) must stay on it and agree with
 the cpu, so an op that reaches numpy directly for device data fails here.

@@ -1,4 +1,4 @@
-"""Error wording (issue 8 section 3): each case raises PyTorch's exception type, and the message
+"""Error wording: each case raises PyTorch's exception type, and the message
 names the op and carries PyTorch's information (shapes, lengths, sizes, bytes)."""
 import re
 

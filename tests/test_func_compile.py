@@ -1,4 +1,4 @@
-"""Function transforms composed with ``tapegrad.compile`` (issue 11), both ways:
+"""Function transforms composed with ``tapegrad.compile``, both ways:
 ``compile(vmap(grad(f)))`` (the transform traced into one graph) and ``vmap(grad(compile(f)))``
 (the compiled function called under a transform: it runs eagerly and says why in ``breaks``,
 which ``explain`` reports). Values against the uncompiled transform (1e-12, float64) and

@@ -1,4 +1,4 @@
-"""The function-transform examples (issue 11) in small mode: DP-SGD by vmap(grad), a PINN
+"""The function-transform examples in small mode: DP-SGD by vmap(grad), a PINN
 with second derivatives w.r.t. the input, Newton's method with hessian/hvp."""
 import subprocess
 import sys

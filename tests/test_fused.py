@@ -1,4 +1,4 @@
-"""Fused ops (issue 5, item 3) and the engine's in-place gradient accumulation (item 4).
+"""Fused ops and the engine's in-place gradient accumulation.
 
 linear_relu is a tapegrad extension: PyTorch's counterpart is ``F.relu(F.linear(...))``.
 """

@@ -1,4 +1,4 @@
-"""Gradients keep their tensor's shape and dtype (issue 8): the ``.grad`` setter validates as
+"""Gradients keep their tensor's shape and dtype: the ``.grad`` setter validates as
 PyTorch's does, and a root gradient of another dtype is cast to the output's dtype at the root
 (never blamed on an internal node), so a leaf's ``.grad`` never changes dtype."""
 import numpy as np

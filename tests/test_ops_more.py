@@ -1,4 +1,4 @@
-"""Issue 10's extra ops against PyTorch: one table row per op, checked three ways by
+"""More ops against PyTorch: one table row per op, checked three ways by
 ``check_op`` (values and gradients at 1e-12 in float64, float32, gradcheck, second order)."""
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Issue 10's missing ops against PyTorch: scans, order statistics, counting, index writes,
+"""Scans, order statistics and more ops against PyTorch: counting, index writes,
 builders and pointwise ops. One ``check_op`` row per differentiable op (values and gradients
 at 1e-12 in float64, float32, gradcheck, second order); ops without a gradient and the
 choices among ties are compared with ``check_torch``; error cases raise in both."""

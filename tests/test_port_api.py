@@ -1,4 +1,4 @@
-"""Issue 10: devices, legacy constructors, torch.cuda & co, Tensor-API gaps and import paths,
+"""Devices, legacy constructors, torch.cuda & co, Tensor-API gaps and import paths,
 each checked against PyTorch 2.13 (CPU build) as the oracle."""
 import importlib
 import pickle

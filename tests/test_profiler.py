@@ -1,4 +1,4 @@
-"""Op cost metadata, the op profiler, the roofline (issue 12)."""
+"""Op cost metadata, the op profiler, the roofline."""
 import json
 import threading
 

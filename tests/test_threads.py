@@ -1,4 +1,4 @@
-"""Engine state per thread (issue 8): grad mode, inference mode, op watchers (checkpointing,
+"""Engine state per thread: grad mode, inference mode, op watchers (checkpointing,
 the memory tracker) and dispatch modes belong to the thread that set them; anomaly mode is
 process-wide, as in PyTorch. Threads training side by side get bit-identical results to the
 same runs one after the other."""

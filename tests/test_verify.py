@@ -1,4 +1,4 @@
-"""tapegrad.testing: verify against PyTorch and first-divergence localisation (issue 12)."""
+"""tapegrad.testing: verify against PyTorch and first-divergence localisation."""
 import numpy as np
 import pytest
 

@@ -1,4 +1,4 @@
-"""tapegrad.viz: the tape node by node (issue 12)."""
+"""tapegrad.viz: the tape node by node."""
 import shutil
 
 import numpy as np

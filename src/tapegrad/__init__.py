@@ -19,12 +19,12 @@ from tapegrad.ops.indexing import *  # noqa: F401,F403
 from tapegrad.ops.linalg import *  # noqa: F401,F403
 from tapegrad.creation import *  # noqa: F401,F403
 from tapegrad.random import *  # noqa: F401,F403
-# devices, legacy tensor types, PyTorch's namespaces for accelerators (issue 10)
+# devices, legacy tensor types, PyTorch's namespaces for accelerators
 from tapegrad.backend.device import device  # noqa: F401,E402
 from tapegrad.ops.selection import *  # noqa: F401,F403,E402
-from tapegrad.ops.extra_elementwise import *  # noqa: F401,F403,E402  (issue 10: more ops)
+from tapegrad.ops.extra_elementwise import *  # noqa: F401,F403,E402
 from tapegrad.ops.extra_reduce import *  # noqa: F401,F403,E402
-# issue 10: scans, order statistics, index writes, more pointwise ops
+# scans, order statistics, index writes, more pointwise ops
 from tapegrad.ops.extra_scan import *  # noqa: F401,F403,E402
 from tapegrad.ops.extra_stats import *  # noqa: F401,F403,E402
 from tapegrad.ops.extra_index import *  # noqa: F401,F403,E402
@@ -35,7 +35,7 @@ from tapegrad import cuda, accelerator, backends, distributed  # noqa: F401,E402
 globals().update(_TENSOR_TYPES)  # FloatTensor, DoubleTensor, LongTensor, ...
 from tapegrad import autograd, nn, optim, utils, profiler  # noqa: F401
 from tapegrad.io import save, load  # noqa: F401,E402
-from tapegrad import sparse  # noqa: F401,E402  (sparse COO tensors, issue 10)
+from tapegrad import sparse  # noqa: F401,E402  (sparse COO tensors)
 from tapegrad.sparse import (layout, strided, sparse_coo, sparse_coo_tensor,  # noqa: F401,E402
                              spmm)
 from tapegrad import io, safetensors, serialization  # noqa: F401,E402
@@ -45,7 +45,7 @@ from tapegrad import special  # noqa: F401,E402  (torch.special; erfc, lgamma, i
 globals().update(special.TOPLEVEL)
 from tapegrad.runtime import (set_num_threads, get_num_threads, set_num_interop_threads,  # noqa
                               get_num_interop_threads, empty_cache)
-# mixed precision (issue 10): torch.autocast, torch.amp, torch.cpu.amp, torch.cuda.amp
+# mixed precision: torch.autocast, torch.amp, torch.cpu.amp, torch.cuda.amp
 from tapegrad import amp, cpu  # noqa: F401,E402
 import tapegrad.cuda.amp  # noqa: F401,E402
 from tapegrad.amp.autocast_mode import (  # noqa: F401,E402
@@ -55,8 +55,8 @@ from tapegrad.amp.autocast_mode import (  # noqa: F401,E402
     clear_autocast_cache, autocast_increment_nesting, autocast_decrement_nesting)
 
 __version__ = "0.1.0"
-from tapegrad import compiler  # noqa: F401,E402  (issue 9: trace, passes, codegen)
+from tapegrad import compiler  # noqa: F401,E402  (trace, passes, codegen)
 from tapegrad.compiler import compile  # noqa: F401,E402
-from tapegrad import distributions  # noqa: F401,E402  (issue 10: torch.distributions)
-from tapegrad import func  # noqa: F401,E402  (issue 11: torch.func transforms)
+from tapegrad import distributions  # noqa: F401,E402  (torch.distributions)
+from tapegrad import func  # noqa: F401,E402  (torch.func transforms)
 from tapegrad.autograd import forward_ad, functional as _autograd_functional  # noqa: F401,E402

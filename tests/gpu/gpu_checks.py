@@ -1,4 +1,4 @@
-"""The GPU checks of issue 14, run by ``tests/gpu/run.sh`` on a machine with a CUDA device.
+"""The GPU checks, run by ``tests/gpu/run.sh`` on a machine with a CUDA device.
 
 1. the op battery (``battery.rows()``) on cuda against the cpu, float64 to 1e-12;
 2. the spiral MLP and the digits CNN trained on the GPU: loss trajectories match the cpu's;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks of issue 14 (tests/gpu/gpu_checks.py): the op battery on CUDA against the cpu,
+# The GPU checks (tests/gpu/gpu_checks.py): the op battery on CUDA against the cpu,
 # the spiral/digits examples trained on the GPU against their cpu trajectories, and the H=2048
 # and GPT steps timed against PyTorch CUDA when the installed torch has CUDA.
 #

@@ -1,4 +1,4 @@
-"""``tapegrad bench func``: the function transforms (issue 11) against their baselines.
+"""``tapegrad bench func``: the function transforms against their baselines.
 
 1. Per-sample gradients of the spiral MLP (2 -> 32 -> 3, float64, cross-entropy), batch
    256: ``vmap(grad(loss_one))`` against the Python loop of one ``grad`` per example and

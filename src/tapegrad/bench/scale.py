@@ -1,4 +1,4 @@
-"""The large, memory-bound step (issue 5, item 4): spiral MLP at H=2048, batch 4096.
+"""The large, memory-bound step: spiral MLP at H=2048, batch 4096.
 
 The step streams ~0.8 GB (float64) of activations and gradients through ~0.1 GFLOP of
 matmuls, so it is bound by memory traffic and by the kernel's cost of handing out fresh

@@ -1,4 +1,4 @@
-"""Exact GELU's forward and gradient sharing one erf (issue 9).
+"""Exact GELU's forward and gradient sharing one erf.
 
 Eager's ``gelu(x)`` computes ``(x * 0.5) * (1 + erf(x / sqrt 2))`` and its gradient rule
 ``gelu_backward(g, x)`` computes ``1 + erf(x / sqrt 2)`` again from the same ``x`` (so does

@@ -1,5 +1,5 @@
 """Softmax cross-entropy with class indices, fused: the loss, the logits' gradient and (when
-read) the gradient's column sums, bitwise eager's (issue 9, the char-GPT step's loss).
+read) the gradient's column sums, bitwise eager's.
 
 Eager (``ops.nn.cross_entropy_index`` and ``cross_entropy_index_backward``) computes per row
 ``s = x - max(x)``, ``lse = log(sum(exp(s)))``, the loss ``sum(lse - s[t]) / count`` and the

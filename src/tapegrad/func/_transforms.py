@@ -62,10 +62,6 @@ def _exit(t, keep):
     return t if keep or t is None else t.detach()
 
 
-def _as_tuple(x):
-    return x if isinstance(x, tuple) else (x,)
-
-
 def _check_argnums(argnums, n, name):
     nums = argnums if isinstance(argnums, tuple) else (argnums,)
     if isinstance(argnums, tuple) and not argnums:

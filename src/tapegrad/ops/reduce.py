@@ -464,11 +464,6 @@ any_op = _logical_reduce("any", xp.any)
 
 
 # --- PyTorch-signature functions (exported as tapegrad.X and Tensor.X) ------------------
-def _float_input(name, input):
-    if input._data.dtype.kind in "iub":
-        raise RuntimeError(f"{name}(): input dtype must be floating point, got {input.dtype}")
-
-
 def sum(input, dim=None, keepdim=False, *, dtype=None):
     """As ``torch.sum``: ``x.sum()``, ``x.sum(dim=1, keepdim=True)``; bool/int sum to int64."""
     kind = input._data.dtype.kind
