@@ -814,6 +814,9 @@ class CompiledFunction:
         self.n_eager = 0  # calls run eagerly without tracing (a break, a refusal, the limit)
         self.fallbacks = []  # GraphBreak per reason warned about (CompileFallbackWarning)
         self._eager_why = {}  # spec -> the GraphBreak its calls run eagerly for
+        self._diverged = None  # the GraphBreak for replays that diverged (SplitEntry/TailEntry)
+        self.n_dropped = 0  # replay entries dropped after diverging on their first replay
+        self.n_diverged = 0  # hits whose replay diverged and ran eagerly (in n_eager too)
         self._modules = None
         self._state = None  # id -> weakref of the tensors fn reads by reference
         self._lock = threading.RLock()
@@ -899,7 +902,7 @@ class CompiledFunction:
             return self.fn(*args, **kwargs)
         return self._compile(args, kwargs, spec, modes, training)
 
-    def _fell_back(self, brk, now=False):
+    def _fell_back(self, brk, now=False, stacklevel=4):
         """Count a call that ran eagerly for ``brk``'s reason without tracing; warn once per
         reason (``CompileFallbackWarning``) when most calls run eagerly: at least
         ``FALLBACK_MIN_CALLS`` calls that did not trace, more than half of them eager (``now``:
@@ -907,16 +910,17 @@ class CompiledFunction:
         self.n_eager += 1
         if brk is None or brk.reason in self._warned:
             return
-        n = self.n_eager + self.n_hits
+        n = self.n_eager + self.n_hits - self.n_diverged
         if now or (n >= FALLBACK_MIN_CALLS and 2 * self.n_eager > n):
             self._warned.add(brk.reason)
             self.fallbacks.append(brk)
             code = getattr(self.fn, "__code__", None)
             defined = f" (defined at {code.co_filename}:{code.co_firstlineno})" if code else ""
             warnings.warn(f"tapegrad.compile: {self.__name__}{defined} runs eagerly on "
-                          f"{self.n_eager} of {n} calls (the compiler is off on this path): "
+                          f"{self.n_eager} of {n} calls that did not trace (the compiler is "
+                          "off on this path): "
                           f"{brk.reason} (at {brk.where})", CompileFallbackWarning,
-                          stacklevel=4)
+                          stacklevel=stacklevel)  # (the compiled function's caller)
 
     def _break(self, reason):
         """Record a reason the function runs eagerly (once), as a graph break; returns it."""
@@ -1010,10 +1014,24 @@ class CompiledFunction:
         return result
 
     def _run(self, e, args, kwargs=None):
-        if isinstance(e, TailEntry):
-            return e.replay(self.fn, args, kwargs)
-        if isinstance(e, SplitEntry):
-            return e.replay(self.fn, args, kwargs)
+        if isinstance(e, (TailEntry, SplitEntry)):
+            before = e.n_fallbacks
+            result = e.replay(self.fn, args, kwargs)
+            if e.n_fallbacks != before:  # the replay diverged: this call ran eagerly
+                self.n_diverged += 1
+                if self._diverged is None:
+                    self._diverged = GraphBreak(
+                        "its Python did something else than the traced call (another branch, "
+                        "an op or a read not recorded), so the compiled replay reran the call "
+                        "eagerly", user_frame())
+                self._fell_back(self._diverged, stacklevel=5)
+                if not e.n_replays and self.n_dropped < cache_size_limit and e in self.entries:
+                    # never replayed: made by a call unlike the later ones (state the first
+                    # call creates, as momentum buffers in a dict): the next call traces anew
+                    self.entries.remove(e)
+                    self._last = None
+                    self.n_dropped += 1
+            return result
         if e.joint is not None:
             return e.joint(args, kwargs)
         refs, writes = e.bind(args, kwargs)
@@ -1899,6 +1917,41 @@ class _TailReplay(_Replay):
         self.tv[id(t)] = (t, v)
         return t
 
+    def records_writes(self):
+        return not self.done
+
+    def record_write(self, t, name, fn, args, kwargs):
+        """An in-place write the trace recorded (``Tracer.record_write``): ``fn``'s ops match
+        the recorded ones (placeholders); ``t`` and the inputs over its array then stand for
+        the result, which the graph's write-back stores when it runs. A tensor left standing
+        for the old value makes a later op differ from the trace: the call reruns eagerly."""
+        self._match_values((t,))
+        if self._value(t) is None:
+            self._fall()
+        prev, grad_state.enabled = grad_state.enabled, False
+        try:
+            result = fn(t, *args, **kwargs)
+            if isinstance(result, Tensor) and result._data.dtype != t._data.dtype:
+                from tapegrad.ops import elementwise
+
+                result = elementwise.to_dtype(result, dtype=t.dtype)
+        finally:
+            grad_state.enabled = prev
+        v = self._value(result) if isinstance(result, Tensor) else None
+        if v is None or result._data.shape != t._data.shape:
+            self._fall()
+        arr = t._data
+        self.av[id(arr)] = (arr, v)
+        self.tv[id(t)] = (t, v)
+        over = self.__dict__.get("_inputs_by_array")
+        if over is None:  # (once per call with writes: a parameter behind its .data)
+            over = self._inputs_by_array = {
+                id(x._data): x for x in (*self.bound[0], *self.args) if isinstance(x, Tensor)}
+        x = over.get(id(arr))
+        if x is not None and x._data is arr:
+            self.tv[id(x)] = (x, v)
+        return t
+
     def _interpret_done(self, o, args, params):
         """``interpret`` once the graph ran (``_flush`` sets it on the instance, so the ops
         before it pay no check): eager, on filled values only."""
@@ -2139,7 +2192,7 @@ def explain(fn):
         log = [x for e in c.entries for x in e.log]
         graphs = [g for e in c.entries for g in getattr(e, "graphs", [e.graph])]
         return ExplainOutput(graphs, c.breaks, log, c.inner_fallbacks, c.fallbacks,
-                             (c.n_calls, c.n_hits, c.n_eager))
+                             (c.n_calls, c.n_hits - c.n_diverged, c.n_eager))
 
     return run
 

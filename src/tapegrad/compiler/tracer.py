@@ -878,7 +878,6 @@ class Tracer(CompilerMode):
                 c = self.census.get(id(x))
                 if c is not None and c[0] is x:
                     self.mutated[id(x)] = x
-        self.tail_ok = False
         self.wrote = True
         return t
 
