@@ -200,6 +200,35 @@ def test_update_step_returning_loss_item_replays_compiled(numpy_kernels, update)
     assert fn.entries[0].n_fallbacks == 0
 
 
+@pytest.mark.parametrize("update", [data_isub, data_add_, data_copy_],
+                         ids=["data_isub", "data_add_", "data_copy_"])
+def test_update_through_data_in_grad_mode(numpy_kernels, update):
+    """``.data`` updates written without ``no_grad`` (grad mode on): the same graph."""
+    def run(compiled):
+        model = _mlp(tg.float32)
+        x, t = _inputs(tg.float32)
+        params = list(model.parameters())
+
+        def step(x, t):
+            loss = F.cross_entropy(model(x), t)
+            loss.backward()
+            for p in params:
+                update(p, {})
+                p.grad = None
+            return loss
+
+        fn = tg.compile(step) if compiled else step
+        return [fn(x, t).detach().numpy() for _ in range(STEPS)], params, fn
+
+    le, pe, _ = run(False)
+    lc, pc, fn = run(True)
+    assert all(_bitwise(a, b) for a, b in zip(le, lc))
+    for p, q in zip(pe, pc):
+        assert _bitwise(p.detach().numpy(), q.detach().numpy())
+        assert p._version[0] == q._version[0]
+    assert not fn.breaks and len(fn.entries) == 1 and fn.n_hits == STEPS - 1
+
+
 def test_update_through_data_keeps_eager_version_semantics(numpy_kernels):
     """A write through ``.data`` bumps neither the parameter's counter nor breaks autograd's
     saved-tensor check; a direct in-place write bumps it once per op, as eager."""
