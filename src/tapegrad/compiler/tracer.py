@@ -45,9 +45,9 @@ TRACEABLE_RULES = frozenset({
     "add", "sub", "mul", "div", "neg", "matmul", "linear", "relu", "broadcast_to", "sum_to",
     "sum", "mean", "to_dtype", "reshape", "exp", "log", "tanh", "sigmoid", "softmax",
     "log_softmax", "sqrt", "where", "gelu", "layer_norm", "embedding",
-    # audited for issue 9's third layer: ops of their inputs, shapes and params only (an
-    # array-valued param or raw-array constant, e.g. an advanced index, dropout's keep mask,
-    # embedding's padding row, still makes the rule a vjp node through ``dirty``)
+    # audited as ops of their inputs, shapes and params only (an array-valued param or a
+    # raw-array constant, e.g. an advanced index, dropout's keep mask, embedding's padding
+    # row, still makes the rule a vjp node through ``dirty``)
     "conv2d", "conv2d_input", "conv2d_weight", "max_pool2d", "max_pool2d_backward",
     "avg_pool2d", "avg_pool2d_backward", "scaled_dot_product_attention", "getitem", "index",
     "index_backward", "index_put", "permute", "cat", "stack", "repeat", "flip", "roll",
