@@ -395,3 +395,35 @@ def test_no_warning_for_a_compiled_step_nor_for_one_break_in_a_mostly_compiled_f
         for odd in [False] * 6 + [True] * 3 + [False] * 6:
             f(x, odd)
         assert f.n_eager == 2 and len(f.breaks) == 1 and f.n_hits == 11
+
+
+def test_tail_replay_of_a_write_checks_its_operands(numpy_kernels):
+    """``alpha`` is an operand of the write only (no op of the user's computes it): a replay
+    that met another ``alpha`` must not reuse the recorded write; that call reruns eagerly."""
+    def run(compiled):
+        model = _mlp(tg.float64)
+        x, t = _inputs(tg.float64)
+        params = list(model.parameters())
+        lrs = {"lr": 0.1}
+
+        def step(x, t):
+            loss = F.cross_entropy(model(x), t)
+            loss.backward()
+            with tg.no_grad():
+                for p in params:
+                    p.add_(p.grad, alpha=-lrs["lr"])  # (a dict entry: no guard sees it)
+                    p.grad = None
+            return loss.item()
+
+        fn = tg.compile(step) if compiled else step
+        out = []
+        for i in range(6):
+            lrs["lr"] = 0.3 if i == 4 else 0.1
+            out.append(fn(x, t))
+        return out, params, fn
+
+    le, pe, _ = run(False)
+    lc, pc, fn = run(True)
+    assert le == lc
+    assert all(_bitwise(p.detach().numpy(), q.detach().numpy()) for p, q in zip(pe, pc))
+    assert sum(e.n_fallbacks for e in fn.entries) == 1 and fn.n_eager == 1

@@ -1926,8 +1926,46 @@ class _TailReplay(_Replay):
         the result, which the graph's write-back stores when it runs. A tensor left standing
         for the old value makes a later op differ from the trace: the call reruns eagerly."""
         self._match_values((t,))
-        if self._value(t) is None:
+        before = self._value(t)
+        if before is None:
             self._fall()
+        span = self.e.spans.get(self.i)
+        if span is not None and span[0] == "write" and span[2] == name and span[3] is fn and \
+                span[4] is before and self._write_key(args, kwargs) == span[5]:
+            v = span[6]  # the same write of the same operands: its nodes are skipped
+            self.i = span[1]
+        else:
+            v = self._replay_write(t, fn, args, kwargs)
+        arr = t._data
+        self.av[id(arr)] = (arr, v)
+        self.tv[id(t)] = (t, v)
+        over = self.__dict__.get("_inputs_by_array")
+        if over is None:  # (once per call with writes: a parameter behind its .data)
+            over = self._inputs_by_array = {
+                id(x._data): x for x in (*self.bound[0], *self.args) if isinstance(x, Tensor)}
+        x = over.get(id(arr))
+        if x is not None and x._data is arr:
+            self.tv[id(x)] = (x, v)
+        return t
+
+    def _write_key(self, args, kwargs):
+        """``Tracer._write_key`` of this call's operands (Values as this replay knows them)."""
+        key = []
+        for a in (*args, *kwargs.items()):
+            k = None
+            if type(a) is tuple:
+                k, a = a
+            if isinstance(a, Tensor):
+                self._match_values((a,))
+                key.append((k, self._value(a)))
+            elif a is None or type(a) in (bool, int, float):
+                key.append((k, type(a), repr(a)))
+            else:
+                return None
+        return tuple(key)
+
+    def _replay_write(self, t, fn, args, kwargs):
+        """``fn``'s ops matched one by one against the recorded ones; the result's Value."""
         prev, grad_state.enabled = grad_state.enabled, False
         try:
             result = fn(t, *args, **kwargs)
@@ -1940,17 +1978,7 @@ class _TailReplay(_Replay):
         v = self._value(result) if isinstance(result, Tensor) else None
         if v is None or result._data.shape != t._data.shape:
             self._fall()
-        arr = t._data
-        self.av[id(arr)] = (arr, v)
-        self.tv[id(t)] = (t, v)
-        over = self.__dict__.get("_inputs_by_array")
-        if over is None:  # (once per call with writes: a parameter behind its .data)
-            over = self._inputs_by_array = {
-                id(x._data): x for x in (*self.bound[0], *self.args) if isinstance(x, Tensor)}
-        x = over.get(id(arr))
-        if x is not None and x._data is arr:
-            self.tv[id(x)] = (x, v)
-        return t
+        return v
 
     def _interpret_done(self, o, args, params):
         """``interpret`` once the graph ran (``_flush`` sets it on the instance, so the ops

@@ -851,6 +851,7 @@ class Tracer(CompilerMode):
         if self.broken:
             return None
         args = tuple(self._literal(a) for a in args)
+        start, before = len(self.graph.nodes), self.tmap[id(t)][1]
         prev, grad_state.enabled = grad_state.enabled, False
         try:
             result = fn(t, *args, **kwargs)
@@ -871,6 +872,11 @@ class Tracer(CompilerMode):
             self.graph_break(f"Tensor.{name}: the result does not keep the tensor's shape")
             return t
         v = self.value_of(result)
+        key = self._write_key(fn, args, kwargs)
+        if key is not None and start not in self.spans and len(self.graph.nodes) > start:
+            # a tail replay jumps over the write's nodes when the same write comes with the
+            # same operands (api._TailReplay.record_write)
+            self.spans[start] = ("write", len(self.graph.nodes), name, fn, before, key, v)
         self.amap[id(t._data)] = v
         for x in self.holders.get(id(t._data), ()) + [t]:
             if x._data is t._data:
@@ -880,6 +886,28 @@ class Tracer(CompilerMode):
                     self.mutated[id(x)] = x
         self.wrote = True
         return t
+
+    def _write_key(self, fn, args, kwargs):
+        """What decides a write's nodes besides ``fn`` and the written value: the operands'
+        Values and the Python scalars by type and exact value; None when ``fn`` closes over
+        state (``addcmul_``'s value) or an operand is of another kind."""
+        if getattr(fn, "__closure__", True) is not None:
+            return None
+        key = []
+        for a in (*args, *kwargs.items()):
+            k = None
+            if type(a) is tuple:  # a keyword argument
+                k, a = a
+            if isinstance(a, Tensor):
+                e = self.tmap.get(id(a))
+                if e is None or e[0] is not a:
+                    return None
+                key.append((k, e[1]))
+            elif a is None or type(a) in (bool, int, float):
+                key.append((k, type(a), repr(a)))
+            else:
+                return None
+        return tuple(key)
 
     def _lift(self, t):
         """Make ``t`` stand for its value before a write: a tensor over a census tensor's
