@@ -11,7 +11,8 @@ from tapegrad.autograd.grad_mode import state as grad_state
 from tapegrad.backend import xp, on_device_of
 from tapegrad.ops import nn as N
 from tapegrad.ops.elementwise import relu as _relu, tanh as _tanh, sigmoid as _sigmoid
-from tapegrad.ops.elementwise import where, sqrt, to_dtype, exp, log, expm1, log1p, gt
+from tapegrad.ops.elementwise import where, sqrt, to_dtype, exp, log, expm1, log1p, gt, eq
+from tapegrad.ops.elementwise import abs as _abs  # its gradient is sign(d): 0 at 0
 from tapegrad.ops.linalg import matmul
 from tapegrad.ops.movement import reshape_op, permute_op, broadcast_to, pad  # noqa: F401
 from tapegrad.ops.movement import _dim  # the one dim normaliser (negative dims, range error)
@@ -51,6 +52,12 @@ def _traced(x):
         if tangent is not None and tangent(x) is not None:
             return True
     return False
+
+
+def _recording():
+    """Whether the compiler's tracer records this call: a value computed from a tensor's
+    array outside ops would be frozen into its graph, so such values come from ops."""
+    return bool(grad_state.modes) and _recorder() is not None
 
 
 def _array_fn(name, fn, tensors, random=False, **params):
@@ -247,7 +254,7 @@ def dropout(input, p=0.5, training=True, inplace=False):
     if inplace:
         return _in_place(input, "dropout_", lambda t: dropout(t, p, training))
     if p == 1.0:
-        return input * _const(xp.zeros(input.shape, dtype=input._data.dtype))
+        return input * _static(xp.zeros(input.shape, dtype=input._data.dtype))
     if grad_state.modes:  # under vmap the mask follows the level's randomness
         from tapegrad.random import _vmapped, numpy_rng
 
@@ -278,12 +285,7 @@ def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
                          f"({max_val})")
     if inplace:
         return _in_place(input, "hardtanh_", lambda t: hardtanh(t, min_val, max_val))
-    if _batched(input):  # under vmap: the mask and the clip by ops
-        inside = (input > min_val) & (input < max_val)
-        return where(inside, input, input.clamp(min_val, max_val).detach())
-    x = input._data
-    inside = _const((x > min_val) & (x < max_val))
-    return where(inside, input, _const(xp.clip(x, min_val, max_val).astype(x.dtype)))
+    return N.hardtanh(input, min_val=min_val, max_val=max_val)
 
 
 def relu6(input, inplace=False):
@@ -360,8 +362,10 @@ def _feature_dropout(name, input, p, training, inplace, batched):
     lead = 2 if batched else 1
     shape = tuple(input.shape[:lead]) + (1,) * (input.ndim - lead)
     dt = input._data.dtype
-    mask = xp.zeros(shape, dt) if p == 1.0 else _keep_mask(shape, 1.0 - p, dt)
-    return input * _const(mask)
+    if p == 1.0:
+        return input * _static(xp.zeros(shape, dt))
+    return input * _array_fn("dropout_mask", _keep_mask, (), True, shape=shape, keep=1.0 - p,
+                             dtype=dt)
 
 
 def dropout1d(input, p=0.5, training=True, inplace=False):
@@ -404,14 +408,18 @@ def _reduction(size_average, reduce, reduction):
 def _reduce(loss, reduction, denominator=None):
     if reduction == "none":
         return loss
+    if reduction == "mean" and isinstance(denominator, Tensor):  # known at run time only
+        return _reduce_by_weight(loss, reduction, denominator)
     total = sum_op(loss, dims=tuple(range(loss.ndim)))
     if reduction == "sum":
         return total
     count = loss.numel() if denominator is None else denominator
     if not loss.numel() and not count:  # an empty batch: 0 / 0 = nan, as in PyTorch; as a
         return total * math.nan  # product, numpy stays quiet in the backward too
-    with xp.errstate(invalid="ignore", divide="ignore"):  # nothing counted: nan, silently
-        return total / count
+    if not count:  # nothing counted (all targets ignored): nan with a zero gradient, as
+        with xp.errstate(invalid="ignore"):  # PyTorch's (dividing by 0: nan gradients)
+            return total * 0.0 + math.nan
+    return total / count
 
 
 def _reduce_by_weight(loss, reduction, total):
@@ -636,16 +644,6 @@ def _weighted_reduce(name, loss, input, reduction, weight):
     return _reduce(loss, reduction)
 
 
-def _abs(d):
-    """``|d|`` whose gradient is ``sign(d)`` (0 at 0, as PyTorch's abs)."""
-    if _batched(d):  # under vmap the sign is read through an op
-        from tapegrad.ops.elementwise import sign
-
-        return d * sign(d)
-    s = d._data
-    return d * _const((s > 0).astype(s.dtype) - (s < 0).astype(s.dtype))
-
-
 @autocast_composite
 def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
     """As ``F.l1_loss``: ``|input - target|`` reduced (mean by default)."""
@@ -755,10 +753,12 @@ def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_
     else:
         t = target._data
         # xlogy(t, t), as PyTorch: 0 where t == 0, nan where t < 0 (no distribution)
-        with xp.errstate(invalid="ignore"):
-            tlogt = _const(xp.where(t == 0, 0, t * xp.log(xp.where(t == 0, 1, t))).astype(
-                t.dtype)) if not _traced(target) else where(target == 0, 0.0, target * log(
-                    where(target == 0, 1.0, target)))
+        if _traced(target) or _recording():
+            tlogt = where(target == 0, 0.0, target * log(where(target == 0, 1.0, target)))
+        else:
+            with xp.errstate(invalid="ignore"):
+                tlogt = _const(xp.where(t == 0, 0, t * xp.log(xp.where(t == 0, 1, t))).astype(
+                    t.dtype))
         loss = tlogt - target * input
     if reduction == "batchmean":
         return _reduce(loss, "mean", input.shape[0]) if input.ndim else _reduce(loss, "sum")
@@ -857,7 +857,11 @@ def poisson_nll_loss(input, target, log_input=True, full=False, size_average=Non
     term where t > 1 when ``full``."""
     reduction = _reduction(size_average, reduce, reduction)
     loss = exp(input) - target * input if log_input else input - target * log(input + eps)
-    if full:
+    if full and (_traced(target) or _recording()):  # Stirling's term by ops
+        big = target > 1
+        safe = where(big, target, 2.0)
+        loss = loss + where(big, safe * log(safe) - safe + 0.5 * log(2 * math.pi * safe), 0.0)
+    elif full:
         t = target._data
         big = t > 1
         safe = xp.where(big, t, 2)
@@ -873,7 +877,7 @@ def gaussian_nll_loss(input, target, var, full=False, eps=1e-6, reduction="mean"
     if isinstance(var, (int, float)):
         if var < 0:
             raise ValueError("gaussian_nll_loss: var has negative entry/entries")
-        var = _const(xp.full(input.shape, var, dtype=input._data.dtype))
+        var = _static(xp.full(input.shape, var, dtype=input._data.dtype))
     elif (var._data < 0).any():
         raise ValueError("gaussian_nll_loss: var has negative entry/entries")
     if tuple(var.shape) != tuple(input.shape):
@@ -885,8 +889,11 @@ def gaussian_nll_loss(input, target, var, full=False, eps=1e-6, reduction="mean"
                              f"input {_shape(input)}")
     if reduction not in ("none", "mean", "sum"):
         raise ValueError(f"{reduction} is not valid")
-    lift = xp.maximum(var._data, eps) - var._data  # the clamp, outside the graph
-    var = var + _const(lift) if lift.any() else var
+    if _batched(var) or _recording():  # the clamp by ops, without a gradient through it
+        var = var + (where(var < eps, eps, var) - var).detach()
+    else:
+        lift = xp.maximum(var._data, eps) - var._data  # the clamp, outside the graph
+        var = var + _const(lift) if lift.any() else var
     d = input - target
     loss = 0.5 * (log(var) + d * d / var)
     if full:
@@ -1301,7 +1308,7 @@ def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
                     stride=stride, padding=padding, dilation=dilation, out_size=out)
     values = N.max_pool2d(x, idx)
     if not batched:
-        values, idx = _reshape(values, values.shape[1:]), _const(idx._data[0])
+        values, idx = _reshape(values, values.shape[1:]), _reshape(idx, idx.shape[1:])
     return (values, idx) if return_indices else values
 
 
@@ -1348,7 +1355,7 @@ def adaptive_avg_pool2d(input, output_size):
                            f"{_shape(input)}")
     dt = input._data.dtype
     rows, cols = _adaptive_matrix(h, oh, dt), _adaptive_matrix(w, ow, dt).T
-    return matmul(matmul(_const(rows), input), _const(xp.ascontiguousarray(cols)))
+    return matmul(matmul(_static(rows), input), _static(xp.ascontiguousarray(cols)))
 
 
 def _identity_kernel(c, kernel, dtype):
@@ -1371,7 +1378,7 @@ def unfold(input, kernel_size, dilation=1, padding=0, stride=1):
     batched = input.ndim == 4
     x = input if batched else _reshape(input, (1,) + tuple(input.shape))
     n, c = x.shape[:2]
-    w = _const(_identity_kernel(c, kernel, x._data.dtype))
+    w = _static(_identity_kernel(c, kernel, x._data.dtype))
     cols = conv2d(x, w, None, stride, _tuple(padding, 2, name, "padding"), dilation, groups=c)
     out = _reshape(cols, (n, cols.shape[1], cols.shape[2] * cols.shape[3]))  # (no -1: n may be 0)
     return out if batched else _reshape(out, out.shape[1:])
@@ -1404,7 +1411,7 @@ def fold(input, output_size, kernel_size, dilation=1, padding=0, stride=1):
             f"{blocks[0]} * {blocks[1]} = {blocks[0] * blocks[1]}, but got input of size "
             f"{_shape(input)}")
     c = ck // k
-    w = _const(_identity_kernel(c, kernel, x._data.dtype))
+    w = _static(_identity_kernel(c, kernel, x._data.dtype))
     out = N.conv2d_input(_reshape(x, (n, ck) + tuple(blocks)), w, size=size, stride=stride,
                          padding=tuple((p, p) for p in padding), dilation=dilation, groups=c)
     return out if batched else _reshape(out, out.shape[1:])
@@ -1447,7 +1454,7 @@ def adaptive_avg_pool1d(input, output_size):
     if o <= 0:
         raise RuntimeError(f"adaptive_avg_pool1d: invalid output size {o}")
     m = _adaptive_matrix(input.shape[-1], o, input._data.dtype)
-    return matmul(input, _const(xp.ascontiguousarray(m.T)))
+    return matmul(input, _static(xp.ascontiguousarray(m.T)))
 
 
 _LINEAR_MODES = {"linear": 1, "bilinear": 2, "trilinear": 3}
@@ -1546,7 +1553,7 @@ def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corne
     for i, (n_in, n_out, sf) in enumerate(zip(spatial, out, scales)):
         axis = 2 + i
         if mode in _LINEAR_MODES:
-            m = _const(xp.ascontiguousarray(_linear_matrix(n_in, int(n_out), align_corners, sf,
+            m = _static(xp.ascontiguousarray(_linear_matrix(n_in, int(n_out), align_corners, sf,
                                                            dt).T))
             last = x.ndim - 1
             if axis == last:
@@ -1557,7 +1564,7 @@ def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corne
                 x = permute_op(matmul(permute_op(x, dims=tuple(order)), m), dims=tuple(order))
         else:
             idx = _nearest_index(n_in, int(n_out), sf, mode == "nearest-exact")
-            x = index_select(x, axis, _const(idx))
+            x = index_select(x, axis, _static(idx))
     return x
 
 
@@ -1666,6 +1673,7 @@ def _repeat_heads(t, r):
 def one_hot(tensor, num_classes=-1):
     """As ``F.one_hot``: int64 (..., num_classes); ``num_classes=-1`` infers max + 1."""
     t = tensor._data
+    inferred = False
     if t.dtype != xp.int64:
         raise RuntimeError(f"one_hot: one_hot is only applicable to index tensor of type "
                            f"LongTensor (int64), got {tensor.dtype}")
@@ -1677,12 +1685,15 @@ def one_hot(tensor, num_classes=-1):
         lo, hi = t.min(), t.max()
         if lo < 0:
             raise RuntimeError(f"one_hot: Class values must be non-negative. (got {int(lo)})")
-        if num_classes == -1:
+        if num_classes == -1:  # the result's shape depends on the values
             num_classes = int(hi) + 1
+            inferred = True
         elif hi >= num_classes:
             raise RuntimeError(f"one_hot: Class values must be smaller than num_classes. "
                                f"(got {int(hi)} with num_classes={num_classes})")
-    return _const((t[..., None] == xp.arange(num_classes)).astype(xp.int64))
+    # (an inferred class count is read from the values: no graph constant, a graph break)
+    classes = (_const if inferred else _static)(xp.arange(num_classes))
+    return to_dtype(eq(_reshape(tensor, tuple(tensor.shape) + (1,)), classes), dtype=dtypes.int64)
 
 
 def pairwise_distance(x1, x2, p=2.0, eps=1e-6, keepdim=False):
@@ -1731,16 +1742,16 @@ def cosine_similarity(x1, x2, dim=1, eps=1e-8):
         raise RuntimeError(f"cosine_similarity: x1 {_shape(x1)} and x2 {_shape(x2)} cannot be "
                            "broadcast together") from None
     if tuple(x1.shape) != shape:
-        x1 = broadcast_to(x1, shape=shape) if _traced(x1) else _const(
+        x1 = broadcast_to(x1, shape=shape) if _traced(x1) or _recording() else _const(
             xp.broadcast_to(x1._data, shape))
     if tuple(x2.shape) != shape:
-        x2 = broadcast_to(x2, shape=shape) if _traced(x2) else _const(
+        x2 = broadcast_to(x2, shape=shape) if _traced(x2) or _recording() else _const(
             xp.broadcast_to(x2._data, shape))
     dim = _dim(dim, len(shape), "cosine_similarity")
     parts = []
     for x in (x1, x2):
         n = N.l2_norm(x, dim=dim)
-        if _batched(n):  # under vmap: the clamp by ops (no gradient through it either)
+        if _batched(n) or _recording():  # the clamp by ops (no gradient through it either)
             parts.append(x / (n + (where(n < eps, eps, n) - n).detach()))
             continue
         lift = xp.maximum(n._data, eps) - n._data  # the clamp, outside the graph

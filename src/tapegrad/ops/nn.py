@@ -16,6 +16,8 @@ from tapegrad.ops.elementwise import np_dtype, to_dtype, eq, ne, gt
 from tapegrad.ops.movement import reshape_op as reshape, sum_to
 from tapegrad.ops.reduce import sum_op
 from tapegrad.ops.linalg import matmul, blas_matmul
+from tapegrad.ops.indexing import recorder
+from tapegrad.autograd.grad_mode import state as grad_state
 
 _sliding = xp.lib.stride_tricks.sliding_window_view
 
@@ -173,6 +175,19 @@ def _(g, out, x, alpha=1.0):
     return where(x > 0, g, g * alpha * exp(x))
 
 
+@op(flops=2, fused=True, pointwise=True)
+def hardtanh(x, min_val=-1.0, max_val=1.0):
+    """``x`` clipped to [min_val, max_val] (``relu6`` is [0, 6])."""
+    out = xp.clip(x, min_val, max_val)
+    return out if out.dtype == x.dtype else out.astype(x.dtype)  # int * float bounds: float
+
+
+@hardtanh.grad
+def _(g, out, x, min_val=-1.0, max_val=1.0):
+    # strictly inside only, as PyTorch's hardtanh_backward (clamp's rule passes on the bounds)
+    return where((x > min_val) & (x < max_val), g, 0.0)
+
+
 @op(flops=10, float_only=True, fused=True, pointwise=True)
 def log_sigmoid(x):
     """``min(x, 0) - log1p(exp(-|x|))``: never overflows, never logs an underflowed 0."""
@@ -308,6 +323,18 @@ def _(g, out, x, t, ignore_index=-100, mean=True):
     return cross_entropy_index_backward(g, x, t, ignore_index=ignore_index, mean=mean), None
 
 
+def _shape_constant(a, like):
+    """``a``, made from shapes and params only, as a Tensor when ``like`` is one: under the
+    compiler's tracer a constant of the graph (not a value computed outside ops)."""
+    if not isinstance(like, _registry.Tensor):
+        return a
+    t = _registry.Tensor._make(a)
+    rec = recorder() if grad_state.modes else None
+    if rec is not None:
+        rec.constant(t)
+    return t
+
+
 def _ce_target(x, t, ignore_index, mean, empty=0.0):
     """One-hot ``target`` (..., N, C), the valid rows ``keep`` (..., N, 1) and the loss's
     1 / count (``empty`` where every row is ignored) from the class indices ``t`` (..., N), for
@@ -320,7 +347,7 @@ def _ce_target(x, t, ignore_index, mean, empty=0.0):
     valid = ne(t, ignore_index)
     keep = to_dtype(reshape(valid, shape=rows), dtype=dt)
     # an ignored row's index may name a class (0 <= ignore_index < C): keep zeroes it
-    classes = array_module(getattr(x, "_data", x)).arange(c)
+    classes = _shape_constant(array_module(getattr(x, "_data", x)).arange(c), x)
     target = to_dtype(eq(reshape(t, shape=rows), classes), dtype=dt) * keep
     if not mean:
         return target, keep, 1.0
@@ -381,9 +408,8 @@ def _(tt, out, g, x, t, ignore_index=-100, mean=True):
 @cross_entropy_index.jvp
 def _(t, out, x, target, ignore_index=-100, mean=True):
     # a scalar loss: J t = <d loss / dx, t>, the derivative being (softmax - onehot) * valid
-    one = xp.ones((), np_dtype(x.dtype))
-    if isinstance(x, _registry.Tensor):  # on arrays (forward mode's array path) it stays one
-        one = _registry.Tensor._make(one)
+    # (on arrays, forward mode's array path, it stays an array)
+    one = _shape_constant(xp.ones((), np_dtype(x.dtype)), x)
     d = cross_entropy_index.rule(one, out, x, target, ignore_index, mean)[0]
     return sum_op(d * t[0], dims=tuple(range(x.ndim)))
 

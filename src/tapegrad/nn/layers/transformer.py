@@ -53,8 +53,15 @@ def _get_seq_len(src, batch_first):
 
 
 def _detect_is_causal_mask(mask, is_causal=None, size=None):
-    """``is_causal`` if given; else whether ``mask`` equals the square subsequent mask."""
+    """``is_causal`` if given; else whether ``mask`` equals the square subsequent mask.
+
+    The answer only picks attention's causal path, which computes what the mask itself gives
+    (the same additive 0/-inf bias), so where the mask's values cannot be read without a graph
+    break (the compiler's tracer) or are per example (vmap), the mask is used as given."""
     make_causal = is_causal is True
+    if is_causal is None and mask is not None and (F._batched(mask) or (
+            F.grad_state.modes and F._recorder() is not None)):
+        return False
     if is_causal is None and mask is not None:
         sz = size if size is not None else mask.shape[-2]
         causal = _generate_square_subsequent_mask(sz, dtype=mask.dtype)
