@@ -67,6 +67,8 @@ LABELS = np.array([0, 2, 1, 2, 0])
 CASES = {
     "relu6": (lambda: _Net(nn.Sequential(nn.ReLU(), _Lambda(F.relu6))), X_FLAT, Y, _mse),
     "hardtanh": (lambda: _Net(_Lambda(lambda t: F.hardtanh(t, -0.5, 0.75))), X_FLAT, Y, _mse),
+    "relu6_inplace": (lambda: _Net(_Lambda(lambda t: F.relu6(t, inplace=True))), X_FLAT, Y,
+                      _mse),
     "hardswish": (lambda: _Net(_Lambda(F.hardswish)), X_FLAT, Y, _mse),
     "hardsigmoid": (lambda: _Net(_Lambda(F.hardsigmoid)), X_FLAT, Y, _mse),
     "adaptive_avg_pool2d": (lambda: _Net(nn.AdaptiveAvgPool2d((2, 3)), "2d", 24), X_IMG, Y3,
