@@ -9,9 +9,9 @@ suffixes the builds use (``scipy_openblas_set_num_threads64_``, ...). It is only
 opened with ``RTLD_NOLOAD``: a library numpy has not loaded is never loaded here. Where no
 such library is found (numpy on MKL or Accelerate) the calls below do nothing and say so.
 
-``matmul`` is ``xp.matmul`` with PyTorch's intra-op grain size: a product too small to
-gain from a second thread runs with the BLAS at one thread (see ``SERIAL_WORK``); a stack
-of matrices times one transposed matrix is one GEMM over the stack's rows.
+``matmul`` is ``xp.matmul`` with a grain size measured in work and in bytes: a product too
+small to gain from a second thread runs with the BLAS at one thread (see ``runs_serial``); a
+stack of matrices times one transposed matrix is one GEMM over the stack's rows.
 """
 import ctypes
 import math
@@ -124,21 +124,30 @@ def set_num_threads(n: int) -> bool:
 
 
 # --- the intra-op grain size -------------------------------------------------------------
-# A matrix product of m*n*k multiply-adds below SERIAL_WORK runs with the BLAS at one thread.
-# OpenBLAS already runs a GEMM below 4 * 65536 on one thread (GEMM_MULTITHREAD_THRESHOLD),
-# so the switch is only made between that and SERIAL_WORK; the measurement that chose the
-# value is in docs/performance.md, "BLAS threads". TAPEGRAD_BLAS_SERIAL_WORK overrides it
-# (0 turns the switch off).
+# A second BLAS thread costs a few wake-ups and waits per product (tens of microseconds on an
+# idle core, a scheduler time slice of ~4 ms when its core is busy) and saves about half the
+# product's one-thread time, which is set by its multiply-adds or by the bytes it moves,
+# whichever is slower. So a product runs with the BLAS at one thread when both are small:
+# fewer than SERIAL_WORK multiply-adds m*n*k *and* fewer than SERIAL_BYTES bytes in its two
+# operands and its output (per product of a stack). A skinny product over large arrays
+# ((4096, 2) @ (2, 2048), (4096, 2048) @ (2048, 3)) does few multiply-adds but streams tens of
+# MB, milliseconds at one thread, and keeps the count set. OpenBLAS already runs a GEMM below
+# 4 * 65536 on one thread (GEMM_MULTITHREAD_THRESHOLD), so the switch is only made above that.
+# The measurements that chose both bounds are in docs/performance.md, "BLAS threads".
+# TAPEGRAD_BLAS_SERIAL_WORK and TAPEGRAD_BLAS_SERIAL_BYTES override them (a bound of 0 turns
+# the switch off).
 OPENBLAS_SERIAL_WORK = 4 * 65536
-SERIAL_WORK = int(os.environ.get("TAPEGRAD_BLAS_SERIAL_WORK", 1 << 27))
+SERIAL_WORK = int(os.environ.get("TAPEGRAD_BLAS_SERIAL_WORK", str(1 << 27)))
+SERIAL_BYTES = int(os.environ.get("TAPEGRAD_BLAS_SERIAL_BYTES", str(1 << 25)))
 _lock = threading.Lock()
 _serial = [0, 0]  # matmuls inside the switch now, the thread count to restore after them
 
 
-def _work(a, b):
-    m = a.shape[-2] if a.ndim > 1 else 1
-    n = b.shape[-1] if b.ndim > 1 else 1
-    return m * n * a.shape[-1]
+def runs_serial(m: int, k: int, n: int, itemsize: int) -> bool:
+    """Whether an (m, k) @ (k, n) product of ``itemsize``-byte elements runs on one thread."""
+    work = m * k * n
+    return OPENBLAS_SERIAL_WORK < work < SERIAL_WORK \
+        and (m * k + k * n + m * n) * itemsize < SERIAL_BYTES
 
 
 def matmul(a, b):
@@ -163,7 +172,9 @@ def matmul(a, b):
     # a.size * n bounds the per-product work from above: the common tiny product pays one
     # multiply, not _work's shape reads
     if a.size * b.shape[-1] <= OPENBLAS_SERIAL_WORK or LIBRARY is None \
-            or not OPENBLAS_SERIAL_WORK < _work(a, b) < SERIAL_WORK:
+            or not runs_serial(a.shape[-2] if a.ndim > 1 else 1, a.shape[-1],
+                               b.shape[-1] if b.ndim > 1 else 1,
+                               max(a.dtype.itemsize, b.dtype.itemsize)):
         return xp.matmul(a, b)
     with _lock:
         if _serial[0] == 0:
