@@ -81,6 +81,14 @@ CASES = {
         t, size=(3, 4), mode="nearest")), "2d", 48), X_IMG, Y3, _mse),
     "unfold_fold": (lambda: _Net(_Lambda(lambda t: F.fold(F.unfold(t, 2), (5, 7), 2)), "2d",
                                  140), X_IMG, Y3, _mse),
+    "pad_reflect": (lambda: _Net(_Lambda(lambda t: F.pad(t, (1, 2, 2, 1), mode="reflect")), "2d",
+                                 320), X_IMG, Y3, _mse),
+    "pad_replicate": (lambda: _Net(_Lambda(lambda t: F.pad(t, (1, 2, 2, 1), mode="replicate")),
+                                   "2d", 320), X_IMG, Y3, _mse),
+    "pad_circular": (lambda: _Net(_Lambda(lambda t: F.pad(t, (1, 2, 2, 1), mode="circular")),
+                                  "2d", 320), X_IMG, Y3, _mse),
+    "normalize_inf": (lambda: _Net(_Lambda(lambda t: F.normalize(t, p=float("inf")))), X_FLAT,
+                      Y, _mse),
     "dropout2d": (lambda: _Net(nn.Dropout2d(0.5), "2d", 140), X_IMG, Y3, _mse),
     "softsign": (lambda: _Net(_Lambda(F.softsign)), X_FLAT, Y, _mse),
     "huber_loss": (lambda: _Net(nn.ELU()), X_FLAT, Y * 4,
@@ -310,3 +318,11 @@ def test_poisson_nll_full_target_gradient_against_torch():
     x = np.random.default_rng(4).standard_normal((3, 4))
     t = np.abs(np.random.default_rng(5).standard_normal((3, 4))) * 3
     check_torch(lambda T, a, b: T.nn.functional.poisson_nll_loss(a, b, full=True), [x, t])
+
+
+def test_inf_norm_gradient_ties_against_torch():
+    # the largest |x| tied within a row: PyTorch splits the gradient evenly among the ties
+    x = np.array([[1.0, -3.0, 3.0, 2.0], [0.5, 0.2, -0.1, 0.3], [2.0, -2.0, 2.0, 1.0]])
+    check_torch(lambda T, t: T.nn.functional.normalize(t, p=float("inf")), [x])
+    check_torch(lambda T, a, b: T.nn.functional.pairwise_distance(a, b, p=float("inf")),
+                [x, x[::-1].copy()])

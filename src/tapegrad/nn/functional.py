@@ -18,7 +18,7 @@ from tapegrad.ops.movement import reshape_op, permute_op, broadcast_to, pad  # n
 from tapegrad.ops.movement import _dim  # the one dim normaliser (negative dims, range error)
 from tapegrad.ops.indexing import check_index, range_checked  # the one index range check
 from tapegrad.ops.indexing import recorder as _recorder
-from tapegrad.ops.reduce import sum_op
+from tapegrad.ops.reduce import sum_op, amax_op
 from tapegrad.amp.autocast_mode import autocast_composite  # PyTorch's autocast lists
 from tapegrad.tensor import Tensor
 
@@ -1711,12 +1711,8 @@ def _p_norm(x, p, dim, name):
     a = _abs(x)
     if p == 1:
         return sum_op(a, dims=(dim,), keepdim=True)
-    if p == math.inf:
-        d = a._data
-        first = xp.argmax(d, axis=dim, keepdims=True)
-        pick = xp.zeros(d.shape, dtype=d.dtype)
-        xp.put_along_axis(pick, first, 1, axis=dim)
-        return sum_op(a * _const(pick), dims=(dim,), keepdim=True)
+    if p == math.inf:  # ties share the gradient evenly, as PyTorch's
+        return amax_op(a, dims=(dim,), keepdim=True)
     if p <= 0:
         raise RuntimeError(f"{name}: p must be positive, got {p}")
     return sum_op(a ** p, dims=(dim,), keepdim=True) ** (1.0 / p)

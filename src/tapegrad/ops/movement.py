@@ -685,8 +685,11 @@ def pad(input, pad, mode="constant", value=None):
             raise RuntimeError(f"pad: padding ({lo}, {hi}) at dimension {d} of input "
                                f"{list(input.shape)} gives an invalid output size")
         if lo or hi:
-            out = _I.index_op(out, index=(slice(None),) * d + (_pad_source(n, lo, hi, mode),
-                                                             Ellipsis))
+            source = _pad_source(n, lo, hi, mode)
+            rec = _I.recorder() if _I.grad_state.modes else None
+            if rec is not None:  # made from shapes only: a constant of the compiler's graph
+                rec.constant(_registry.Tensor._make(source))
+            out = _I.index_op(out, index=(slice(None),) * d + (source, Ellipsis))
     return out
 
 
