@@ -29,7 +29,7 @@ def set_num_threads(n: int) -> None:
     """As ``torch.set_num_threads``: threads for intra-op parallelism, i.e. numpy's BLAS.
 
     Process-wide, as OpenBLAS's pool is. Matrix products too small to gain from a second
-    thread still run on one (``tapegrad.backend.blas.SERIAL_WORK``)::
+    thread, in work and in bytes moved, still run on one (``tapegrad.backend.blas.runs_serial``)::
 
         tapegrad.set_num_threads(1)   # BLAS on one thread, e.g. on a busy machine
     """
