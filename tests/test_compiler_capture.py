@@ -89,6 +89,7 @@ CASES = {
                                   "2d", 320), X_IMG, Y3, _mse),
     "normalize_inf": (lambda: _Net(_Lambda(lambda t: F.normalize(t, p=float("inf")))), X_FLAT,
                       Y, _mse),
+    "batch_norm_cumulative": (lambda: _Net(nn.BatchNorm1d(8, momentum=None)), X_FLAT, Y, _mse),
     "dropout2d": (lambda: _Net(nn.Dropout2d(0.5), "2d", 140), X_IMG, Y3, _mse),
     "softsign": (lambda: _Net(_Lambda(F.softsign)), X_FLAT, Y, _mse),
     "huber_loss": (lambda: _Net(nn.ELU()), X_FLAT, Y * 4,

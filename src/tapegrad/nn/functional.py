@@ -1005,8 +1005,11 @@ def _update_running_stats(running_mean, running_var, mean, var, momentum, batch_
             stat._version[0] += 1
 
 
-def _running_stats(x, running_mean, running_var, axes, pshape, n, momentum):
-    """The new running statistics of batch_norm's update (the same arithmetic), as arrays."""
+def _running_stats(x, running_mean, running_var, *factor, axes, pshape, n, momentum):
+    """The new running statistics of batch_norm's update (the same arithmetic), as arrays;
+    ``factor``: the momentum as a 0-d array, read at run time (a cumulative average's)."""
+    if factor:
+        momentum = float(factor[0])
     mean = x.mean(axis=axes)
     var = ((x - mean.reshape(pshape)) ** 2).sum(axis=axes) / (n - 1)
     return tuple(momentum * value.astype(d.dtype) + (1 - momentum) * d
@@ -1030,7 +1033,8 @@ def _per_channel_affine(out, weight, bias, pshape):
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False,
                momentum=0.1, eps=1e-5):
     """As ``F.batch_norm``: batch statistics when training (running stats updated in place
-    with ``momentum`` and the unbiased variance), running statistics otherwise."""
+    with ``momentum`` and the unbiased variance), running statistics otherwise. (``momentum``
+    may be a 0-d Tensor: ``BatchNorm``'s cumulative average, 1 / batches seen.)"""
     if input.ndim < 2:
         raise ValueError(f"batch_norm: expected 2D or more input (N, C, ...), got "
                          f"{_shape(input)}")
@@ -1043,15 +1047,21 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
         if n == 1:
             raise ValueError(f"batch_norm: Expected more than 1 value per channel when training, "
                              f"got input size {_shape(input)}")
+        factor = ()
+        if isinstance(momentum, Tensor):
+            factor, momentum = (momentum,), None
         if n and running_mean is not None and running_var is not None and _recorder():
             stats = _array_fn("batch_norm_stats", _running_stats, (input, running_mean,
-                              running_var), axes=axes, pshape=pshape, n=n, momentum=momentum)
+                              running_var) + factor, axes=axes, pshape=pshape, n=n,
+                              momentum=momentum)
             _assign(running_mean, stats[0])
             _assign(running_var, stats[1])
         elif n and (running_mean is not None or running_var is not None):  # (an empty batch
             x = input._data  # leaves them as they are, as in PyTorch)
             mean = x.mean(axis=axes)
             var = ((x - mean.reshape(pshape)) ** 2).sum(axis=axes) / (n - 1)
+            if factor:
+                momentum = float(factor[0]._data)
             _update_running_stats(running_mean, running_var, mean, var, momentum)
         return N.batch_norm(input, weight, bias, axes=axes, eps=eps, param_shape=pshape)
     if running_mean is None or running_var is None:

@@ -4,6 +4,7 @@ import numbers
 import warnings
 
 from tapegrad import dtypes
+from tapegrad.backend import xp
 from tapegrad.nn import functional as F
 from tapegrad.nn import init
 from tapegrad.nn.module import Module
@@ -15,6 +16,10 @@ __all__ = ["LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm1d", "BatchNorm2d", "I
 
 def _add_one(count):
     return count + 1
+
+
+def _inverse(count):
+    return xp.asarray(1.0 / float(count))
 
 
 def _affine_parameters(module, shape, affine, bias, device, dtype):
@@ -165,8 +170,9 @@ class _BatchNorm(Module):
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
             count = self.num_batches_tracked  # (a write-back under the compiler's tracer)
             F._assign(count, F._array_fn("add_one", _add_one, (count,)))
-            if self.momentum is None:  # cumulative moving average
-                factor = 1.0 / float(self.num_batches_tracked.item())
+            if self.momentum is None:  # cumulative moving average: 1 / batches seen, a
+                # tensor computed at run time (under the compiler's tracer, a node)
+                factor = F._array_fn("cumulative_average", _inverse, (self.num_batches_tracked,))
         bn_training = self.training or (self.running_mean is None and self.running_var is None)
         use_buffers = not self.training or self.track_running_stats
         return F.batch_norm(input, self.running_mean if use_buffers else None,
