@@ -35,7 +35,7 @@ def _gcn(lib, sparse_mm):
     deg = np.bincount(rows, minlength=n).astype(np.float32)
     vals = (1.0 / np.sqrt(deg[rows] * deg[cols])).astype(np.float32)
     adj = lib.sparse_coo_tensor(lib.tensor(np.stack([rows, cols])), lib.tensor(vals),
-                                (n, n)).coalesce()
+                                (n, n), check_invariants=True).coalesce()
     x = lib.tensor(rng.standard_normal((n, feat)).astype(np.float32))
     y = lib.tensor(rng.integers(0, classes, n))
     w1 = lib.nn.Linear(feat, hidden)
