@@ -1359,6 +1359,20 @@ def _elementwise_plain(args, float_only):
     return ok
 
 
+def _same_const(a, c):
+    """Whether a call's tensor array ``a`` is bitwise the traced constant ``c``. Constants
+    are made outside ops (``zeros(n)``, ``arange(n)``, a list index) from Python values that
+    may come from a value read, so each replayed call compares them: as cheap as the
+    factory that made ``a`` (one pass over it)."""
+    if a is c:
+        return True
+    if a.shape != c.shape or a.dtype != c.dtype:
+        return False
+    if a.size <= 1:  # (-0.0 and nan compare by bits below, as everywhere)
+        return a.tobytes() == c.tobytes()
+    return np.array_equal(a.reshape(-1).view(np.uint8), c.reshape(-1).view(np.uint8))
+
+
 def _plain(v):
     """Whether ``v`` is its own frozen form: a plain value, or a tuple of them."""
     return type(v) in _PLAIN or type(v) is tuple and all(_plain(x) for x in v)
@@ -1379,8 +1393,10 @@ def _replay_plan(entry, nodes):
         ins = []
         for w in n.inputs:
             if isinstance(w, Value):
+                # a constant carries its traced array: a call's tensor must equal it
                 ins.append((w, _IN_SLOT if id(w) in slots else
-                            _IN_CONST if id(w) in consts else _IN_VALUE, None))
+                            _IN_CONST if id(w) in consts else _IN_VALUE,
+                            entry.graph.consts[w] if id(w) in consts else None))
             else:
                 ins.append((w, _IN_LIT, freeze(w)))
         real = n.op is not None and (n.op.view or all(v.dtype.kind in "iub"
@@ -1522,7 +1538,7 @@ class _Replay(CompilerMode):
                 if got is not None and got[0] is a:
                     if got[1] is not want:
                         return False
-                elif kind != _IN_CONST:
+                elif kind != _IN_CONST or not _same_const(a._data, lit):
                     return False
             elif kind != _IN_LIT or (a != lit if type(a) in _PLAIN else freeze(a) != lit):
                 return False
@@ -1538,7 +1554,8 @@ class _Replay(CompilerMode):
                 if got is not None and got[0] is a:
                     if got[1] is not want:
                         return False
-                elif not (isinstance(want, Value) and id(want) in self.consts):
+                elif not (isinstance(want, Value) and id(want) in self.consts and
+                          _same_const(a._data, self.e.graph.consts[want])):
                     return False
             elif isinstance(want, Value) and id(want) in self.e.slot_values:
                 if type(a) is not type(self.e.slots[want.name]):
