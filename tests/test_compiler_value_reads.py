@@ -51,3 +51,64 @@ def test_an_unchanged_read_still_replays():
     e, = c.entries
     assert isinstance(e, api.SplitEntry)
     assert e.n_replays == 3 and e.n_fallbacks == 1  # calls 2, 3 replayed; call 4 diverged
+
+
+def _attention_calls():
+    rng = np.random.default_rng(0)
+    ok = np.zeros((3, 3))
+    ok[0, 2] = -np.inf  # a partly masked row
+    dead = ok.copy()
+    dead[1, :] = -np.inf  # a fully masked row: its output is zeros, as PyTorch
+    return rng.standard_normal((2, 3, 4)), (ok, ok, ok, dead, ok)
+
+
+def test_attention_mask_with_a_fully_masked_row_later_is_decided_each_call():
+    """The fully-masked-row fix of a float mask is decided from the mask given at each call,
+    not frozen from the traced call's mask; values and the query's gradient equal eager's
+    and PyTorch's."""
+    import torch
+    import tapegrad.nn.functional as F
+
+    def f(q, mask):
+        out = F.scaled_dot_product_attention(q, q * 0.5, q, attn_mask=mask)
+        (out * out).sum().backward()
+        return out.detach()
+
+    c = tg.compile(f)
+    qa, masks = _attention_calls()
+    for m in masks:
+        qe = tg.tensor(qa, requires_grad=True)
+        qc = tg.tensor(qa, requires_grad=True)
+        want, got = f(qe, tg.tensor(m)).numpy(), c(qc, tg.tensor(m)).numpy()
+        assert not np.isnan(got).any()
+        # float64: the compiled kernels sum the same few (<= 4) terms, maybe in another
+        # order: a few ulps of the largest magnitude (~1) at most
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-13)
+        np.testing.assert_allclose(qc.grad.numpy(), qe.grad.numpy(), rtol=0, atol=1e-12)
+        qt = torch.tensor(qa, requires_grad=True)
+        ref = torch.nn.functional.scaled_dot_product_attention(qt, qt * 0.5, qt,
+                                                               attn_mask=torch.tensor(m))
+        (ref * ref).sum().backward()
+        np.testing.assert_allclose(got, ref.detach().numpy(), rtol=0, atol=1e-13)
+        np.testing.assert_allclose(qc.grad.numpy(), qt.grad.numpy(), rtol=0, atol=1e-12)
+    assert not c.breaks and all(e.n_fallbacks == 0 for e in c.entries
+                                if hasattr(e, "n_fallbacks"))
+
+
+def test_a_float_mask_under_the_compiler_keeps_the_attention_kernel_form():
+    """The fully-masked-row fix is ops around the attention node, not its ``keep`` param
+    (which the compiled attention kernels do not take): one graph, the node keeps no keep."""
+    import tapegrad.nn.functional as F
+
+    rng = np.random.default_rng(1)
+    q = tg.tensor(rng.standard_normal((2, 2, 4, 8)).astype(np.float32))
+    mask = tg.tensor(np.triu(np.full((4, 4), -np.inf, np.float32), 1))
+    f = lambda q, m: F.scaled_dot_product_attention(q, q, q, attn_mask=m)  # noqa: E731
+    c = tg.compile(f)
+    for _ in range(2):
+        got = c(q, mask).numpy()
+    np.testing.assert_allclose(got, f(q, mask).numpy(), rtol=1e-5, atol=1e-6)  # float32 sums
+    e, = c.entries
+    assert not c.breaks
+    att = [n for n in e.graph.nodes if n.name.startswith("scaled_dot_product_attention")]
+    assert len(att) == 1 and att[0].params.get("keep") is None

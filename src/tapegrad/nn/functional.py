@@ -12,6 +12,7 @@ from tapegrad.backend import xp, on_device_of
 from tapegrad.ops import nn as N
 from tapegrad.ops.elementwise import relu as _relu, tanh as _tanh, sigmoid as _sigmoid
 from tapegrad.ops.elementwise import where, sqrt, to_dtype, exp, log, expm1, log1p, gt, eq
+from tapegrad.ops.elementwise import ne
 from tapegrad.ops.elementwise import abs as _abs  # its gradient is sign(d): 0 at 0
 from tapegrad.ops.linalg import matmul
 from tapegrad.ops.movement import reshape_op, permute_op, broadcast_to, pad  # noqa: F401
@@ -1630,6 +1631,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     elif is_causal:
         attn_mask = _static(on_device_of(query._data, xp.tril(xp.ones((L, S), dtype=bool))))
     blocked = None
+    bv = ()  # the mask's values as an array (None: fully masked rows are handled by ops)
     made = _const
     if attn_mask is not None:
         m = attn_mask._data
@@ -1637,13 +1639,6 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             from tapegrad.func._vmap import physical_array, rebatch
 
             made, m = (lambda a, like=attn_mask: rebatch(a, like)), physical_array(attn_mask)
-        if m.dtype == bool:
-            bv = xp.where(m, 0, -xp.inf).astype(dt)
-            bias = (_static if is_causal else made)(bv)
-            blocked = ~m
-        else:
-            bias, bv = attn_mask, m
-            blocked = m == -xp.inf
         try:
             xp.broadcast_shapes(tuple(attn_mask.shape), query.shape[:-1] + (S,))
         except ValueError:
@@ -1651,8 +1646,25 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                f"broadcast "
                                f"to the attention weights' shape "
                                f"{list(query.shape[:-1]) + [S]}") from None
+        if m.dtype == bool:
+            bv = xp.where(m, 0, -xp.inf).astype(dt)
+            bias = (_static if is_causal else made)(bv)
+            blocked = ~m
+        elif made is _const and grad_state.modes and _recorder() is not None:
+            # under the compiler the mask is an input whose values change per call (and may
+            # not be computed yet): the fully-masked-row fix is ops, run every call, and
+            # leaves keep unset so the compiled attention kernels still match
+            top = amax_op(attn_mask, dims=(attn_mask.ndim - 1,), keepdim=True)
+            live = ne(top, _static(xp.full((), -xp.inf, m.dtype)))  # (-inf: a graph constant)
+            bias = where(live, attn_mask, 0.0)
+            bv = None
+        else:
+            bias, bv = attn_mask, m
+            blocked = m == -xp.inf
     keep = None
-    if blocked is not None:
+    if bv is None:  # (the compiler's ops form above: dead rows are zeroed at the end)
+        pass
+    elif blocked is not None:
         dead = xp.all(blocked, axis=-1, keepdims=True)
         if dead.any():  # a fully masked row: attend nowhere (zeros), as _safe_softmax
             keep = (~dead).astype(dt)
@@ -1667,7 +1679,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                          dtype=dt)._data if dropout_p < 1 else xp.zeros(shape, dt)  # (traced)
         keep = drop if keep is None else keep * drop
     if bias is not None:
-        return N.scaled_dot_product_attention(query, key, value, bias, scale=scale, keep=keep)
+        out = N.scaled_dot_product_attention(query, key, value, bias, scale=scale, keep=keep)
+        # a dead row's bias is 0 (finite weights); its output and gradients are zeroed here,
+        # as eager's keep zeroes them (a product by 1 or 0: cheaper than a where)
+        return out * to_dtype(live, dtype=out.dtype) if bv is None else out
     return N.scaled_dot_product_attention(query, key, value, scale=scale, keep=keep)
 
 
