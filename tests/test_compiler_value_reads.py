@@ -25,6 +25,11 @@ CASES = {
     # same shape, another value: a constant's values are compared, not only its shape
     "full_value": (lambda t: tg.full((2,), float(int(t.max()))) * t, CALLS),
     "arange_start": (lambda t: tg.arange(int(t.max()), int(t.max()) + 2) * t, CALLS),
+    "eye": (lambda t: tg.eye(_n(t)) * t.sum(), CALLS),
+    "linspace": (lambda t: tg.linspace(0, _n(t), 5) * t.sum(), CALLS),
+    "new_full": (lambda t: t.new_full((_n(t),), 3.0) * t.sum(), CALLS),
+    "item": (lambda t: tg.full((2,), t.max().item()) * t, CALLS),
+    "repeat": (lambda t: (t * 2).repeat(_n(t)), CALLS),
     "slice": (lambda t: (tg.arange(8.) * t.sum())[:_n(t)], CALLS),
     "reshape": (lambda t: (tg.arange(12.) * t.sum()).reshape(_n(t) + 1, -1), CALLS),
     "branch": (lambda t: (t * 2).exp() if t.sum() > 0 else (t * 3).sin(), NEG_CALLS),
