@@ -117,3 +117,18 @@ def test_a_float_mask_under_the_compiler_keeps_the_attention_kernel_form():
     assert not c.breaks
     att = [n for n in e.graph.nodes if n.name.startswith("scaled_dot_product_attention")]
     assert len(att) == 1 and att[0].params.get("keep") is None
+
+
+def test_constants_compare_by_bits_whatever_their_layout():
+    same = api._same_const
+    a = np.arange(12.).reshape(3, 4)
+    assert same(a[:, ::2], np.ascontiguousarray(a[:, ::2]))  # a strided view, a copy
+    assert not same(a[:, ::2], a[:, 1::2])
+    assert same(a[0, ::2], np.array([0., 2.])) and not same(a[0, ::2], a[0, 1::2])  # 1-D
+    assert not same(np.zeros(3), np.zeros(3, np.float32)) and not same(np.zeros(3), np.zeros(4))
+    assert not same(np.array([0.0]), np.array([-0.0]))  # 1 / x tells them apart
+    assert same(np.full(5, np.nan), np.full(5, np.nan))
+    b = np.zeros((7, 5), bool)
+    c = b.copy()
+    c[6, 4] = True
+    assert same(b, b.copy()) and not same(b, c)  # (35 bytes: not a multiple of 8)

@@ -1368,9 +1368,13 @@ def _same_const(a, c):
         return True
     if a.shape != c.shape or a.dtype != c.dtype:
         return False
-    if a.size <= 1:  # (-0.0 and nan compare by bits below, as everywhere)
+    if a.size <= 1:  # by bytes, as below: -0.0 is not 0.0 (1 / x differs), nan is nan
         return a.tobytes() == c.tobytes()
-    return np.array_equal(a.reshape(-1).view(np.uint8), c.reshape(-1).view(np.uint8))
+    a = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    c = np.ascontiguousarray(c).reshape(-1).view(np.uint8)
+    if a.size % 8 == 0:  # (8 bytes a step: about half the time of bytewise)
+        a, c = a.view(np.uint64), c.view(np.uint64)
+    return np.array_equal(a, c)
 
 
 def _plain(v):
