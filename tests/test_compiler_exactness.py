@@ -143,6 +143,23 @@ def test_compiled_graph_reads_the_indices_after_their_check():
     assert check < text.index(" index(")
 
 
+@pytest.mark.parametrize("bad", [[0, -1, 2], [0, -3, 9], [3, 0, 1], [0, 1, 40]])
+def test_compiled_one_hot_checks_each_calls_classes(bad):
+    """A given class count is checked on each call's values (negatives first, as eager and
+    PyTorch); the traced call's valid classes say nothing about a later call's."""
+    def fn(i):
+        return F.one_hot(i, 3) * 2
+
+    compiled = tg.compile(fn)
+    good = tg.tensor([0, 2, 1])
+    for _ in range(3):  # the first calls trace; the later ones run the graph
+        assert np.array_equal(compiled(good).numpy(), fn(good).numpy())
+    want = _error(fn, tg.tensor(bad))
+    assert want is not None and want[0] is RuntimeError
+    assert _error(compiled, tg.tensor(bad)) == want
+    assert np.array_equal(compiled(good).numpy(), fn(good).numpy())
+
+
 def test_compiled_cross_entropy_ignores_ignore_index_only():
     x = tg.randn(4, 5, requires_grad=True)
 

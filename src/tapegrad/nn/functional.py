@@ -1706,16 +1706,19 @@ def one_hot(tensor, num_classes=-1):
         if num_classes <= 0:
             raise RuntimeError("one_hot: Can not infer total number of classes from empty "
                                "tensor.")
-    else:
+    elif num_classes == -1:  # the result's shape depends on the values
         lo, hi = t.min(), t.max()
         if lo < 0:
             raise RuntimeError(f"one_hot: Class values must be non-negative. (got {int(lo)})")
-        if num_classes == -1:  # the result's shape depends on the values
-            num_classes = int(hi) + 1
-            inferred = True
-        elif hi >= num_classes:
-            raise RuntimeError(f"one_hot: Class values must be smaller than num_classes. "
-                               f"(got {int(hi)} with num_classes={num_classes})")
+        num_classes = int(hi) + 1
+        inferred = True
+    else:  # checks that a compiled graph makes on each call's values, negatives first
+        tensor, t = range_checked(tensor, t, xp.iinfo(xp.int64).max,
+                                  "one_hot: Class values must be non-negative. (got {})",
+                                  "RuntimeError")
+        tensor, t = range_checked(tensor, t, num_classes,
+                                  "one_hot: Class values must be smaller than num_classes. "
+                                  f"(got {{}} with num_classes={num_classes})", "RuntimeError")
     # (an inferred class count is read from the values: no graph constant, a graph break)
     classes = (_const if inferred else _static)(xp.arange(num_classes))
     return to_dtype(eq(_reshape(tensor, tuple(tensor.shape) + (1,)), classes), dtype=dtypes.int64)
