@@ -281,9 +281,7 @@ def _fcases():
     f("scaled_dot_product_attention", X(0, 4, 8), X(0, 5, 8, seed=1), X(0, 5, 6, seed=2),
       B(4, 5), id="scaled_dot_product_attention-bool-mask")
     f("one_hot", I(0), num_classes=5)
-    f("one_hot", I(0, 3), id="one_hot-infer",  # PyTorch raises: nothing to infer from
-      xfail="one_hot's error does not name the input's shape yet (one_hot's checks are being "
-            "reworked in another change; add the shape there, then drop this xfail)")
+    f("one_hot", I(0, 3), id="one_hot-infer")  # PyTorch raises: nothing to infer from
     return cases
 
 

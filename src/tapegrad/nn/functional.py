@@ -1705,7 +1705,7 @@ def one_hot(tensor, num_classes=-1):
     if t.size == 0:
         if num_classes <= 0:
             raise RuntimeError("one_hot: Can not infer total number of classes from empty "
-                               "tensor.")
+                               f"tensor (shape {list(tensor.shape)}).")
     elif num_classes == -1:  # the result's shape depends on the values
         lo, hi = t.min(), t.max()
         if lo < 0:
