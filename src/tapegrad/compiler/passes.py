@@ -14,7 +14,6 @@ from tapegrad.compiler.ir import Graph, Node, Value, call_node, evaluate
 from tapegrad.compiler.codegen import UFUNCS, UNARY_WITH_CONST
 from tapegrad.compiler import kernels
 from tapegrad.ops.registry import REGISTRY
-from tapegrad.ops.indexing import check_index
 
 # ops whose output is the elementwise image of their (same-shaped or scalar) inputs
 POINTWISE = frozenset(set(UFUNCS) | set(UNARY_WITH_CONST) | {
@@ -78,7 +77,7 @@ def dce(graph):
     live = {id(v) for v in graph.used_values()}
     keep = []
     for n in reversed(graph.nodes):
-        if n.effect or n.op is check_index or any(id(v) in live for v in n.outputs):
+        if n.effect or getattr(n.op, "check", False) or any(id(v) in live for v in n.outputs):
             keep.append(n)
             live.update(id(a) for a in n.inputs if isinstance(a, Value))
     g = graph.copy()

@@ -26,11 +26,22 @@ def _result(mask):
     return Tensor._make(xp.asarray(mask, dtype=bool))
 
 
+def _literal(b, value):
+    return type(b) in (int, float) and b == value
+
+
+def _named(name, *tests):
+    return name if all(tests) else None
+
+
 class Constraint:
     """A region over which a variable is valid (``is_discrete``, ``event_dim``, ``check``)."""
 
     is_discrete = False
     event_dim = 0
+    # the name of the ``check_values`` predicate that is this constraint (its check, all
+    # over the value), or None: a compiled graph checks each call's values through it
+    predicate = None
 
     def check(self, value):
         raise NotImplementedError
@@ -109,6 +120,10 @@ class _IndependentConstraint(Constraint):
     def event_dim(self):
         return self.base_constraint.event_dim + self.reinterpreted_batch_ndims
 
+    @property
+    def predicate(self):
+        return self.base_constraint.predicate
+
     def check(self, value):
         result = _array(self.base_constraint.check(value))
         n = self.reinterpreted_batch_ndims
@@ -124,6 +139,7 @@ class _IndependentConstraint(Constraint):
 
 class _Boolean(Constraint):
     is_discrete = True
+    predicate = "boolean"
 
     def check(self, value):
         v = _array(value)
@@ -164,6 +180,12 @@ class _IntegerGreaterThan(Constraint):
         self.lower_bound = lower_bound
         super().__init__()
 
+    @property
+    def predicate(self):
+        b = self.lower_bound
+        return "nonnegative_integer" if _literal(b, 0) else \
+            "positive_integer" if _literal(b, 1) else None
+
     def check(self, value):
         v = _array(value)
         return _result((v % 1 == 0) & (v >= _bound(self.lower_bound)))
@@ -173,6 +195,8 @@ class _IntegerGreaterThan(Constraint):
 
 
 class _Real(Constraint):
+    predicate = "real"
+
     def check(self, value):
         v = _array(value)
         return _result(v == v)  # False for NaNs
@@ -183,6 +207,10 @@ class _GreaterThan(Constraint):
         self.lower_bound = lower_bound
         super().__init__()
 
+    @property
+    def predicate(self):
+        return _named("positive", _literal(self.lower_bound, 0))
+
     def check(self, value):
         return _result(_bound(self.lower_bound) < _array(value))
 
@@ -191,6 +219,10 @@ class _GreaterThan(Constraint):
 
 
 class _GreaterThanEq(_GreaterThan):
+    @property
+    def predicate(self):
+        return _named("nonnegative", _literal(self.lower_bound, 0))
+
     def check(self, value):
         return _result(_bound(self.lower_bound) <= _array(value))
 
@@ -213,6 +245,11 @@ class _Interval(Constraint):
         self.upper_bound = upper_bound
         super().__init__()
 
+    @property
+    def predicate(self):
+        return _named("unit_interval", _literal(self.lower_bound, 0),
+                      _literal(self.upper_bound, 1))
+
     def check(self, value):
         v = _array(value)
         return _result((_bound(self.lower_bound) <= v) & (v <= _bound(self.upper_bound)))
@@ -223,6 +260,8 @@ class _Interval(Constraint):
 
 
 class _HalfOpenInterval(_Interval):
+    predicate = None
+
     def check(self, value):
         v = _array(value)
         return _result((_bound(self.lower_bound) <= v) & (v < _bound(self.upper_bound)))
@@ -230,6 +269,7 @@ class _HalfOpenInterval(_Interval):
 
 class _Simplex(Constraint):
     event_dim = 1
+    predicate = "simplex"
 
     def check(self, value):
         v = _array(value)

@@ -1,10 +1,11 @@
 """As ``torch.distributions.Distribution``: shapes, argument and sample validation."""
 import warnings
 
-from tapegrad.autograd.grad_mode import no_grad
+from tapegrad.autograd.grad_mode import no_grad, state as grad_state
 from tapegrad.backend import xp
 from tapegrad.distributions import constraints
 from tapegrad.distributions.utils import lazy_property
+from tapegrad.ops.indexing import recorder, value_checked
 from tapegrad.tensor import Tensor
 
 __all__ = ["Distribution"]
@@ -12,6 +13,17 @@ __all__ = ["Distribution"]
 
 def _all_true(check):
     return bool(xp.all(check._data if isinstance(check, Tensor) else check))
+
+
+def _check(constraint, value, message):
+    """Raise ValueError with ``message`` and ``value``'s printout unless ``value`` satisfies
+    ``constraint``. Under the compiler's tracer a constraint with a ``check_values``
+    predicate becomes a graph check, so each compiled call checks its own values."""
+    if (grad_state.modes and constraint.predicate is not None and isinstance(value, Tensor)
+            and recorder() is not None):
+        value_checked(value, constraint.predicate, message, show=True)
+    elif not _all_true(constraint.check(value)):
+        raise ValueError(f"{message}{value}")
 
 
 def _size(shape):
@@ -59,13 +71,11 @@ class Distribution:
                                                              lazy_property):
                     continue
                 value = getattr(self, param)
-                if not _all_true(constraint.check(value)):
-                    raise ValueError(
-                        f"Expected parameter {param} "
-                        f"({type(value).__name__} of shape {tuple(value.shape)}) "
-                        f"of distribution {repr(self)} "
-                        f"to satisfy the constraint {repr(constraint)}, "
-                        f"but found invalid values:\n{value}")
+                _check(constraint, value, f"Expected parameter {param} "
+                       f"({type(value).__name__} of shape {tuple(value.shape)}) "
+                       f"of distribution {repr(self)} "
+                       f"to satisfy the constraint {repr(constraint)}, "
+                       "but found invalid values:\n")
         super().__init__()
 
     def expand(self, batch_shape, _instance=None):
@@ -161,12 +171,11 @@ class Distribution:
                           "validation. Please initialize the distribution with "
                           "`validate_args=False` to turn off validation.", stacklevel=2)
             return
-        if not _all_true(support.check(value)):
-            raise ValueError("Expected value argument "
-                             f"({type(value).__name__} of shape {tuple(value.shape)}) "
-                             f"to be within the support ({repr(support)}) "
-                             f"of the distribution {repr(self)}, "
-                             f"but found invalid values:\n{value}")
+        _check(support, value, "Expected value argument "
+               f"({type(value).__name__} of shape {tuple(value.shape)}) "
+               f"to be within the support ({repr(support)}) "
+               f"of the distribution {repr(self)}, "
+               "but found invalid values:\n")
 
     def _get_checked_instance(self, cls, _instance=None):
         if _instance is None and type(self).__init__ != cls.__init__:

@@ -18,6 +18,7 @@ from tapegrad.ops.linalg import matmul
 from tapegrad.ops.movement import reshape_op, permute_op, broadcast_to, pad  # noqa: F401
 from tapegrad.ops.movement import _dim  # the one dim normaliser (negative dims, range error)
 from tapegrad.ops.indexing import check_index, range_checked  # the one index range check
+from tapegrad.ops.indexing import value_checked  # value checks a compiled graph keeps
 from tapegrad.ops.indexing import recorder as _recorder
 from tapegrad.ops.reduce import sum_op, amax_op
 from tapegrad.amp.autocast_mode import autocast_composite  # PyTorch's autocast lists
@@ -679,14 +680,11 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
             f"different to the input size ({tuple(input.shape)}) is deprecated. Please ensure "
             "they have the same size.")
     _same_dtype("binary_cross_entropy", input, target)
-    x = _values(input)
-    if ((x < 0) | (x > 1)).any():
-        raise RuntimeError("binary_cross_entropy: all elements of input should be between 0 "
-                           "and 1")
-    t = _values(target)
-    if ((t < 0) | (t > 1)).any():
-        raise RuntimeError("binary_cross_entropy: all elements of target should be between 0 "
-                           "and 1")
+    # (nan passes both checks, as PyTorch's)
+    input = value_checked(input, "unit_interval", "binary_cross_entropy: all elements of input "
+                          "should be between 0 and 1", "RuntimeError", nan_ok=True)
+    target = value_checked(target, "unit_interval", "binary_cross_entropy: all elements of "
+                           "target should be between 0 and 1", "RuntimeError", nan_ok=True)
     loss = N.binary_cross_entropy(input, target)
     if weight is not None:
         if weight.requires_grad and grad_state.enabled:
@@ -879,8 +877,9 @@ def gaussian_nll_loss(input, target, var, full=False, eps=1e-6, reduction="mean"
         if var < 0:
             raise ValueError("gaussian_nll_loss: var has negative entry/entries")
         var = _static(xp.full(input.shape, var, dtype=input._data.dtype))
-    elif (var._data < 0).any():
-        raise ValueError("gaussian_nll_loss: var has negative entry/entries")
+    else:  # (a nan variance passes, as PyTorch's check)
+        var = value_checked(var, "nonnegative", "gaussian_nll_loss: var has negative "
+                            "entry/entries", nan_ok=True)
     if tuple(var.shape) != tuple(input.shape):
         if tuple(input.shape[:-1]) == tuple(var.shape):
             var = _reshape(var, tuple(var.shape) + (1,))

@@ -13,8 +13,8 @@ from tapegrad.autograd.grad_mode import state as grad_state
 from tapegrad.ops.registry import op, xp
 from tapegrad.backend import array_module, add_at
 from tapegrad.ops import registry as _registry
-from tapegrad.ops.movement import (_check_tensor, _dim, constant_pad, expand, reshape_op,
-                                   sum_to)
+from tapegrad.ops.movement import (_check_tensor, _dim, constant_pad, expand, permute_op,
+                                   reshape_op, sum_to)
 from tapegrad.ops import elementwise as _E
 
 
@@ -167,7 +167,7 @@ def out_of_range(idx, n):
 _ERRORS = {"IndexError": IndexError, "RuntimeError": RuntimeError}
 
 
-@op(saves="none", differentiable=False)
+@op(saves="none", differentiable=False, check=True)
 def check_index(idx, n, message, error="IndexError", ignore=None, negative=False):
     """``idx`` itself once every entry (those equal to ``ignore`` aside) lies in [0, n) (with
     ``negative``: [-n, n)), else ``error`` with ``message.format(bad)``; ``bad``:
@@ -194,6 +194,80 @@ def check_index(idx, n, message, error="IndexError", ignore=None, negative=False
 @check_index.batch
 def _(args, bdims, **params):
     return check_index(args[0], **params), bdims[0]  # every example's indices at once
+
+
+def _simplex(v):
+    # a probability vector along the last dim: entries >= 0, sum within 1e-6 of 1 (the
+    # tolerance of ``distributions.constraints.simplex``)
+    return (v >= 0).all(-1) & (abs(v.sum(-1) - 1) < 1e-6)
+
+
+# check_values' predicates: the entries (or last-dim vectors) that pass
+PREDICATES = {
+    "real": lambda v: v == v,
+    "finite": lambda v: xp.isfinite(v),
+    "positive": lambda v: v > 0,
+    "nonnegative": lambda v: v >= 0,
+    "unit_interval": lambda v: (v >= 0) & (v <= 1),
+    "boolean": lambda v: (v == 0) | (v == 1),
+    "nonnegative_integer": lambda v: (v % 1 == 0) & (v >= 0),
+    "positive_integer": lambda v: (v % 1 == 0) & (v >= 1),
+    "simplex": _simplex,
+}
+_LAST_DIM = frozenset({"simplex"})  # predicates over last-dim vectors, not entries
+_ERRORS["ValueError"] = ValueError
+
+
+@op(saves="none", check=True)
+def check_values(x, predicate, message, error="ValueError", nan_ok=False, show=False):
+    """``x`` itself once every entry satisfies ``predicate`` (a name in ``PREDICATES``; with
+    ``nan_ok`` a nan entry passes too), else ``error`` with ``message`` (with ``show``,
+    followed by ``x``'s printout). An op so that a compiled graph checks each call's values as
+    eager does; params are literals the printout shows. A vmap-batched ``x`` is checked over
+    its physical batch."""
+    v = _physical(x)
+    if predicate not in PREDICATES:
+        raise ValueError(f"check_values: unknown predicate {predicate!r} (one of "
+                         f"{sorted(PREDICATES)})")
+    ok = PREDICATES[predicate](v)
+    if nan_ok and predicate not in _LAST_DIM:
+        ok = ok | (v != v)
+    if not bool(xp.all(ok)):
+        if show:
+            message = f"{message}{_registry.Tensor._make(xp.asarray(v))}"
+        raise _ERRORS[error](message)
+    return x
+
+
+@check_values.grad
+def _(g, out, x, **params):
+    return g  # the identity: the checked value flows on as it is
+
+
+@check_values.jvp
+def _(t, out, x, **params):
+    return t[0]  # (a tangent is not checked: only the primal's values must pass)
+
+
+@check_values.batch
+def _(args, bdims, **params):
+    x, b = args[0], bdims[0]
+    if b is not None and b != 0 and params["predicate"] in _LAST_DIM:
+        # every example's last-dim vectors: the batch dim goes in front
+        x = permute_op(x, dims=(b,) + tuple(k for k in range(len(x.shape)) if k != b))
+        b = 0
+    return check_values(x, **params), b
+
+
+def value_checked(tensor, predicate, message, error="ValueError", nan_ok=False, show=False):
+    """``tensor`` once ``check_values`` passed on it. Eagerly (vmap included) the check reads
+    the array (no node); under the compiler's tracer (or its replay) it goes through the op
+    and its result stands for ``tensor``, so each compiled call checks its own values."""
+    if grad_state.modes and recorder() is not None:
+        return check_values(tensor, predicate=predicate, message=message, error=error,
+                            nan_ok=nan_ok, show=show)
+    check_values.forward(tensor._data, predicate, message, error, nan_ok, show)
+    return tensor
 
 
 def recorder():

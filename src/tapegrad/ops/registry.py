@@ -39,10 +39,10 @@ class Op:
     __slots__ = ("name", "forward", "rule", "flops", "saves", "save_inputs", "save_out",
                  "elementwise", "float_only", "differentiable", "view", "fused", "needs",
                  "keep", "cost_rule", "pointwise", "linear", "jvp_rule", "batch_rule",
-                 "__wrapped__")
+                 "check", "__wrapped__")
 
     def __init__(self, forward, name, flops, saves, elementwise, float_only, differentiable,
-                 view, fused, needs, uses=None, pointwise=False, linear=False):
+                 view, fused, needs, uses=None, pointwise=False, linear=False, check=False):
         if saves not in _SAVES:
             raise ValueError(f"op {forward.__name__}: saves must be one of {_SAVES}")
         self.name = name or forward.__name__
@@ -75,6 +75,9 @@ class Op:
         self.linear = linear
         self.jvp_rule = None
         self.batch_rule = None
+        # a run-time check of its input's values (raises on bad ones): a compiled graph keeps
+        # its node even when nothing reads its result, as eager raises whatever follows
+        self.check = check
         self.__wrapped__ = forward
 
     @property
@@ -185,7 +188,7 @@ def per_input_element(o):
 
 def op(flops=0, saves="inputs", elementwise=False, float_only=False, differentiable=True,
        view=False, fused=False, needs=False, name=None, uses=None, pointwise=False,
-       linear=False):
+       linear=False, check=False):
     """Register a forward function as an op (see the module docstring).
 
     flops: per output element (profiler, roofline). saves: what the rule reads besides g —
@@ -200,11 +203,13 @@ def op(flops=0, saves="inputs", elementwise=False, float_only=False, differentia
     pointwise: each output element depends only on the same element of each (broadcast)
     input, so forward mode and vmap derive the op's JVP and batch rule (``tapegrad.func``).
     linear: the op is linear in its tensor inputs jointly (jvp = op(tangents)).
+    check: a run-time check (returns its input, raises on bad values): its node stays in a
+    compiled graph even when nothing reads its result.
     """
 
     def register(forward):
         o = Op(forward, name, flops, saves, elementwise, float_only, differentiable, view, fused,
-               needs, uses, pointwise, linear)
+               needs, uses, pointwise, linear, check)
         if o.name in REGISTRY:
             raise ValueError(f"op {o.name} is registered twice")
         REGISTRY[o.name] = o
@@ -275,6 +280,8 @@ def dispatch(o, args, params):
     try:
         data = o.forward(*arrays, **params) if params else o.forward(*arrays)
     except (ValueError, IndexError, TypeError) as e:
+        if o.check:  # a check's error is its message, raised as eager raises it
+            raise
         if DEVICE_TYPES:  # a device backend is in use: tensors on two devices fail here
             err = mixed_device_error(o.name, [a for a in args if isinstance(a, Tensor)])
             if err is not None:
