@@ -70,10 +70,10 @@ def _uses(graph):
 
 
 def dce(graph):
-    """Dead-node elimination: keep effect nodes, index range checks and what the outputs,
-    write-backs and effects read; drop everything else (gradients nobody reads, unused
-    forward values). A check stays even when nothing reads its indices: eager raises on a
-    bad index whatever is done with the result (``scatter_add``'s input gradient)."""
+    """Dead-node elimination: keep effect nodes, run-time checks (ops flagged ``check``) and
+    what the outputs, write-backs and effects read; drop everything else (gradients nobody
+    reads, unused forward values). A check stays even when nothing reads its result: eager
+    raises on a bad value whatever is done with it (``scatter_add``'s input gradient)."""
     live = {id(v) for v in graph.used_values()}
     keep = []
     for n in reversed(graph.nodes):
