@@ -9,7 +9,8 @@ import tapegrad as tg
 import tapegrad.nn.functional as F
 from tapegrad.compiler import passes, trace
 from tapegrad.compiler.ir import Graph, Input, Node
-from tapegrad.distributions import Bernoulli, Categorical, Exponential, Normal, Poisson
+from tapegrad.distributions import (Bernoulli, Categorical, Exponential, Geometric, Normal,
+                                    Poisson)
 from tapegrad.func import vmap
 from tapegrad.ops.indexing import check_index, check_values
 from tapegrad.ops.registry import Op
@@ -55,6 +56,10 @@ def _poisson(rate, x):
     return Poisson(rate).log_prob(x).sum()
 
 
+def _geometric(p, x):
+    return Geometric(probs=p).log_prob(x).sum()
+
+
 # name -> (fn, valid args, invalid args, the predicate its graph checks)
 CASES = {
     "gaussian_nll var": (_gnll, (_t(.1, .5), _t(0., 1.), _t(1., 2.)),
@@ -73,6 +78,9 @@ CASES = {
                          "positive"),
     "Poisson support": (_poisson, (_t(1., 2.), _t(0., 3.)), (_t(1., 2.), _t(0., 2.5)),
                         "nonnegative_integer"),
+    # (its message shows only the failing entries)
+    "Geometric probs": (_geometric, (_t(.3, .6), _t(0., 2.)), (_t(.5, 0.), _t(0., 2.)),
+                        "positive"),
 }
 
 

@@ -10,6 +10,7 @@ from tapegrad.backend import xp
 from tapegrad.distributions import constraints
 from tapegrad.special import gammaln as lgamma, xlogy
 from tapegrad.distributions.distribution import Distribution
+from tapegrad.ops.indexing import value_checked
 from tapegrad.distributions.utils import (broadcast_all, lazy_property, logits_to_probs,
                                           probs_to_logits, _expand_params, _uniform, tiny_of)
 from tapegrad.random import numpy_rng
@@ -128,14 +129,11 @@ class Geometric(_ProbsOrLogits):
         batch_shape = self._set_param(probs, logits)
         super().__init__(batch_shape, validate_args=validate_args)
         if self._validate_args and probs is not None:
-            value = self.probs
-            valid = value._data > 0
-            if not valid.all():
-                invalid = Tensor._make(value._data[~valid])
-                raise ValueError("Expected parameter probs "
-                                 f"({type(value).__name__} of shape {tuple(value.shape)}) "
-                                 f"of distribution {repr(self)} "
-                                 f"to be positive but found invalid values:\n{invalid}")
+            value = self.probs  # (a graph check when traced: each compiled call checks)
+            value_checked(value, "positive", "Expected parameter probs "
+                          f"({type(value).__name__} of shape {tuple(value.shape)}) "
+                          f"of distribution {repr(self)} "
+                          "to be positive but found invalid values:\n", show="invalid")
 
     def expand(self, batch_shape, _instance=None):
         return _expand_probs_logits(self, Geometric, batch_shape, _instance)

@@ -221,8 +221,8 @@ _ERRORS["ValueError"] = ValueError
 @op(saves="none", check=True)
 def check_values(x, predicate, message, error="ValueError", nan_ok=False, show=False):
     """``x`` itself once every entry satisfies ``predicate`` (a name in ``PREDICATES``; with
-    ``nan_ok`` a nan entry passes too), else ``error`` with ``message`` (with ``show``,
-    followed by ``x``'s printout). An op so that a compiled graph checks each call's values as
+    ``nan_ok`` a nan entry passes too), else ``error`` with ``message`` followed, by ``show``,
+    by ``x``'s printout (True), that of its failing entries ("invalid") or nothing (False). An op so that a compiled graph checks each call's values as
     eager does; params are literals the printout shows. A vmap-batched ``x`` is checked over
     its physical batch."""
     v = _physical(x)
@@ -234,7 +234,8 @@ def check_values(x, predicate, message, error="ValueError", nan_ok=False, show=F
         ok = ok | (v != v)
     if not bool(xp.all(ok)):
         if show:
-            message = f"{message}{_registry.Tensor._make(xp.asarray(v))}"
+            shown = v[~ok] if show == "invalid" else v
+            message = f"{message}{_registry.Tensor._make(xp.asarray(shown))}"
         raise _ERRORS[error](message)
     return x
 
