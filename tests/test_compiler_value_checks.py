@@ -191,3 +191,17 @@ def test_check_values_batch_rule(in_dims):
     arr = wrong if in_dims == 0 else wrong.T
     with pytest.raises(ValueError, match="^bad simplex$"):
         vmap(f, in_dims=in_dims)(tg.tensor(arr))
+
+
+def test_compiled_vmap_checks_every_example_of_each_call():
+    def f(v):
+        return F.gaussian_nll_loss(tg.zeros(3), tg.ones(3), v)
+
+    compiled = tg.compile(vmap(f))
+    good = tg.tensor(np.ones((4, 3)))
+    for _ in range(3):
+        assert np.array_equal(compiled(good).numpy(), vmap(f)(good).numpy())
+    assert "check_values(" in str(trace(vmap(f), good))
+    bad = np.ones((4, 3))
+    bad[2, 1] = -1.0
+    assert _error(compiled, tg.tensor(bad)) == _error(vmap(f), tg.tensor(bad)) is not None
