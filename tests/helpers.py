@@ -350,3 +350,27 @@ def graph_inputs(g, specs):
         g.inputs.append((v, Input("array", index=i)))
         vs.append(v)
     return vs
+
+
+def error_of(fn, *args):
+    """``(type, message)`` of what ``fn(*args)`` raises, or None: for comparing two callables'
+    errors exactly (eager against compiled)."""
+    try:
+        fn(*args)
+    except Exception as e:  # noqa: BLE001 - the error itself is what is compared
+        return type(e), str(e)
+    return None
+
+
+class BlasThreadRecorder:
+    """Stands in for numpy inside ``backend.blas``: records the BLAS thread count at each
+    call."""
+
+    def __init__(self):
+        self.seen = []
+
+    def matmul(self, a, b):
+        from tapegrad.backend import blas
+
+        self.seen.append(blas.LIBRARY.get_num_threads())
+        return np.matmul(a, b)

@@ -5,6 +5,7 @@ import pytest
 
 import tapegrad
 from tapegrad.backend import blas
+from helpers import BlasThreadRecorder
 
 needs_blas = pytest.mark.skipif(blas.LIBRARY is None, reason="numpy's BLAS is not OpenBLAS")
 
@@ -65,20 +66,11 @@ def test_a_zero_bound_turns_the_switch_off(monkeypatch):
     assert not blas.runs_serial(256, 256, 256, 8)
 
 
-class _Recorder:
-    """Stands in for numpy inside backend.blas: records the BLAS thread count at each call."""
-
-    def __init__(self):
-        self.seen = []
-
-    def matmul(self, a, b):
-        self.seen.append(blas.LIBRARY.get_num_threads())
-        return np.matmul(a, b)
 
 
 @needs_blas
 def test_matmul_follows_the_policy(restore_threads, documented_bounds, monkeypatch):
-    rec = _Recorder()
+    rec = BlasThreadRecorder()
     monkeypatch.setattr(blas, "xp", rec)
     tapegrad.set_num_threads(2)
     small = np.ones((64, 256)), np.ones((256, 256))

@@ -7,14 +7,9 @@ import pytest
 
 import tapegrad as tg
 import tapegrad.nn.functional as F
+from helpers import error_of
 
 
-def _error(fn, *args):
-    try:
-        fn(*args)
-    except Exception as e:  # noqa: BLE001 - the error itself is what is compared
-        return type(e), str(e)
-    return None
 
 
 def _gather(x, i):
@@ -119,14 +114,14 @@ def test_compiled_index_ops_raise_eagers_error_on_out_of_range_indices(case, bac
         compiled(x, good)
     for bad in ((-n - 1, -n - 4) if negative else (-1, -3)) + (n, n + 7):
         i = _with(valid, at, bad)
-        want = _error(step, x, i)
+        want = error_of(step, x, i)
         assert want is not None, (case, bad)  # eager raises (as PyTorch)
-        assert _error(compiled, x, i) == want, (case, bad)
+        assert error_of(compiled, x, i) == want, (case, bad)
     if negative and not backward:  # a valid negative index counts from the end, as eager
         i = _with(valid, at, -1)
         assert compiled(x, i).item() == step(x, i).item()
     x.grad = None
-    assert _error(compiled, x, good) is None  # valid indices still run after the errors
+    assert error_of(compiled, x, good) is None  # valid indices still run after the errors
     if backward:
         eager_x = tg.tensor(x.detach().numpy(), requires_grad=True)
         step(eager_x, good)
@@ -154,9 +149,9 @@ def test_compiled_one_hot_checks_each_calls_classes(bad):
     good = tg.tensor([0, 2, 1])
     for _ in range(3):  # the first calls trace; the later ones run the graph
         assert np.array_equal(compiled(good).numpy(), fn(good).numpy())
-    want = _error(fn, tg.tensor(bad))
+    want = error_of(fn, tg.tensor(bad))
     assert want is not None and want[0] is RuntimeError
-    assert _error(compiled, tg.tensor(bad)) == want
+    assert error_of(compiled, tg.tensor(bad)) == want
     assert np.array_equal(compiled(good).numpy(), fn(good).numpy())
 
 
@@ -175,9 +170,9 @@ def test_compiled_cross_entropy_ignores_ignore_index_only():
     want = step(ex, tg.tensor([0, -100, 2, 3]))
     assert got.item() == want.item()
     for t in ([0, -1, 2, 3], [0, -3, 2, 3], [0, 5, 2, 3], [0, -100, 5, -1]):
-        want = _error(step, ex, tg.tensor(t))
+        want = error_of(step, ex, tg.tensor(t))
         assert want is not None and want[0] is IndexError
-        assert _error(compiled, x, tg.tensor(t)) == want
+        assert error_of(compiled, x, tg.tensor(t)) == want
 
 
 def test_compiled_gpt_step_with_kernels_raises_on_bad_tokens_and_targets(monkeypatch):
@@ -204,9 +199,9 @@ def test_compiled_gpt_step_with_kernels_raises_on_bad_tokens_and_targets(monkeyp
             (tokens if which == "tokens" else targets).reshape(-1)[5] = bad
             eager = M.Step(tg, "gpt", state, [(tokens, targets)], np.float64)
             args = eager.batches[0]
-            want = _error(eager)
+            want = error_of(eager)
             assert want is not None and want[0] is IndexError, (which, bad)
-            assert _error(fn, *args) == want, (which, bad)
+            assert error_of(fn, *args) == want, (which, bad)
     after = S.model.state_dict()
     for k, v in before.items():  # the failed calls changed no parameter
         assert np.array_equal(after[k].numpy(), v), k

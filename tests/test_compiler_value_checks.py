@@ -14,14 +14,9 @@ from tapegrad.distributions import (Bernoulli, Categorical, Exponential, Geometr
 from tapegrad.func import vmap
 from tapegrad.ops.indexing import check_index, check_values
 from tapegrad.ops.registry import Op
+from helpers import error_of
 
 
-def _error(fn, *args):
-    try:
-        fn(*args)
-    except Exception as e:  # noqa: BLE001 - the error itself is what is compared
-        return type(e), str(e)
-    return None
 
 
 def _t(*v):
@@ -90,9 +85,9 @@ def test_compiled_call_checks_its_own_values(case):
     compiled = tg.compile(fn)
     for _ in range(3):  # traced, then replayed
         assert np.allclose(compiled(*good).numpy(), fn(*good).numpy(), rtol=1e-6)
-    want = _error(fn, *bad)
+    want = error_of(fn, *bad)
     assert want is not None, case  # eager rejects it
-    assert _error(compiled, *bad) == want, case  # same type and message
+    assert error_of(compiled, *bad) == want, case  # same type and message
     assert np.allclose(compiled(*good).numpy(), fn(*good).numpy(), rtol=1e-6)
 
 
@@ -101,7 +96,7 @@ def test_first_compiled_call_with_bad_values_raises_as_eager(case):
     # the tracing call: the check op's own error, not dispatch's wrapping of it
     fn, good, bad, _ = CASES[case]
     compiled = tg.compile(fn)
-    assert _error(compiled, *bad) == _error(fn, *bad)
+    assert error_of(compiled, *bad) == error_of(fn, *bad)
     assert np.allclose(compiled(*good).numpy(), fn(*good).numpy(), rtol=1e-6)
 
 
@@ -119,7 +114,7 @@ def test_nan_passes_where_eager_lets_it():
                      (_bce, (_t(.2, nan), _t(0., 1.)))):
         compiled = tg.compile(fn)
         for _ in range(3):
-            assert _error(compiled, *args) is None and _error(fn, *args) is None
+            assert error_of(compiled, *args) is None and error_of(fn, *args) is None
 
 
 def test_gradient_flows_through_the_checked_variance():
@@ -204,4 +199,4 @@ def test_compiled_vmap_checks_every_example_of_each_call():
     assert "check_values(" in str(trace(vmap(f), good))
     bad = np.ones((4, 3))
     bad[2, 1] = -1.0
-    assert _error(compiled, tg.tensor(bad)) == _error(vmap(f), tg.tensor(bad)) is not None
+    assert error_of(compiled, tg.tensor(bad)) == error_of(vmap(f), tg.tensor(bad)) is not None

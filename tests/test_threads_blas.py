@@ -12,6 +12,7 @@ import torch
 import tapegrad
 import tapegrad.nn.functional as F
 from tapegrad.backend import blas
+from helpers import BlasThreadRecorder
 
 threadpoolctl = pytest.importorskip("threadpoolctl")
 needs_blas = pytest.mark.skipif(blas.LIBRARY is None, reason="numpy's BLAS is not OpenBLAS")
@@ -193,20 +194,11 @@ def test_matmul_agrees_with_torch_at_two_threads(restore_threads):
 
 
 # --- the small-product switch -----------------------------------------------------------
-class _Recorder:
-    """Stands in for numpy inside backend.blas: records the BLAS thread count at each call."""
-
-    def __init__(self):
-        self.seen = []
-
-    def matmul(self, a, b):
-        self.seen.append(blas.LIBRARY.get_num_threads())
-        return np.matmul(a, b)
 
 
 @needs_blas
 def test_small_products_run_on_one_thread(restore_threads, monkeypatch):
-    rec = _Recorder()
+    rec = BlasThreadRecorder()
     monkeypatch.setattr(blas, "xp", rec)
     tapegrad.set_num_threads(2)
     rng = np.random.default_rng(0)
