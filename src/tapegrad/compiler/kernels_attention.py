@@ -15,11 +15,11 @@ BLAS calls), float32 and float64.
   BLAS through a transposed view of a (B, T, H, E) buffer (``np.matmul(p, v, out=...)``:
   the same products, only the stores' row stride differs), so the model's
   ``permute(0, 2, 1, 3)`` and ``reshape`` to (B, T, H E) are views, not a copy. Other
-  biases: kernels_gpt's kernel.
-* ``softmax_backward`` (kernels_gpt.fuse_softmax_backward's rule ``p * (g - sum(g * p))``):
+  biases: kernels_norm_softmax's kernel.
+* ``softmax_backward`` (kernels_norm_softmax.fuse_softmax_backward's rule ``p * (g - sum(g * p))``):
   the row sums of the products as vector lanes, then one loop a row.
-* ``absorb_gradient_products`` (a pass after kernels_gpt.merge_split_gradients): attention's
-  q/k/v gradient products read only by the split's concatenated gradient become one
+* ``absorb_gradient_products`` (a pass after kernels_norm_softmax.merge_split_gradients):
+  attention's q/k/v gradient products read only by the split's concatenated gradient become one
   ``concatenate_products`` node; its kernel has BLAS write each product straight into its
   slice of the output (``out=`` through the permutation), then scales the q and k parts
   and adds 0.0 in place (eager's ``* scale`` and its adds of zeros): no product arrays, no
@@ -374,7 +374,7 @@ def _absorbable(m, inside):
 
 
 def absorb_gradient_products(graph):
-    """A graph pass: a ``concatenate_gradients`` node (kernels_gpt.merge_split_gradients:
+    """A graph pass: a ``concatenate_gradients`` node (kernels_norm_softmax.merge_split_gradients:
     attention's q/k/v gradients put into the split's (B, T, 3 H D) gradient) whose sources
     are each a ``matmul`` read by nothing else becomes ``concatenate_products`` over the
     products' operands: its kernel lets BLAS write each product straight into its slice of
@@ -383,7 +383,7 @@ def absorb_gradient_products(graph):
     copy. The nodes making the products' operands join it where nothing else reads them:
     permutes, attention's fused softmax gradient and the product it reads (g v^T): the
     kernel computes those into buffers of its own."""
-    from tapegrad.compiler.kernels_gpt import _uses_of
+    from tapegrad.compiler.kernels_norm_softmax import _uses_of
 
     uses = _uses_of(graph)
     producer = {id(v): n for n in graph.nodes for v in n.outputs}
@@ -549,7 +549,7 @@ def concatenate_products_factory(node):
     return concatenate_products_kernel
 
 
-# --- softmax's gradient rule (fused by kernels_gpt.fuse_softmax_backward) ----------------
+# --- softmax's gradient rule (fused by kernels_norm_softmax.fuse_softmax_backward) ----------------
 def softmax_backward(node):
     """The kernel for a ``softmax_backward`` node over float32/float64 (any shape: rows of
     its last axis), or None. Inputs that are not C-contiguous go to the node's own ops:

@@ -6,7 +6,7 @@
   ``(s, layer_norm(s))``: the kernel writes each row of the sum and normalises it while it is
   in cache. An operand made by ``embedding(table, idx)`` and read only by the add (the token
   rows) is gathered from the table by the kernel (``gather=True``).
-* ``fuse_residual_backward`` (a pass): a ``layer_norm_backward`` node (kernels_gpt's fused
+* ``fuse_residual_backward`` (a pass): a ``layer_norm_backward`` node (kernels_norm_softmax's fused
   rule) whose ``gx`` is only read by ``add(r, gx)`` (the residual gradient) becomes one
   ``residual_layer_norm_backward`` node writing ``r + gx`` row by row; the column sums of its
   main output (a linear's bias gradient ``sum(reshape(., (-1, C)), dims=(0,))``, found by
@@ -527,7 +527,7 @@ def residual_layer_norm_factory(node):
 
 def layer_norm_call(shape, dt):
     """The row kernel for a plain ``layer_norm`` over the last axis of ``shape`` (no residual
-    sum): ``call(x, w, b, eps) -> out`` (kernels_gpt's layer_norm factory serves it)."""
+    sum): ``call(x, w, b, eps) -> out`` (kernels_norm_softmax's layer_norm factory serves it)."""
     from tapegrad.ops.nn import _norm_forward
 
     C = shape[-1]

@@ -30,7 +30,7 @@ def _load():
 
 
 _MODULES = ["tapegrad.compiler.kernels_conv"]  # kernel modules, imported on the first lookup
-_MODULES.append("tapegrad.compiler.kernels_gpt")  # GPT: LayerNorm, softmax, attention
+_MODULES.append("tapegrad.compiler.kernels_norm_softmax")  # LayerNorm, softmax, attention
 _MODULES.append("tapegrad.compiler.kernels_gelu")  # GELU and its gradient sharing one erf
 _MODULES.append("tapegrad.compiler.kernels_attention")  # attention's gradient products
 _MODULES.append("tapegrad.compiler.kernels_optim")  # Adam/AdamW, clip_grad_norm_, the two fused

@@ -483,7 +483,8 @@ def _kernel_pass(module, name, doc):
 
 
 fuse_layer_norm_backward = _kernel_pass(
-    "kernels_gpt", "fuse_layer_norm_backward", "LayerNorm's traced gradient rule as one node")
+    "kernels_norm_softmax", "fuse_layer_norm_backward",
+    "LayerNorm's traced gradient rule as one node")
 fuse_residual_layer_norm = _kernel_pass(
     "kernels_residual", "fuse_residual_layer_norm",
     "A residual sum read by a LayerNorm as one node")
@@ -491,12 +492,12 @@ fuse_residual_backward = _kernel_pass(
     "kernels_residual", "fuse_residual_backward",
     "A LayerNorm gradient, the residual add of its gx and their column sums as one node")
 fuse_softmax_backward = _kernel_pass(
-    "kernels_gpt", "fuse_softmax_backward", "softmax's traced gradient rule as one node")
+    "kernels_norm_softmax", "fuse_softmax_backward", "softmax's traced gradient rule as one node")
 share_attention_probabilities = _kernel_pass(
-    "kernels_gpt", "share_attention_probabilities",
+    "kernels_norm_softmax", "share_attention_probabilities",
     "attention's forward also returns its probabilities for its traced rule")
 merge_split_gradients = _kernel_pass(
-    "kernels_gpt", "merge_split_gradients",
+    "kernels_norm_softmax", "merge_split_gradients",
     "A split's three slice gradients added into zeros as one concatenation")
 absorb_gradient_products = _kernel_pass(
     "kernels_attention", "absorb_gradient_products",

@@ -1,4 +1,4 @@
-"""compiler/kernels_gpt.py (LayerNorm, softmax, attention numba kernels) and the float32
+"""compiler/kernels_norm_softmax.py (LayerNorm, softmax, attention numba kernels) and the float32
 ``erf32`` of kernels.py: each kernel against its op's numpy forward, and the compiled char-GPT
 training step (numba backend) against eager over 100 steps."""
 import math
@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("numba")
 
 import tapegrad  # noqa: E402
-from tapegrad.compiler import kernels, kernels_gpt, op_kernels  # noqa: E402
+from tapegrad.compiler import kernels, kernels_norm_softmax, op_kernels  # noqa: E402
 from tapegrad.compiler.ir import Node, Value  # noqa: E402
 from tapegrad.ops import nn as N  # noqa: E402
 
@@ -39,7 +39,7 @@ def test_layer_norm_kernel_is_eager_bitwise(dtype, shape, affine):
     b = rng.standard_normal(C).astype(dtype) if affine == "both" else None
     params = dict(_ln_params(C), axes=(len(shape) - 1,))
     ins = [a for a in (x, w, b) if a is not None]
-    fn = kernels_gpt.layer_norm_factory(_node("layer_norm", ins, params, dtype))
+    fn = kernels_norm_softmax.layer_norm_factory(_node("layer_norm", ins, params, dtype))
     assert fn is not None
     got = fn(*ins, **params)
     want = N.layer_norm.forward(*ins, **params)
@@ -50,7 +50,7 @@ def test_layer_norm_kernel_is_eager_bitwise(dtype, shape, affine):
 def test_layer_norm_kernel_declines_what_it_does_not_compute():
     x = np.ones((4, 6))
     w = np.ones(6)
-    f = kernels_gpt.layer_norm_factory
+    f = kernels_norm_softmax.layer_norm_factory
     assert f(_node("layer_norm", [x, w], {"axes": (0, 1), "eps": 1e-5,
                                            "param_shape": (4, 6)}, np.float64)) is None
     assert f(_node("layer_norm", [x.astype(np.float32), w], dict(_ln_params(6), axes=(1,)),
@@ -71,16 +71,17 @@ def test_softmax_kernel_is_eager_bitwise(dtype, shape):
     if shape[-1] > 1:
         x[(0,) * (len(shape) - 1)][1] = -np.inf  # a masked entry
     for dim in (-1, len(shape) - 1):
-        fn = kernels_gpt.softmax_factory(_node("softmax", [x], {"dim": dim}, dtype))
+        fn = kernels_norm_softmax.softmax_factory(_node("softmax", [x], {"dim": dim}, dtype))
         got, want = fn(x, dim=dim), N.softmax.forward(x, dim)
         assert got.dtype == dtype and np.array_equal(got, want)
 
 
 def test_softmax_kernel_nan_and_fully_masked_rows_as_eager():
     x = np.array([[1.0, np.nan, 2.0], [-np.inf, -np.inf, -np.inf], [np.inf, 0.0, 1.0]])
-    fn = kernels_gpt.softmax_factory(_node("softmax", [x], {"dim": 1}, np.float64))
+    fn = kernels_norm_softmax.softmax_factory(_node("softmax", [x], {"dim": 1}, np.float64))
     np.testing.assert_array_equal(fn(x, dim=1), N.softmax.forward(x, 1))
-    assert kernels_gpt.softmax_factory(_node("softmax", [x], {"dim": 0}, np.float64)) is None
+    node = _node("softmax", [x], {"dim": 0}, np.float64)
+    assert kernels_norm_softmax.softmax_factory(node) is None
 
 
 def _qkv(rng, dtype, B=16, H=4, T=32, D=16):
@@ -107,7 +108,7 @@ def test_attention_kernel_is_eager_bitwise(dtype, bias, dims):
         bb = None
     ins = [q, k, v] + ([bb] if bb is not None else [])
     params = {"scale": 0.25, "keep": None}
-    fn = kernels_gpt.attention_factory(_node("scaled_dot_product_attention", ins, params,
+    fn = kernels_norm_softmax.attention_factory(_node("scaled_dot_product_attention", ins, params,
                                              dtype))
     assert fn is not None
     got = fn(*ins, **params)
@@ -119,7 +120,7 @@ def test_attention_kernel_is_eager_bitwise(dtype, bias, dims):
 def test_attention_kernel_declines_dropout_and_other_shapes():
     rng = np.random.default_rng(0)
     q, k, v = _qkv(rng, np.float64, 2, 2, 4, 3)
-    f = kernels_gpt.attention_factory
+    f = kernels_norm_softmax.attention_factory
     keep = np.ones((2, 2, 4, 4))
     assert f(_node("scaled_dot_product_attention", [q, k, v, None],
                    {"scale": 1.0, "keep": keep}, np.float64)) is None
@@ -302,8 +303,8 @@ def test_embedding_backward_kernel_is_eager_bitwise(dtype, pad):
     g = rng.standard_normal((16, 32, 8)).astype(dtype)
     idx = rng.integers(-7, 7, size=(16, 32))  # repeated and negative indices
     params = {"num_weights": 7, "padding_idx": pad, "scale": None}
-    fn = kernels_gpt.embedding_backward_factory(_node("embedding_backward", [g, idx], params,
-                                                      dtype, (7, 8)))
+    fn = kernels_norm_softmax.embedding_backward_factory(_node(
+        "embedding_backward", [g, idx], params, dtype, (7, 8)))
     got = fn(g, idx, **params)
     want = N.embedding_backward.forward(g, idx, **params)
     assert got.dtype == dtype and np.array_equal(got, want)
@@ -311,7 +312,7 @@ def test_embedding_backward_kernel_is_eager_bitwise(dtype, pad):
     bad[3, 4] = 7
     with pytest.raises(IndexError):
         fn(g, bad, **params)
-    assert kernels_gpt.embedding_backward_factory(_node(
+    assert kernels_norm_softmax.embedding_backward_factory(_node(
         "embedding_backward", [g, idx], dict(params, scale=np.ones((16, 32))), dtype,
         (7, 8))) is None
 

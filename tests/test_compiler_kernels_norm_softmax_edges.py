@@ -1,15 +1,15 @@
-"""compiler/kernels_gpt.py: the char-GPT step's optimizer, clipping, attention and split
-gradient kernels where they take their less common paths (several dtypes in one optimizer,
+"""compiler/kernels_norm_softmax.py: the optimizer, clipping, attention and split-gradient
+kernels where they take their less common paths (several dtypes in one optimizer,
 uneven step counts, state replaced between calls, strided and non-finite gradients, NaN
 scores, the heads' gradient chains absorbed into the concatenation): each bitwise eager's
-(tests/test_compiler_kernels_gpt.py covers the common paths)."""
+(tests/test_compiler_kernels_norm_softmax.py covers the common paths)."""
 import numpy as np
 import pytest
 
 pytest.importorskip("numba")
 
 import tapegrad  # noqa: E402
-from tapegrad.compiler import kernels_gpt, op_kernels  # noqa: E402
+from tapegrad.compiler import kernels_norm_softmax, op_kernels  # noqa: E402
 from tapegrad.compiler.ir import Node, Value  # noqa: E402
 from tapegrad.nn import utils as nn_utils  # noqa: E402
 from tapegrad.ops import nn as N  # noqa: E402
@@ -209,7 +209,7 @@ def test_clip_kernel_is_eager_bitwise(dtype, kind):
         grads = grads + [np.asarray(g * 2) for g in grads] + [np.asarray(g * 0.5)
                                                               for g in grads[:5]]
     params = {"max_norm": 0.5, "norm_type": 2.0, "error_if_nonfinite": False}
-    fn = kernels_gpt.clip_grad_norm_factory(_node("clip_grad_norm", grads, params, dtype))
+    fn = kernels_norm_softmax.clip_grad_norm_factory(_node("clip_grad_norm", grads, params, dtype))
     assert fn is not None
     before = [g.copy() for g in grads]
     got = fn(*grads, **params)
@@ -227,7 +227,7 @@ def test_clip_kernel_is_eager_bitwise(dtype, kind):
 
 def test_clip_kernel_declines_other_norms_and_mixed_dtypes():
     g = [np.ones(3), np.ones(2)]
-    f = kernels_gpt.clip_grad_norm_factory
+    f = kernels_norm_softmax.clip_grad_norm_factory
     base = {"max_norm": 1.0, "norm_type": 2.0, "error_if_nonfinite": False}
     assert f(_node("clip_grad_norm", g, dict(base, norm_type=1.0), np.float64)) is None
     assert f(_node("clip_grad_norm", g, dict(base, error_if_nonfinite=True),
@@ -250,7 +250,7 @@ def test_attention_kernel_nan_and_inf_scores_as_eager(dtype, bias):
           "rows": rng.standard_normal((B, 1, T, 1)).astype(dtype)}[bias]
     ins = [q, k, v] + ([bb] if bb is not None else [])
     params = {"scale": 0.4, "keep": None}
-    fn = kernels_gpt.attention_factory(_node("scaled_dot_product_attention", ins, params,
+    fn = kernels_norm_softmax.attention_factory(_node("scaled_dot_product_attention", ins, params,
                                              dtype))
     assert fn is not None
     got = fn(*ins, **params)
@@ -329,11 +329,11 @@ def test_concatenate_kernel_declines_a_slice_it_cannot_view():
     flat = [Value(f"x{i}", (4, 4), dt) for i in range(3)]
     node = Node(None, "concatenate_gradients", flat, {}, [out],
                 meta={"chains": [(None, (1, 0))] * 3, "cuts": cuts})
-    assert kernels_gpt.concatenate_gradients_factory(node) is None
+    assert kernels_norm_softmax.concatenate_gradients_factory(node) is None
     split = [Value(f"x{i}", (2, 4, 1, 2), dt) for i in range(3)]
     node = Node(None, "concatenate_gradients", split, {}, [out],
                 meta={"chains": [(0.5, (0, 2, 3, 1))] * 3, "cuts": cuts})
-    fn = kernels_gpt.concatenate_gradients_factory(node)
+    fn = kernels_norm_softmax.concatenate_gradients_factory(node)
     assert fn is not None
     rng = np.random.default_rng(0)
     xs = [rng.standard_normal((2, 4, 1, 2)) for _ in range(3)]
