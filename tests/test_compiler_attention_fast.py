@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("numba")
 
 import tapegrad  # noqa: E402
-from tapegrad.compiler import kernels_attention as KA, kernels_gpt  # noqa: E402
+from tapegrad.compiler import kernels_attention as KA, kernels_norm_softmax  # noqa: E402
 from tapegrad.compiler.ir import Node, Value  # noqa: E402
 from tapegrad.ops import nn as N  # noqa: E402
 
@@ -147,11 +147,11 @@ def test_attention_forward_declines_what_it_does_not_compute():
     rng = np.random.default_rng(1)
     q, k, v = _qkv(rng, np.float64, 2, 3, 4, 4, 5, 5)
     f = _fast
-    # a bias that varies across batch entries or heads: kernels_gpt's kernel
+    # a bias that varies across batch entries or heads: kernels_norm_softmax's kernel
     per_batch = rng.standard_normal((2, 1, 4, 4))
     assert f([q, k, v, per_batch], {"scale": 1.0, "keep": None}, True, np.float64,
              (2, 3, 4, 5), (2, 3, 4, 4)) is None
-    assert kernels_gpt.attention_probs_factory(_node(
+    assert kernels_norm_softmax.attention_probs_factory(_node(
         "scaled_dot_product_attention_probs", [q, k, v, per_batch],
         {"scale": 1.0, "keep": None}, [(2, 3, 4, 5), (2, 3, 4, 4)])) is not None
     assert f([q, k, v], {"scale": 1.0, "keep": np.ones((2, 3, 4, 4))}, True, np.float64,
@@ -342,7 +342,7 @@ def test_softmax_backward_kernel_is_eager_bitwise(dtype, shape):
 
     node.impl = rule
     fn = KA.softmax_backward(node)
-    assert fn is not None and kernels_gpt.softmax_backward_factory(node) is not None
+    assert fn is not None and kernels_norm_softmax.softmax_backward_factory(node) is not None
     with np.errstate(invalid="ignore"):
         _same(fn(g, p), rule(g, p))
         # not C-contiguous: numpy sums such rows in another order, so the node's own ops

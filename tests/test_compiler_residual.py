@@ -76,7 +76,7 @@ def test_plain_layer_norm_call_is_eager_bitwise(dtype, shape):
 
 
 def _ln_backward_node(g, x, w, with_gb):
-    """kernels_gpt's fused LayerNorm gradient node (its impl: eager's rule, op for op)."""
+    """kernels_norm_softmax's fused LayerNorm gradient node (its impl: eager's rule, op for op)."""
     from tapegrad.compiler.ir import call_node
 
     axes = (x.ndim - 1,)
