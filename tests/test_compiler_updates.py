@@ -107,11 +107,9 @@ def _clear_zero(p):
     p.grad.zero_()
 
 
-def _run(update, clear, dtype, compiled, steps=STEPS):
-    model = _mlp(dtype)
-    X, y = spiral_data(64, seed=1)
-    x, t = tg.tensor(X).to(dtype), tg.tensor(y)
-    params = list(model.parameters())
+def _training_step(model, params, update, clear, item=False):
+    """The MLP's step with the hand-written ``update`` and ``clear`` of each parameter,
+    returning the loss (or, with ``item``, its Python value)."""
     state = {}
 
     def step(x, t):
@@ -121,8 +119,17 @@ def _run(update, clear, dtype, compiled, steps=STEPS):
             for p in params:
                 update(p, state)
                 clear(p)
-        return loss
+        return loss.item() if item else loss
 
+    return step
+
+
+def _run(update, clear, dtype, compiled, steps=STEPS):
+    model = _mlp(dtype)
+    X, y = spiral_data(64, seed=1)
+    x, t = tg.tensor(X).to(dtype), tg.tensor(y)
+    params = list(model.parameters())
+    step = _training_step(model, params, update, clear)
     fn = tg.compile(step) if compiled else step
     losses, grads = [], []
     for _ in range(steps):
@@ -172,17 +179,7 @@ def test_update_step_returning_loss_item_replays_compiled(numpy_kernels, update)
         model = _mlp(tg.float64)
         x, t = _inputs(tg.float64)
         params = list(model.parameters())
-        state = {}
-
-        def step(x, t):
-            loss = F.cross_entropy(model(x), t)
-            loss.backward()
-            with tg.no_grad():
-                for p in params:
-                    update(p, state)
-                    p.grad = None
-            return loss.item()
-
+        step = _training_step(model, params, update, _clear_none, item=True)
         fn = tg.compile(step) if compiled else step
         return [fn(x, t) for _ in range(STEPS)], params, fn
 
