@@ -281,8 +281,8 @@ def attention_forward(node, probs):
     scores, norm = K["attention_scores"], K["attention_norm"]
     sc = dt.type(scale)
     none2 = np.zeros((1, 1), dt)
-    work = T * E * S  # blas.matmul's per-product work: below its switch, plain np.matmul
-    direct = blas.LIBRARY is None or not blas.OPENBLAS_SERIAL_WORK < work < blas.SERIAL_WORK
+    # a product blas.matmul does not switch to one thread is its plain np.matmul
+    direct = blas.LIBRARY is None or not blas.runs_serial(T, E, S, dt.itemsize)
     matmul = blas.matmul
     # scratch kept by the kernel (a compiled function is not reentrant: memory.py): a fresh
     # 256 KB buffer each call costs its page faults in the step
@@ -335,8 +335,8 @@ def _blas_direct(a, b):
         return False  # blas.matmul may run a stack times a matrix as one 2-D GEMM
     if {np.dtype(a.dtype), np.dtype(b.dtype)} - set(_FLOATS) or a.dtype != b.dtype:
         return False
-    work = a.shape[-2] * b.shape[-1] * a.shape[-1]
-    return blas.LIBRARY is None or not blas.OPENBLAS_SERIAL_WORK < work < blas.SERIAL_WORK
+    return blas.LIBRARY is None or not blas.runs_serial(
+        a.shape[-2], a.shape[-1], b.shape[-1], np.dtype(a.dtype).itemsize)
 
 
 def _products_impl(program, ext, mms, concat, sums=()):
