@@ -49,7 +49,7 @@ def test_phases_and_op_profile_cover_the_step():
     text = models.op_report(timer, watched, steps)
     assert "top" in text and "linear" in text
     text = models.function_profile("cnn", np.float64, steps=1, top=40)
-    assert "conv2d (tapegrad/ops/nn.py:" in text and "<method 'reshape'" in text
+    assert "conv2d (tapegrad/ops/convolution.py:" in text and "<method 'reshape'" in text
 
 
 def test_main_quick_prints_the_table(capsys):

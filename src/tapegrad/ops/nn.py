@@ -8,7 +8,7 @@ three partial derivatives of one trilinear form, so each one's rule is the other
 """
 import math
 
-from tapegrad.backend import reduce_axis, array_module, add_at, on_device_of
+from tapegrad.backend import reduce_axis, array_module, add_at
 from tapegrad.ops.registry import op, xp
 from tapegrad.ops import registry as _registry
 from tapegrad.ops.elementwise import exp, log, sqrt, tanh, sigmoid, erf, where_op as where
@@ -18,8 +18,11 @@ from tapegrad.ops.reduce import sum_op
 from tapegrad.ops.linalg import matmul, blas_matmul
 from tapegrad.ops.indexing import recorder
 from tapegrad.autograd.grad_mode import state as grad_state
-
-_sliding = xp.lib.stride_tricks.sliding_window_view
+# convolution and pooling live in their own families; re-exported for ``ops.nn`` readers
+from tapegrad.ops.convolution import (  # noqa: F401
+    conv2d, conv2d_input, conv2d_weight, _patches, _columns, _col2im)
+from tapegrad.ops.pooling import (  # noqa: F401
+    max_pool2d_indices, max_pool2d, max_pool2d_backward, avg_pool2d, avg_pool2d_backward)
 
 
 def _keep(g, shape, dims):
@@ -85,12 +88,7 @@ def _(t, out, x, w, b=None):
     return None if r is None else r * (out > 0)
 
 
-def _contraction(flops):
-    """A cost rule whose FLOPs are ``flops(arrays, out)`` (a multiply-add counts 2, as in
-    ``torch.utils.flop_counter``; bias adds and attention's softmax are not counted, as there)."""
-    return lambda arrays, out, params: (flops(arrays, out), _registry.read_bytes(arrays),
-                                        _registry.written_bytes(out))
-
+_contraction = _registry.contraction_cost
 
 _numel = _registry.numel
 # x (..., in) against w (out, in): 2 * rows * out * in
@@ -598,310 +596,6 @@ def _(gg, out, g, idx, num_weights, padding_idx=None, scale=None):
         gg = gg * keep
     rows = embedding(gg, idx)
     return (rows if scale is None else rows * scale[..., None]), None
-
-
-# --- convolution -------------------------------------------------------------------------
-# Parameters: stride (sh, sw), padding ((top, bottom), (left, right)), dilation (dh, dw),
-# groups. Patches are strided views (no copy) and the contraction one batched matmul.
-def _patches(x, kernel, stride, padding, dilation, fill=0):
-    """(N, C, OH, OW, KH, KW) view of the padded input's receptive fields."""
-    if any(p for pair in padding for p in pair):
-        x = xp.pad(x, ((0, 0), (0, 0)) + tuple(padding), constant_values=fill)
-    (kh, kw), (dh, dw), (sh, sw) = kernel, dilation, stride
-    win = _sliding(x, ((kh - 1) * dh + 1, (kw - 1) * dw + 1), axis=(2, 3))
-    return win[:, :, ::sh, ::sw, ::dh, ::dw]
-
-
-def _columns(x, kernel, stride, padding, dilation, groups, out_size=None):
-    """im2col, channels last: (N*OH*OW, G, C/G*KH*KW) and the output size (the leading
-    ``out_size`` windows when given).
-
-    The input is copied once into a zero-padded (N, H, W, C) buffer; the patch copy then reads
-    runs of contiguous memory (4x faster than gathering patches from NCHW).
-    """
-    n, c, h, w = x.shape
-    (pt, pb), (pl, pr) = padding
-    buf = array_module(x).zeros((n, h + pt + pb, w + pl + pr, c), dtype=x.dtype)
-    buf[:, pt:pt + h, pl:pl + w] = x.transpose(0, 2, 3, 1)
-    (kh, kw), (dh, dw), (sh, sw) = kernel, dilation, stride
-    win = _sliding(buf, ((kh - 1) * dh + 1, (kw - 1) * dw + 1), axis=(1, 2))
-    win = win[:, ::sh, ::sw, :, ::dh, ::dw]  # (N, OH, OW, C, KH, KW)
-    if out_size is not None:
-        win = win[:, :out_size[0], :out_size[1]]
-    oh, ow = win.shape[1:3]
-    # every size spelled out: numpy cannot infer a -1 from an empty batch
-    return win.reshape(n * oh * ow, groups, c // groups * kh * kw), (oh, ow)
-
-
-def _col2im(cols, size, kernel, stride, padding, dilation):
-    """Sum (N, OH, OW, C, KH, KW) patch values back onto an (N, C, H, W) image."""
-    n, oh, ow, c, kh, kw = cols.shape
-    (pt, pb), (pl, pr) = padding
-    (dh, dw), (sh, sw) = dilation, stride
-    hp, wp = size[0] + pt + pb, size[1] + pl + pr
-    img = array_module(cols).zeros((n, hp, wp, c), dtype=cols.dtype)
-    for i in range(kh):  # a loop over kernel offsets; every pixel is one strided add
-        for j in range(kw):
-            img[:, i * dh:i * dh + sh * (oh - 1) + 1:sh,
-                j * dw:j * dw + sw * (ow - 1) + 1:sw] += cols[..., i, j]
-    img = img[:, pt:hp - pb, pl:wp - pr].transpose(0, 3, 1, 2)
-    return array_module(img).ascontiguousarray(img)
-
-
-def _grouped(a, groups):
-    """(G, rows, cols) batches from (rows, G, cols); a plain matrix when there is one group."""
-    return a[:, 0] if groups == 1 else a.transpose(1, 0, 2)
-
-
-@op(flops=2, needs=True, fused=True)
-def conv2d(x, w, stride, padding, dilation, groups, out_size=None):
-    """Cross-correlation of (N, C, H, W) with (O, C/groups, KH, KW) as ``F.conv2d``.
-
-    ``out_size`` keeps only the leading output rows/columns (the adjoint of a
-    conv_transpose2d whose output_padding reaches past the last stride)."""
-    n = x.shape[0]
-    o = w.shape[0]
-    cols, (oh, ow) = _columns(x, w.shape[2:], stride, padding, dilation, groups, out_size)
-    wmat = w.reshape(groups, o // groups, -1).transpose(0, 2, 1)  # (G, K, O/G)
-    out = blas_matmul(_grouped(cols, groups), wmat[0] if groups == 1 else wmat)
-    if groups > 1:
-        out = out.transpose(1, 0, 2)  # (N*P, G, O/G)
-    return array_module(out).ascontiguousarray(out.reshape(n, oh, ow, o).transpose(0, 3, 1, 2))
-
-
-@conv2d.grad
-def _(g, out, x, w, stride, padding, dilation, groups, out_size=None, needs=(True, True)):
-    p = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
-    gx = conv2d_input(g, w, size=x.shape[2:], **p) if needs[0] else None
-    gw = conv2d_weight(x, g, kernel=w.shape[2:], **p) if needs[1] else None
-    return gx, gw
-
-
-@conv2d.jvp
-def _(t, out, x, w, stride, padding, dilation, groups, out_size=None):
-    p = dict(stride=stride, padding=padding, dilation=dilation, groups=groups,
-             out_size=out_size)
-    r = conv2d(t[0], w, **p) if t[0] is not None else None
-    if t[1] is not None:
-        r = conv2d(x, t[1], **p) if r is None else r + conv2d(x, t[1], **p)
-    return r
-
-
-@op(flops=2, needs=True, fused=True)
-def conv2d_input(g, w, size, stride, padding, dilation, groups):
-    """conv2d's gradient for its input (``conv_transpose2d``): col2im of ``g`` times ``w``."""
-    n, o, oh, ow = g.shape
-    _, cg, kh, kw = w.shape
-    og = o // groups
-    gmat = g.transpose(0, 2, 3, 1).reshape(-1, groups, og)  # (N*P, G, O/G)
-    wmat = w.reshape(groups, og, -1)  # (G, O/G, K)
-    cols = blas_matmul(_grouped(gmat, groups), wmat[0] if groups == 1 else wmat)
-    if groups > 1:
-        cols = cols.transpose(1, 0, 2)  # (N*P, G, K)
-    cols = cols.reshape(n, oh, ow, groups * cg, kh, kw)
-    return _col2im(cols, size, (kh, kw), stride, padding, dilation)
-
-
-@conv2d_input.grad
-def _(gg, out, g, w, size, stride, padding, dilation, groups, needs=(True, True)):
-    p = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
-    dg = conv2d(gg, w, out_size=g.shape[2:], **p) if needs[0] else None
-    dw = conv2d_weight(gg, g, kernel=w.shape[2:], **p) if needs[1] else None
-    return dg, dw
-
-
-@conv2d_input.jvp
-def _(t, out, g, w, size, stride, padding, dilation, groups):
-    p = dict(size=size, stride=stride, padding=padding, dilation=dilation, groups=groups)
-    r = conv2d_input(t[0], w, **p) if t[0] is not None else None  # bilinear in (g, w)
-    if t[1] is not None:
-        r = conv2d_input(g, t[1], **p) if r is None else r + conv2d_input(g, t[1], **p)
-    return r
-
-
-@op(flops=2, needs=True, fused=True)
-def conv2d_weight(x, g, kernel, stride, padding, dilation, groups):
-    """conv2d's gradient for its weight: patches of ``x`` contracted with ``g``."""
-    o = g.shape[1]
-    og = o // groups
-    cols, _ = _columns(x, kernel, stride, padding, dilation, groups, g.shape[2:])  # (N*P, G, K)
-    gmat = g.transpose(1, 0, 2, 3).reshape(groups, og, -1)  # (G, O/G, N*P)
-    gw = blas_matmul(gmat, cols[:, 0] if groups == 1 else cols.transpose(1, 0, 2))
-    return gw.reshape(o, x.shape[1] // groups, *kernel)
-
-
-@conv2d_weight.grad
-def _(gg, out, x, g, kernel, stride, padding, dilation, groups, needs=(True, True)):
-    p = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
-    dx = conv2d_input(g, gg, size=x.shape[2:], **p) if needs[0] else None
-    dg = conv2d(x, gg, out_size=g.shape[2:], **p) if needs[1] else None
-    return dx, dg
-
-
-@conv2d_weight.jvp
-def _(t, out, x, g, kernel, stride, padding, dilation, groups):
-    p = dict(kernel=kernel, stride=stride, padding=padding, dilation=dilation, groups=groups)
-    r = conv2d_weight(t[0], g, **p) if t[0] is not None else None  # bilinear in (x, g)
-    if t[1] is not None:
-        r = conv2d_weight(x, t[1], **p) if r is None else r + conv2d_weight(x, t[1], **p)
-    return r
-
-
-# each is one GEMM over im2col patches: 2 * (output positions) * (one filter's taps), the
-# filter's taps being (C/groups) * KH * KW; the two gradients are the same-size products
-conv2d.costs(_contraction(lambda a, out: 2 * _numel(out) * _numel(a[1]) // a[1].shape[0]))
-conv2d_input.costs(_contraction(lambda a, out: 2 * _numel(a[0]) * _numel(a[1]) // a[1].shape[0]))
-conv2d_weight.costs(_contraction(lambda a, out: 2 * _numel(a[1]) * _numel(out) // out.shape[0]))
-
-
-# --- pooling -----------------------------------------------------------------------------
-@op(differentiable=False)
-def max_pool2d_indices(x, kernel, stride, padding, dilation, out_size):
-    """Flat (h * W + w) index of each window's maximum: the first one; a NaN wins, and of
-    several NaNs the last (PyTorch's kernel replaces its best by every NaN it meets)."""
-    n, c, h, w = x.shape
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw), (oh, ow) = kernel, stride, padding, dilation, out_size
-    if (kh, kw) == (sh, sw) and dh == dw == 1 and ph == pw == 0 and oh * kh <= h and ow * kw <= w:
-        return _tiled_max_indices(x, kh, kw, oh, ow)
-    pads = ((ph, (oh - 1) * sh + (kh - 1) * dh + 1 - h - ph),
-            (pw, (ow - 1) * sw + (kw - 1) * dw + 1 - w - pw))
-    fill = xp.iinfo(x.dtype).min if x.dtype.kind in "iu" else -xp.inf  # (bfloat16: "V")
-    crop = tuple((lo, max(hi, 0)) for lo, hi in pads)
-    win = _patches(x, kernel, stride, crop, dilation, fill)[:, :, :oh, :ow]
-    win = win.reshape(n, c, oh, ow, kh * kw)
-    k = win.argmax(axis=-1)  # (the first NaN, where a window holds one)
-    if x.dtype.kind not in "iu":
-        nan = win != win
-        if nan.any():
-            last = kh * kw - 1 - nan[..., ::-1].argmax(axis=-1)
-            k = xp.where(nan.any(axis=-1), last, k)
-    r0 = xp.arange(oh)[:, None] * sh - ph  # each window's first row and column
-    c0 = xp.arange(ow)[None, :] * sw - pw
-    rows = r0 + (k // kw) * dh
-    cols = c0 + (k % kw) * dw
-    # a window of only -inf keeps its first in-bounds element, as PyTorch's kernel does (the
-    # argmax then lands on padding): the first row/column at or after 0 in steps of dilation
-    out = (rows < 0) | (rows >= h) | (cols < 0) | (cols >= w)
-    if out.any():
-        first_r = r0 + -(xp.minimum(r0, 0) // dh) * dh
-        first_c = c0 + -(xp.minimum(c0, 0) // dw) * dw
-        rows = xp.where(out, first_r, rows)
-        cols = xp.where(out, first_c, cols)
-    return rows * w + cols
-
-
-def _tiled_max_indices(x, kh, kw, oh, ow):
-    """max_pool2d_indices when the windows tile the input (stride = kernel, no padding or
-    dilation): one copy puts each window offset in a contiguous row, then the window max and
-    the first offset that reaches it are elementwise passes over those rows, instead of an
-    argmax over a last axis of kh * kw (1.5-3x faster at the digits CNN's 2x2 pools)."""
-    n, c, h, w = x.shape
-    if (oh * kh, ow * kw) != (h, w):  # floor mode: the last rows/columns belong to no window
-        x = x[:, :, :oh * kh, :ow * kw]
-    m = array_module(x)
-    rows = m.ascontiguousarray(x.reshape(n * c * oh, kh, ow, kw).transpose(1, 3, 0, 2))
-    rows = rows.reshape(kh * kw, n * c * oh * ow)
-    top = xp.max(rows, axis=0)  # NaN if the window holds one
-    has_nan = bool((top != top).any())
-    off = m.zeros(top.shape, dtype=xp.int64)
-    hit = m.empty(top.shape, dtype=bool)
-    for k in range(kh * kw - 1, -1, -1):  # backwards, so the first offset that hits wins
-        xp.equal(rows[k], top, out=hit)
-        off = xp.where(hit, (k // kw) * w + k % kw, off)
-    if has_nan:  # of several NaNs the last wins, as in PyTorch's kernel
-        for k in range(kh * kw):
-            row = rows[k]
-            off = xp.where(row != row, (k // kw) * w + k % kw, off)
-    off = off.reshape(n, c, oh, ow)
-    off += (m.arange(oh) * (kh * w))[:, None] + m.arange(ow) * kw
-    return off
-
-
-@op(fused=True, linear=True)
-def max_pool2d(x, idx):
-    """Gather each (N, C) plane of ``x`` at the flat indices ``idx`` (the window maxima)."""
-    n, c, h, w = x.shape
-    oh, ow = idx.shape[2:]
-    flat = x.reshape(n, c, h * w)  # sizes spelled out: numpy infers no -1 for a batch of 0
-    return xp.take_along_axis(flat, idx.reshape(n, c, oh * ow), axis=2).reshape(idx.shape)
-
-
-@max_pool2d.grad
-def _(g, out, x, idx):
-    return max_pool2d_backward(g, idx, size=x.shape), None
-
-
-@op(fused=True, linear=True)
-def max_pool2d_backward(g, idx, size):
-    """Scatter-add ``g`` to the argmax positions ``idx`` of an input of shape ``size``."""
-    planes, area = size[0] * size[1], math.prod(size[2:])
-    m = array_module(g)
-    flat = idx.reshape(planes, math.prod(idx.shape[2:])) + m.arange(planes)[:, None] * area
-    out = m.zeros(planes * area, dtype=g.dtype)
-    add_at(out, flat.reshape(-1), g.reshape(-1))
-    return out.reshape(size)
-
-
-@max_pool2d_backward.grad
-def _(gg, out, g, idx, size):
-    return max_pool2d(gg, idx), None
-
-
-def _avg_divisor(size, kernel, stride, padding, out_size, count_include_pad, divisor_override,
-                 dtype):
-    """(OH, OW) divisor of each window, as PyTorch's kernel computes it."""
-    if divisor_override:
-        return divisor_override
-    counts = []
-    for n, k, s, p, o in zip(size, kernel, stride, padding, out_size):
-        start = xp.arange(o) * s - p
-        end = xp.minimum(start + k, n + p)
-        if count_include_pad:
-            counts.append(end - start)
-        else:
-            counts.append(xp.minimum(end, n) - xp.maximum(start, 0))
-    return (counts[0][:, None] * counts[1][None, :]).astype(dtype)
-
-
-@op(flops=1, saves="none", fused=True, linear=True)
-def avg_pool2d(x, kernel, stride, padding, out_size, count_include_pad=True,
-               divisor_override=None):
-    """Window sums over the zero-padded input divided by PyTorch's divisor."""
-    (kh, kw), (sh, sw), (ph, pw), (oh, ow) = kernel, stride, padding, out_size
-    h, w = x.shape[2:]
-    pads = ((ph, max((oh - 1) * sh + kh - h - ph, 0)), (pw, max((ow - 1) * sw + kw - w - pw, 0)))
-    win = _patches(x, kernel, stride, pads, (1, 1))[:, :, :oh, :ow]
-    div = _avg_divisor((h, w), kernel, stride, padding, out_size, count_include_pad,
-                       divisor_override, x.dtype)
-    if isinstance(div, xp.ndarray):
-        div = on_device_of(x, div)
-    return win.sum(axis=(-2, -1)) / div
-
-
-@avg_pool2d.grad
-def _(g, out, x, **p):
-    return avg_pool2d_backward(g, size=x.shape[2:], **p)
-
-
-@op(flops=1, saves="none", fused=True, linear=True)
-def avg_pool2d_backward(g, size, kernel, stride, padding, out_size, count_include_pad=True,
-                        divisor_override=None):
-    """Spread each window's gradient evenly back over the window (avg_pool2d's adjoint)."""
-    (kh, kw), (sh, sw), (ph, pw), (oh, ow) = kernel, stride, padding, out_size
-    div = _avg_divisor(size, kernel, stride, padding, out_size, count_include_pad,
-                       divisor_override, g.dtype)
-    if isinstance(div, xp.ndarray):
-        div = on_device_of(g, div)
-    share = (g / div).transpose(0, 2, 3, 1)[..., None, None]
-    share = xp.broadcast_to(share, share.shape[:4] + (kh, kw))  # (N, OH, OW, C, KH, KW)
-    pads = ((ph, max((oh - 1) * sh + kh - size[0] - ph, 0)),
-            (pw, max((ow - 1) * sw + kw - size[1] - pw, 0)))
-    return _col2im(share, size, kernel, stride, pads, (1, 1))
-
-
-@avg_pool2d_backward.grad
-def _(gg, out, g, size, **p):
-    return avg_pool2d(gg, **p)
 
 
 # --- attention ---------------------------------------------------------------------------

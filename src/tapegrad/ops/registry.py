@@ -180,6 +180,13 @@ def written_bytes(out):
     return numel(out) * out.dtype.itemsize if hasattr(out, "dtype") else 0
 
 
+def contraction_cost(flops):
+    """A cost rule whose FLOPs are ``flops(arrays, out)`` (a multiply-add counts 2, as in
+    ``torch.utils.flop_counter``; bias adds and attention's softmax are not counted, as there)."""
+    return lambda arrays, out, params: (flops(arrays, out), read_bytes(arrays),
+                                        written_bytes(out))
+
+
 def per_input_element(o):
     """Give ``o`` the cost of a reduction or scan: ``o.flops`` per element of its input."""
     return o.costs(lambda arrays, out, params: (
