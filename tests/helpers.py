@@ -106,8 +106,8 @@ def check_torch(fn, arrays, rtol=RTOL, dtype=None, grad=True, seed=1):
             assert_close(a.grad, b.grad, rtol=rtol, what=f"gradient of input {i}")
 
 
-def check_op(fn, specs, *, seed=0, low=None, high=None, away_from=None, grad=True,
-             second_order=True, float32=True, rtol=RTOL):
+def _check_op_three_ways(fn, specs, *, seed=0, low=None, high=None, away_from=None, grad=True,
+                         second_order=True, float32=True, rtol=RTOL):
     """The three-way check: PyTorch (float64 and float32), gradcheck, gradgradcheck."""
     arrays = make_inputs(specs, seed, low, high, away_from)
     check_torch(fn, arrays, rtol=rtol, grad=grad)
@@ -256,9 +256,6 @@ def check_vmap(fn, arrays, others=(), rtol=RTOL, seed=3, size=3):
             assert_close(g[b], w, rtol=rtol, what=f"vmap output {k}, batch element {b}")
 
 
-_check_op_three_ways = check_op
-
-
 # Forward mode is checked on every row; TAPEGRAD_CHECK_FORWARD=0 turns it off (to time the
 # rest); a row passes forward="differences" where torch's own forward rule is wrong (it is
 # then checked against central differences only)
@@ -280,7 +277,7 @@ def _vmap_row(fn):
     return zlib.crc32(key.encode()) % 4 == 0
 
 
-def check_op(fn, specs, *, forward=None, vmap=None, **kwargs):  # noqa: F811
+def check_op(fn, specs, *, forward=None, vmap=None, **kwargs):
     """The three-way check, plus forward mode (jvp vs torch.func.jvp and central differences,
     second order; on unless ``forward=False`` or TAPEGRAD_CHECK_FORWARD=0) and vmap (against a
     loop over the batch; on unless ``vmap=False`` or TAPEGRAD_CHECK_VMAP=0)."""
