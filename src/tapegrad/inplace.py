@@ -271,8 +271,7 @@ class _StaleView(Tensor):
         return self.__reduce_ex__(protocol)
 
 
-_GRAD_FN = Tensor.__dict__["grad_fn"]  # Tensor's slot descriptors, under the properties
-_REQ_GRAD = Tensor.__dict__["_requires_grad"]
+_REQ_GRAD = Tensor.__dict__["_requires_grad"]  # the slot descriptor, under the property
 
 
 def _mark_views(base, keep=None):
