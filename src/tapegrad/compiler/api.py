@@ -29,7 +29,8 @@ import numpy as np
 
 from tapegrad.amp.autocast_mode import _state as _autocast_state
 from tapegrad.autograd.grad_mode import state as grad_state
-from tapegrad.compiler import codegen, passes
+from tapegrad.compiler import passes
+from tapegrad.compiler.pipeline import lower
 from tapegrad.compiler.ir import Graph, Input, Node, Value, call_node, freeze
 from tapegrad.compiler.tracer import (MODULE_EPOCH, CompilerMode, GraphBreak, _sgd_key,
                                       _traced_class, slot_params, trace_call, unflatten,
@@ -993,8 +994,8 @@ class CompiledFunction:
             self._build_joint(entry, tracer, args)
         else:
             check = _check_inputs(graph, args) if self.check else None
-            entry.graph = passes.optimize(graph, self.passes, check=check, log=entry.log)
-            entry.source, entry.run = codegen.generate(entry.graph, _fname(self.__name__))
+            entry.graph, entry.source, entry.run = lower(
+                graph, self.passes, _fname(self.__name__), log=entry.log, check=check)
             entry.copy_out = _aliased_outputs(entry.graph)
         if "graphs" in logs:
             _log(self.__name__, "graphs", f"# traced ({len(graph.nodes)} nodes)\n{graph}\n"
@@ -1049,10 +1050,8 @@ class CompiledFunction:
         g = tracer.graph
         fwd, bwd, n_saved = _partition(g, fwd_outs, grads)
         log = entry.log
-        fwd = passes.optimize(fwd, self.passes, log=log)
-        bwd = passes.optimize(bwd, self.passes, log=log)
-        fsrc, frun = codegen.generate(fwd, _fname(self.__name__) + "_forward")
-        bsrc, brun = codegen.generate(bwd, _fname(self.__name__) + "_backward")
+        fwd, fsrc, frun = lower(fwd, self.passes, _fname(self.__name__) + "_forward", log=log)
+        bwd, bsrc, brun = lower(bwd, self.passes, _fname(self.__name__) + "_backward", log=log)
         entry.graph = fwd
         entry.backward_graph = bwd
         entry.source = fsrc + "\n" + bsrc
@@ -1206,8 +1205,7 @@ class SplitEntry(Entry):
                         if any(x is v for n in ns for x in n.inputs)}
             g.nodes = list(ns)
             g.outputs = list(needed[k].values())
-            g = passes.optimize(g, passes_, log=self.log)
-            src, run = codegen.generate(g, f"{name}_piece{k}")
+            g, src, run = lower(g, passes_, f"{name}_piece{k}", log=self.log)
             sources.append(src)
             self.graphs.append(g)
             self.pieces.append((ins, list(needed[k].values()), run))
@@ -1757,8 +1755,7 @@ class TailEntry(Entry):
                 seen.add(id(v))
                 full.outputs.append(v)
         self.out_values = list(full.outputs)
-        self.run_graph = passes.optimize(full, passes_, log=self.log)
-        self.source, self.run = codegen.generate(self.run_graph, name)
+        self.run_graph, self.source, self.run = lower(full, passes_, name, log=self.log)
         self.n_replays = self.n_fallbacks = 0
         self._passes, self._name = passes_, name
         self.kept = []  # intermediates the function stores away: outputs of the run too
@@ -1788,8 +1785,8 @@ class TailEntry(Entry):
         outs = list(self.out_values) + extra
         full = self.graph.copy()
         full.outputs = list(outs)
-        self.run_graph = passes.optimize(full, self._passes, log=self.log)
-        self.source, self.run = codegen.generate(self.run_graph, self._name)
+        self.run_graph, self.source, self.run = lower(full, self._passes, self._name,
+                                                      log=self.log)
         self.out_values = outs
         self.kept += extra
 
