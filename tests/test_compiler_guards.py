@@ -10,7 +10,7 @@ import pytest
 
 import tapegrad as tg
 import tapegrad.nn as nn
-from tapegrad.compiler import api
+from tapegrad.compiler import guards
 
 
 @pytest.fixture(autouse=True)
@@ -110,7 +110,7 @@ def test_signed_zero_is_a_different_literal():
 def test_too_large_a_container_runs_eagerly_with_a_reason():
     f = tg.compile(lambda t, xs: t * len(xs))
     t = tg.ones(2)
-    xs = list(range(api._LIMIT + 1))
+    xs = list(range(guards._LIMIT + 1))
     _same(f(t, xs), t * len(xs))
     xs.append(1)
     _same(f(t, xs), t * len(xs))

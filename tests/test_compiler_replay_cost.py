@@ -14,7 +14,7 @@ import pytest
 import tapegrad as tg
 import tapegrad.nn as nn
 import tapegrad.nn.functional as F
-from tapegrad.compiler import api
+from tapegrad.compiler import api, replay
 from tapegrad.compiler.ir import freeze
 from tapegrad.ops.registry import REGISTRY, _prepare_elementwise
 
@@ -34,7 +34,7 @@ def _numpy_kernels(monkeypatch):
 
 def _same_as_frozen(params, node_params):
     want = {k: freeze(v) for k, v in node_params.items()}
-    return api._same_params(params, want), api._freeze_params(params) == freeze(node_params)
+    return replay._same_params(params, want), replay._freeze_params(params) == freeze(node_params)
 
 
 NAN = float("nan")
@@ -110,7 +110,7 @@ def test_elementwise_shortcut_only_where_promotion_changes_nothing(name):
     assert o.elementwise
     seen_plain = seen_other = 0
     for args in _elementwise_cases():
-        if api._elementwise_plain(args, o.float_only):
+        if replay._elementwise_plain(args, o.float_only):
             seen_plain += 1
             with tg.enable_grad():
                 out = _prepare_elementwise(o, args)
@@ -200,7 +200,7 @@ def test_every_traced_op_is_matched_once_per_replayed_call(monkeypatch):
         return loss.item()
 
     issued, ends = [], []
-    issue, flush = api._Replay._issue_plan, api._TailReplay._flush
+    issue, flush = replay._Replay._issue_plan, replay._TailReplay._flush
 
     def counting_issue(self, p):
         issued.append((self.i, p[0]))
@@ -211,8 +211,8 @@ def test_every_traced_op_is_matched_once_per_replayed_call(monkeypatch):
         return flush(self)
 
     comp = tg.compile(step)
-    monkeypatch.setattr(api._Replay, "_issue_plan", counting_issue)
-    monkeypatch.setattr(api._TailReplay, "_flush", checking_flush)
+    monkeypatch.setattr(replay._Replay, "_issue_plan", counting_issue)
+    monkeypatch.setattr(replay._TailReplay, "_flush", checking_flush)
     calls = list(_calls(5)())
     comp(*calls[0])  # the traces: without, then with gradients
     comp(*calls[1])

@@ -84,7 +84,7 @@ def active():
 
 
 def _tail_replay():
-    """The tail replay (``api._TailReplay``) running in this thread, if any: it skips the
+    """The tail replay (``replay._TailReplay``) running in this thread, if any: it skips the
     optimizer and scheduler steps the compiled graph runs."""
     for m in reversed(grad_state.modes):
         if getattr(m, "tail_replay", False):
@@ -374,9 +374,9 @@ class Tracer(CompilerMode):
         self.extra_bumps = {}  # index in graph.writes -> version bumps beyond the write-back's
         self.holders = {}  # id(array) -> the bound tensors over it (a parameter, its .data)
         self._by_array = None  # id(array) -> census tensor, made on the first write
-        self.split_reads = False  # value reads split the graph into pieces (api.SplitEntry)
+        self.split_reads = False  # value reads split the graph into pieces (entries.SplitEntry)
         self.splits = []  # (node index, Value read, GraphBreak)
-        # what a tail replay (api.TailEntry: reads only after the last op of a training step)
+        # what a tail replay (entries.TailEntry: reads only after the last op of a training step)
         # skips over: node index -> ("backward" | "step" | "effect", end index, ...)
         self.spans = {}
         self.tail_ok = True  # False: something a tail replay cannot skip (autograd.grad...)
@@ -875,7 +875,7 @@ class Tracer(CompilerMode):
         key = self._write_key(fn, args, kwargs)
         if key is not None and start not in self.spans and len(self.graph.nodes) > start:
             # a tail replay jumps over the write's nodes when the same write comes with the
-            # same operands (api._TailReplay.record_write)
+            # same operands (replay._TailReplay.record_write)
             self.spans[start] = ("write", len(self.graph.nodes), name, fn, before, key, v)
         self.amap[id(t._data)] = v
         for x in self.holders.get(id(t._data), ()) + [t]:
@@ -1649,7 +1649,7 @@ def trace_call(fn, args, kwargs=None, fullgraph=False, joint=False, split_reads=
     """Run ``fn(*args, **kwargs)`` under a Tracer: ``(result, graph or None, tracer)``."""
     _install()
     tr = Tracer(args)
-    tr.kwargs = kwargs or {}  # (api.Entry names the tensors passed so by keyword)
+    tr.kwargs = kwargs or {}  # (entries.Entry names the tensors passed so by keyword)
     tr.fullgraph = fullgraph
     tr.split_reads = split_reads
     try:
