@@ -121,3 +121,23 @@ def test_recurrent_errors():
         tnn.LSTM(3, 4, proj_size=4)
     with pytest.raises(ValueError, match="hidden_size must be greater than zero"):
         tnn.RNN(3, 0)
+
+
+@pytest.mark.filterwarnings("ignore:LSTM with projections is not supported with oneDNN")
+@pytest.mark.parametrize("shape", [(1, 1, 3), (1, 3, 3), (6, 1, 3)], ids=str)
+def test_one_step_and_batch_of_one(shape):
+    for cls, kw in (("RNN", {}), ("GRU", {}), ("LSTM", {}), ("LSTM", {"proj_size": 2})):
+        cfg = dict(num_layers=2, bidirectional=True, **kw)
+        make = lambda nn: getattr(nn, cls)(3, 4, **cfg)  # noqa: E731,B023
+        check(make, [randn(*shape)], call=run(False))
+        check(make, [randn(*shape)] + states(cls, cfg, shape[1], proj=kw.get("proj_size", 0)),
+              call=run(True))
+
+
+@pytest.mark.filterwarnings("ignore:LSTM with projections is not supported with oneDNN")
+def test_projected_lstm_unbatched_and_second_order():
+    make = lambda nn: nn.LSTM(3, 4, proj_size=2, batch_first=True)  # noqa: E731
+    compare(make, [randn(5, 3)], call=run(False))
+    m = tnn.LSTM(2, 3, proj_size=2).double()
+    x = tapegrad.tensor(randn(3, 2, 2), requires_grad=True)
+    assert tapegrad.autograd.gradgradcheck(lambda x: m(x)[0], [x])

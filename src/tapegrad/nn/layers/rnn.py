@@ -4,8 +4,10 @@
 Parameter names (``weight_ih_l0``, ``bias_hh_l1_reverse`` ...; the cells' ``weight_ih`` ...),
 their order and the gate order inside each weight (LSTM: input, forget, cell, output; GRU:
 reset, update, new) are PyTorch's, so state dicts load both ways. Each layer projects the
-whole input sequence at once, then steps through time with one matmul per step; layers and
-cells share that step (``_step``).
+whole input sequence at once (one GEMM), then runs each layer and direction's time loop as
+one op, ``rnn_layer``, with its own backward through time; a cell is one op, ``rnn_cell``.
+Under autocast or with bfloat16 tensors the layers and cells run the same math step by step
+as ops (``ops.recurrent.step``), which promote mixed dtypes as PyTorch does there.
 """
 import math
 import numbers
@@ -17,35 +19,24 @@ from tapegrad.nn import functional as F
 from tapegrad.nn import init
 from tapegrad.nn.module import Module
 from tapegrad.nn.layers._utils import empty_parameter
+from tapegrad.ops.recurrent import GATES, rnn_cell, rnn_layer, step as _step
 
 __all__ = ["RNNBase", "RNN", "LSTM", "GRU", "RNNCellBase", "RNNCell", "LSTMCell", "GRUCell"]
 
-_GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
+_GATES = GATES
 
 
-def _step(mode, H, xw, h, c, w_hh_t, b_hh, w_hr_t=None):
-    """One time step of a ``mode`` cell with hidden size ``H``: ``xw`` is the input's
-    projection (bias included); the hidden and projection weights come transposed (hoisted
-    out of the time loop by the sequence layers). Returns ``(h, c)`` (``c`` None but LSTM)."""
-    hw = h @ w_hh_t
-    if b_hh is not None:
-        hw = hw + b_hh
-    if mode == "RNN_TANH":
-        return (xw + hw).tanh(), None
-    if mode == "RNN_RELU":
-        return (xw + hw).relu(), None
-    if mode == "LSTM":
-        gates = xw + hw
-        s = gates.sigmoid()  # one op for i, f and o (g's quarter is computed and unused)
-        i, f, o = s[:, 0:H], s[:, H:2 * H], s[:, 3 * H:4 * H]
-        g = gates[:, 2 * H:3 * H].tanh()
-        c = f * c + i * g
-        h = o * c.tanh()
-        return (h if w_hr_t is None else h @ w_hr_t), c
-    rz = (hw[:, 0:2 * H] + xw[:, 0:2 * H]).sigmoid()
-    r, z = rz[:, 0:H], rz[:, H:2 * H]
-    n = (xw[:, 2 * H:3 * H] + hw[:, 2 * H:3 * H] * r).tanh()
-    return (h - n) * z + n, None
+def _fused(*tensors):
+    """Whether the fused ops (``ops.recurrent``) run this layer or cell: float32/float64
+    tensors of one dtype outside autocast. Elsewhere (autocast's bfloat16 with float32
+    states, bfloat16 weights) the step-by-step composition runs, promoting as its ops do."""
+    if autocast_mode.lower_precision_region():
+        return False
+    dt = tensors[0].dtype
+    return dt in _FLOATS and all(t is None or t.dtype is dt for t in tensors)
+
+
+_FLOATS = (tapegrad.float32, tapegrad.float64)
 
 
 class RNNBase(Module):
@@ -223,6 +214,16 @@ class RNNBase(Module):
 
     def _direction(self, layer_input, h, c, direction, *w):
         """One layer in one direction over time-major ``layer_input``: (output, h, c)."""
+        if _fused(layer_input, h, c, *w):
+            b_ih, b_hh = (w[2], w[3]) if self.bias else (None, None)
+            xw = F.linear(layer_input, w[0], b_ih)  # every step's input projection: one GEMM
+            out = rnn_layer(xw, h, c, w[1], b_hh, w[-1] if self.proj_size > 0 else None,
+                            mode=self.mode, reverse=direction == 1)
+            last = -1 if direction == 0 else 0  # the step the direction ends at
+            if self.mode != "LSTM":
+                return out, out[last], None
+            size = h.shape[-1]
+            return out[:, :, :size], out[last, :, :size], out[last, :, size:]
         steps = layer_input.shape[0]
         w_ih, w_hh_t = w[0], w[1].T
         b_ih, b_hh = (w[2], w[3]) if self.bias else (None, None)
@@ -424,6 +425,12 @@ class RNNCellBase(Module):
 
     def _cell(self, input, h, c=None):
         b_ih, b_hh = self.bias_ih, self.bias_hh
+        if _fused(input, h, c, self.weight_ih, self.weight_hh, b_ih, b_hh):
+            out = rnn_cell(input, h, c, self.weight_ih, self.weight_hh, b_ih, b_hh,
+                           mode=self._mode)
+            if c is None:
+                return out, None
+            return out[:, :self.hidden_size], out[:, self.hidden_size:]
         if autocast_mode.lower_precision_region():  # linear(x, w, b): the bias cast with it
             b_ih, b_hh = autocast_mode.cast_lower_precision(b_ih, b_hh)
         xw = input @ self.weight_ih.T

@@ -1,0 +1,587 @@
+"""Recurrent layers and cells as single ops: the whole time loop of one layer in one
+direction (``rnn_layer``), and one step of a cell (``rnn_cell``), each with a hand-written
+backward through time (``rnn_layer_backward``, ``rnn_cell_backward``).
+
+Modes and gate orders are PyTorch's: ``LSTM`` (i, f, g, o; optional projection ``w_hr``),
+``GRU`` (r, z, n with ``n = tanh(x W_in^T + b_in + r * (h W_hn^T + b_hn))``), ``RNN_TANH`` and
+``RNN_RELU``. The layer op takes the input projection ``xw = x W_ih^T + b_ih`` of every time
+step, done before it as one GEMM; inside, the recurrence runs on preallocated buffers with
+in-place ufuncs, one ``h W_hh^T`` GEMM per step.
+
+An op has one output, so the layer's output packs what its users read: per time step the
+hidden state, and for an LSTM the cell state beside it, ``(T, B, P + H)``; the layer slices
+``h_n`` and ``c_n`` out of the last step. The gates are not part of it (every user's gradient
+would then carry a dense block of zeros for them): the backward recomputes the gate
+pre-activations of all steps at once, one GEMM over ``[h_0 .. h_{T-2}]``, then runs the
+recurrence of the gradients step by step and leaves the weight gradients to one GEMM over all
+steps at the end. Its result is one flat buffer holding the gradient of each input in turn,
+which the forward op's rule cuts up with views.
+
+The forward ops' rules are the backward ops, so ``create_graph`` records them. The backward
+ops' own rules (second order) and the forward ops' forward-mode rules run the step-by-step
+composition (``reference_layer``, ``reference_cell``: the same math through ``step``, as
+ops) under recording and differentiate it: slower, and exact. The nn layers run that
+composition directly where the fused ops do not apply (autocast, bfloat16, mixed dtypes).
+"""
+import itertools
+
+from tapegrad.backend import array_module
+from tapegrad.ops.registry import op, xp, read_bytes, written_bytes
+from tapegrad.ops import registry as _registry
+from tapegrad.ops.indexing import getitem
+from tapegrad.ops.movement import reshape_op as reshape, cat_op, stack_op
+
+GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
+
+
+# --- the composition: one step as ops (the reference the fused ops are checked against) ---
+def step(mode, H, xw, h, c, w_hh_t, b_hh, w_hr_t=None):
+    """One time step of a ``mode`` cell with hidden size ``H``, on Tensors: ``xw`` is the
+    input's projection (bias included); the hidden and projection weights come transposed.
+    Returns ``(h, c)`` (``c`` None but LSTM)."""
+    hw = h @ w_hh_t
+    if b_hh is not None:
+        hw = hw + b_hh
+    if mode == "RNN_TANH":
+        return (xw + hw).tanh(), None
+    if mode == "RNN_RELU":
+        return (xw + hw).relu(), None
+    if mode == "LSTM":
+        gates = xw + hw
+        s = gates.sigmoid()  # one op for i, f and o (g's quarter is computed and unused)
+        i, f, o = s[:, 0:H], s[:, H:2 * H], s[:, 3 * H:4 * H]
+        g = gates[:, 2 * H:3 * H].tanh()
+        c = f * c + i * g
+        h = o * c.tanh()
+        return (h if w_hr_t is None else h @ w_hr_t), c
+    rz = (hw[:, 0:2 * H] + xw[:, 0:2 * H]).sigmoid()
+    r, z = rz[:, 0:H], rz[:, H:2 * H]
+    n = (xw[:, 2 * H:3 * H] + hw[:, 2 * H:3 * H] * r).tanh()
+    return (h - n) * z + n, None
+
+
+def reference_layer(xw, h0, c0, w_hh, b_hh, w_hr, mode, reverse=False):
+    """``rnn_layer`` as a composition of ops (Tensors in, the same packed output)."""
+    H = w_hh.shape[0] // GATES[mode]
+    w_hh_t = w_hh.T
+    w_hr_t = None if w_hr is None else w_hr.T
+    steps = xw.shape[0]
+    hs, cs = [None] * steps, [None] * steps
+    h, c = h0, c0
+    for t in (range(steps - 1, -1, -1) if reverse else range(steps)):
+        h, c = step(mode, H, xw[t], h, c, w_hh_t, b_hh, w_hr_t)
+        hs[t], cs[t] = h, c
+    out = stack_op(hs, dim=0)
+    return cat_op([out, stack_op(cs, dim=0)], dim=2) if mode == "LSTM" else out
+
+
+def reference_cell(x, h, c, w_ih, w_hh, b_ih, b_hh, mode):
+    """``rnn_cell`` as a composition of ops."""
+    xw = x @ w_ih.T
+    if b_ih is not None:
+        xw = xw + b_ih
+    h, c = step(mode, w_hh.shape[1], xw, h, c, w_hh.T, b_hh)
+    return cat_op([h, c], dim=1) if mode == "LSTM" else h
+
+
+# --- checks --------------------------------------------------------------------------------
+def _shape_error(name, what, arrays):
+    shapes = ", ".join(f"{tuple(a.shape)} {a.dtype}" for a in arrays if a is not None)
+    return ValueError(f"{name}: {what} (inputs: {shapes})")
+
+
+def _check_layer(name, xw, h0, c0, w_hh, b_hh, w_hr, mode):
+    arrays = (xw, h0, c0, w_hh, b_hh, w_hr)
+    if mode not in GATES:
+        raise ValueError(f"{name}: unknown mode {mode!r} (expected one of {sorted(GATES)})")
+    if xw.ndim != 3 or h0.ndim != 2 or w_hh.ndim != 2:
+        raise _shape_error(name, "expected xw (T, B, gates * H), h0 (B, P), w_hh "
+                           "(gates * H, P)", arrays)
+    steps, batch, width = xw.shape
+    G = w_hh.shape[0]
+    if G % GATES[mode] or width != G or h0.shape != (batch, w_hh.shape[1]):
+        raise _shape_error(name, f"shapes do not fit a {mode} layer", arrays)
+    H = G // GATES[mode]
+    if (mode == "LSTM") != (c0 is not None) or (c0 is not None and c0.shape != (batch, H)):
+        raise _shape_error(name, "c0 (B, H) is given for LSTM and only for LSTM", arrays)
+    if b_hh is not None and b_hh.shape != (G,):
+        raise _shape_error(name, "b_hh must be (gates * H,)", arrays)
+    P = H if w_hr is None else w_hr.shape[0]
+    if w_hr is not None and (mode != "LSTM" or w_hr.shape != (P, H)):
+        raise _shape_error(name, "w_hr (P, H) is for LSTM only", arrays)
+    if w_hh.shape[1] != P:
+        raise _shape_error(name, "w_hh's width must be the state size", arrays)
+    if steps == 0:
+        raise _shape_error(name, "expected at least one time step", arrays)
+    dt = xw.dtype
+    if dt.kind != "f" or any(a is not None and a.dtype != dt for a in arrays):
+        raise _shape_error(name, "expected floating inputs of one dtype", arrays)
+    return steps, batch, G, H, P
+
+
+# --- numpy kernels ---------------------------------------------------------------------------
+def _sigmoid_(a):
+    """``a = 1 / (1 + exp(-a))`` in place (as PyTorch's formula; exp overflowing to inf for
+    very negative a gives the exact limit 0, so callers silence the overflow warning)."""
+    xp.negative(a, out=a)
+    xp.exp(a, out=a)
+    a += 1
+    xp.reciprocal(a, out=a)
+
+
+def _order(steps, reverse):
+    return range(steps - 1, -1, -1) if reverse else range(steps)
+
+
+def _layer_forward(xw, h0, c0, w_hh, b_hh, w_hr, mode, reverse):
+    steps, batch, G, H, P = _check_layer("rnn_layer", xw, h0, c0, w_hh, b_hh, w_hr, mode)
+    m = array_module(xw)
+    dt = xw.dtype
+    lstm = mode == "LSTM"
+    out = m.empty((steps, batch, P + H if lstm else H), dt)
+    w_t = m.ascontiguousarray(w_hh.T)
+    h, c = h0, c0
+    with xp.errstate(over="ignore"):
+        if lstm:
+            gates = m.empty((batch, G), dt)
+            ig = m.empty((batch, H), dt)
+            w_hr_t = None if w_hr is None else m.ascontiguousarray(w_hr.T)
+            mh = None if w_hr is None else m.empty((batch, H), dt)
+            i, f, g, o = (gates[:, k * H:(k + 1) * H] for k in range(4))
+            for t in _order(steps, reverse):
+                m.matmul(h, w_t, out=gates)
+                if b_hh is not None:
+                    gates += b_hh
+                gates += xw[t]
+                _sigmoid_(gates[:, :2 * H])
+                _sigmoid_(o)
+                m.tanh(g, out=g)
+                ct = out[t, :, P:]
+                m.multiply(f, c, out=ct)
+                m.multiply(i, g, out=ig)
+                ct += ig
+                ht = out[t, :, :P]
+                if w_hr is None:
+                    m.tanh(ct, out=ht)
+                    ht *= o
+                else:
+                    m.tanh(ct, out=mh)
+                    mh *= o
+                    m.matmul(mh, w_hr_t, out=ht)
+                h, c = ht, ct
+        elif mode == "GRU":
+            hw = m.empty((batch, G), dt)
+            rz = m.empty((batch, 2 * H), dt)
+            n = m.empty((batch, H), dt)
+            r, z = rz[:, :H], rz[:, H:]
+            for t in _order(steps, reverse):
+                m.matmul(h, w_t, out=hw)
+                if b_hh is not None:
+                    hw += b_hh
+                x = xw[t]
+                m.add(hw[:, :2 * H], x[:, :2 * H], out=rz)
+                _sigmoid_(rz)
+                m.multiply(hw[:, 2 * H:], r, out=n)
+                n += x[:, 2 * H:]
+                m.tanh(n, out=n)
+                ht = out[t]
+                m.subtract(h, n, out=ht)
+                ht *= z
+                ht += n
+                h = ht
+        else:
+            relu = mode == "RNN_RELU"
+            for t in _order(steps, reverse):
+                ht = out[t]
+                m.matmul(h, w_t, out=ht)
+                if b_hh is not None:
+                    ht += b_hh
+                ht += xw[t]
+                if relu:
+                    m.maximum(ht, 0, out=ht)
+                else:
+                    m.tanh(ht, out=ht)
+                h = ht
+    return out
+
+
+def _previous(first, seq, reverse):
+    """The state each step starts from: ``first`` then ``seq`` shifted by one step."""
+    prev = array_module(seq).empty(seq.shape, seq.dtype)
+    if reverse:
+        prev[-1] = first
+        prev[:-1] = seq[1:]
+    else:
+        prev[0] = first
+        prev[1:] = seq[:-1]
+    return prev
+
+
+def _layer_backward(g, xw, h0, c0, w_hh, b_hh, w_hr, out, mode, reverse, flat=None):
+    """The gradients of ``rnn_layer`` w.r.t. each of its inputs given ``g`` (the packed
+    output's gradient), concatenated flat in input order (None inputs have none)."""
+    steps, batch, G, H, P = _check_layer("rnn_layer_backward", xw, h0, c0, w_hh, b_hh,
+                                         w_hr, mode)
+    m = array_module(xw)
+    dt = xw.dtype
+    rows = steps * batch
+    if flat is None:
+        flat = m.empty(sum(a.size for a in (xw, h0, c0, w_hh, b_hh, w_hr) if a is not None),
+                       dt)
+    grads, at = [], 0
+    for a in (xw, h0, c0, w_hh, b_hh, w_hr):
+        if a is None:
+            grads.append(None)
+            continue
+        grads.append(flat[at:at + a.size].reshape(a.shape))
+        at += a.size
+    gxw, gh0, gc0, gw_hh, gb_hh, gw_hr = grads
+    lstm = mode == "LSTM"
+    hseq = out[..., :P] if lstm else out
+    hprev = _previous(h0, hseq, reverse)
+    hprev2 = hprev.reshape(rows, P)
+    w_t = m.ascontiguousarray(w_hh.T)
+    # the pre-activations of every step at once (the forward's per-step GEMMs, as one)
+    hw = m.matmul(hprev2, w_t).reshape(steps, batch, G)
+    if b_hh is not None:
+        hw += b_hh
+    carry = gh0  # d loss / d h_{t-1} through the recurrence, written in place each step
+    carry[...] = 0
+    with xp.errstate(over="ignore"):
+        if lstm:
+            a = hw
+            a += xw
+            _sigmoid_(a[..., :2 * H])
+            _sigmoid_(a[..., 3 * H:])
+            m.tanh(a[..., 2 * H:3 * H], out=a[..., 2 * H:3 * H])
+            cseq = out[..., P:]
+            cprev = _previous(c0, cseq, reverse)
+            tc = m.tanh(cseq)
+            # each activation's derivative, all steps at once: s (1 - s), and 1 - g^2 for g
+            d = m.subtract(1, a)
+            d *= a
+            ga = a[..., 2 * H:3 * H]
+            m.multiply(ga, ga, out=d[..., 2 * H:3 * H])
+            m.subtract(1, d[..., 2 * H:3 * H], out=d[..., 2 * H:3 * H])
+            o = a[..., 3 * H:]
+            od = m.multiply(tc, tc)  # o (1 - tanh(c)^2): dc per unit of dm
+            m.subtract(1, od, out=od)
+            od *= o
+            gh, gc = g[..., :P], g[..., P:]
+            dc = gc0
+            dc[...] = 0
+            dh = m.empty((batch, P), dt)
+            dm = m.empty((batch, H), dt) if w_hr is not None else None
+            tmp = m.empty((batch, H), dt)
+            dh_all = m.empty((steps, batch, P), dt) if w_hr is not None else None
+            for t in _order(steps, not reverse):
+                m.add(gh[t], carry, out=dh)
+                if w_hr is None:
+                    dmt = dh
+                else:
+                    dh_all[t] = dh
+                    m.matmul(dh, w_hr, out=dm)
+                    dmt = dm
+                m.multiply(dmt, od[t], out=tmp)
+                dc += gc[t]
+                dc += tmp
+                at_ = a[t]
+                gt = gxw[t]
+                m.multiply(dc, at_[:, 2 * H:3 * H], out=gt[:, :H])
+                m.multiply(dc, cprev[t], out=gt[:, H:2 * H])
+                m.multiply(dc, at_[:, :H], out=gt[:, 2 * H:3 * H])
+                m.multiply(dmt, tc[t], out=gt[:, 3 * H:])
+                gt *= d[t]
+                dc *= at_[:, H:2 * H]
+                m.matmul(gt, w_hh, out=carry)
+            ghw = gxw
+            if w_hr is not None:
+                mh = m.multiply(o, tc)
+                m.matmul(dh_all.reshape(rows, P).T, mh.reshape(rows, H), out=gw_hr)
+        elif mode == "GRU":
+            rz = m.add(hw[..., :2 * H], xw[..., :2 * H])
+            _sigmoid_(rz)
+            r, z = rz[..., :H], rz[..., H:]
+            hn = hw[..., 2 * H:]
+            n = m.multiply(hn, r)
+            n += xw[..., 2 * H:]
+            m.tanh(n, out=n)
+            drz = m.subtract(1, rz)
+            drz *= rz  # s (1 - s) for r and z
+            dn = m.multiply(n, n)
+            m.subtract(1, dn, out=dn)
+            dn *= 1 - z  # d h / d (n's pre-activation): (1 - z)(1 - n^2)
+            hmn = m.subtract(hprev, n)
+            ghw = m.empty((steps, batch, G), dt)
+            dh = m.empty((batch, H), dt)
+            for t in _order(steps, not reverse):
+                m.add(g[t], carry, out=dh)
+                gt, ht_ = gxw[t], ghw[t]
+                gn = gt[:, 2 * H:]
+                m.multiply(dh, dn[t], out=gn)
+                m.multiply(gn, r[t], out=ht_[:, 2 * H:])
+                m.multiply(gn, hn[t], out=gt[:, :H])
+                m.multiply(dh, hmn[t], out=gt[:, H:2 * H])
+                gt[:, :2 * H] *= drz[t]
+                ht_[:, :2 * H] = gt[:, :2 * H]
+                m.matmul(ht_, w_hh, out=carry)
+                dh *= z[t]
+                carry += dh
+        else:
+            d = (hseq > 0).astype(dt) if mode == "RNN_RELU" else 1 - hseq * hseq
+            for t in _order(steps, not reverse):
+                gt = gxw[t]
+                m.add(g[t], carry, out=gt)
+                gt *= d[t]
+                m.matmul(gt, w_hh, out=carry)
+            ghw = gxw
+    ghw2 = ghw.reshape(rows, G)
+    m.matmul(ghw2.T, hprev2, out=gw_hh)
+    if b_hh is not None:
+        ghw2.sum(axis=0, out=gb_hh)
+    return flat
+
+
+# --- the ops ---------------------------------------------------------------------------------
+def _cut(flat, inputs, needs):
+    """Views of ``flat``'s consecutive pieces shaped as ``inputs`` (None where an input is
+    None or its gradient is not wanted), through ops so ``create_graph`` records them."""
+    grads, at = [], 0
+    for a, want in zip(inputs, needs):
+        if a is None:
+            grads.append(None)
+            continue
+        size = 1
+        for s in a.shape:
+            size *= s
+        grads.append(reshape(getitem(flat, index=(slice(at, at + size),)), shape=tuple(a.shape))
+                     if want else None)
+        at += size
+    return grads
+
+
+@op(saves="both", needs=True, fused=True)
+def rnn_layer(xw, h0, c0, w_hh, b_hh, w_hr, mode, reverse=False):
+    """One recurrent layer in one direction over all time steps: ``xw`` (T, B, gates * H) the
+    input projections with ``b_ih`` added, ``h0`` (B, P), ``c0`` (B, H) for LSTM else None,
+    ``w_hh`` (gates * H, P), ``b_hh`` or None, ``w_hr`` (P, H) for a projected LSTM else None.
+    Returns (T, B, P + H) for LSTM (each step's h, then c), else (T, B, H). ``reverse`` runs
+    from the last step to the first (the backward direction of a bidirectional layer)."""
+    return _layer_forward(xw, h0, c0, w_hh, b_hh, w_hr, mode, reverse)
+
+
+@rnn_layer.grad
+def _(g, out, xw, h0, c0, w_hh, b_hh, w_hr, mode, reverse=False, needs=(True,) * 6):
+    flat = rnn_layer_backward(g, xw, h0, c0, w_hh, b_hh, w_hr, out, mode=mode,
+                              reverse=reverse)
+    return tuple(_cut(flat, (xw, h0, c0, w_hh, b_hh, w_hr), needs))
+
+
+@op(saves="inputs", fused=True)
+def rnn_layer_backward(g, xw, h0, c0, w_hh, b_hh, w_hr, out, mode, reverse=False):
+    """``rnn_layer``'s gradients for ``g``, back through time by hand: one flat buffer holding
+    the gradient of xw, h0, c0, w_hh, b_hh, w_hr in turn (those that are not None)."""
+    if g.shape != out.shape or g.dtype != out.dtype:
+        raise _shape_error("rnn_layer_backward", "g must match the layer's output", (g, out))
+    return _layer_backward(g, xw, h0, c0, w_hh, b_hh, w_hr, out, mode, reverse)
+
+
+@op(saves="both", needs=True, fused=True)
+def rnn_cell(x, h, c, w_ih, w_hh, b_ih, b_hh, mode):
+    """One step of an RNN/LSTM/GRU cell: ``x`` (B, I), ``h`` (B, H), ``c`` (B, H) for LSTM else
+    None, weights (gates * H, I) and (gates * H, H), biases or None. Returns (B, 2H) for LSTM
+    (h', then c'), else h' (B, H)."""
+    xw = _cell_projection("rnn_cell", x, w_ih, b_ih, w_hh)
+    return _layer_forward(xw[None], h, c, w_hh, b_hh, None, mode, False)[0]
+
+
+@rnn_cell.grad
+def _(g, out, x, h, c, w_ih, w_hh, b_ih, b_hh, mode, needs=(True,) * 7):
+    flat = rnn_cell_backward(g, x, h, c, w_ih, w_hh, b_ih, b_hh, out, mode=mode)
+    return tuple(_cut(flat, (x, h, c, w_ih, w_hh, b_ih, b_hh), needs))
+
+
+@op(saves="inputs", fused=True)
+def rnn_cell_backward(g, x, h, c, w_ih, w_hh, b_ih, b_hh, out, mode):
+    """``rnn_cell``'s gradients for ``g``: one flat buffer holding the gradient of x, h, c,
+    w_ih, w_hh, b_ih, b_hh in turn (those that are not None)."""
+    if g.shape != out.shape or g.dtype != out.dtype:
+        raise _shape_error("rnn_cell_backward", "g must match the cell's output", (g, out))
+    m = array_module(x)
+    xw = _cell_projection("rnn_cell_backward", x, w_ih, b_ih, w_hh)
+    inner = _layer_backward(g[None], xw[None], h, c, w_hh, b_hh, None, out[None], mode,
+                            False)
+    # inner holds the gradients of xw, h, c, w_hh, b_hh; x, w_ih and b_ih's come from xw's
+    sizes = [a.size for a in (xw, h, c, w_hh, b_hh) if a is not None]
+    gxw, gh, *rest = m.split(inner, list(itertools.accumulate(sizes))[:-1])
+    gxw = gxw.reshape(xw.shape)
+    gc = rest.pop(0) if c is not None else None
+    gw_hh = rest.pop(0)
+    gb_hh = rest.pop(0) if b_hh is not None else None
+    pieces = [m.matmul(gxw, w_ih), gh, gc, m.matmul(gxw.T, x), gw_hh,
+              None if b_ih is None else gxw.sum(axis=0), gb_hh]
+    return m.concatenate([p.reshape(-1) for p in pieces if p is not None])
+
+
+def _cell_projection(name, x, w_ih, b_ih, w_hh):
+    if x.ndim != 2 or w_ih.ndim != 2 or x.shape[1] != w_ih.shape[1] \
+            or w_ih.shape[0] != w_hh.shape[0]:
+        raise _shape_error(name, "expected x (B, I), w_ih (gates * H, I), w_hh "
+                           "(gates * H, H)", (x, w_ih, w_hh))
+    if x.dtype != w_ih.dtype or (b_ih is not None and b_ih.dtype != x.dtype):
+        raise _shape_error(name, "expected floating inputs of one dtype", (x, w_ih, b_ih))
+    xw = array_module(x).matmul(x, w_ih.T)
+    if b_ih is not None:
+        xw += b_ih
+    return xw
+
+
+# --- second order and forward mode: through the composition -----------------------------
+def _stand_ins(values):
+    """Tensors to differentiate with respect to, one per value (None stays None): a fresh
+    leaf for an array or a Tensor that needs no gradient, else a recorded alias of the
+    Tensor, so that a gradient w.r.t. it is the partial derivative along the paths through
+    it only (never through another argument computed from the same Tensor), and the result
+    stays connected to the Tensor's graph for the next order."""
+    T = _registry.Tensor
+    out = []
+    for a in values:
+        if a is None:
+            out.append(None)
+        elif not isinstance(a, T):
+            out.append(T._make(a).requires_grad_())
+        elif not a._requires_grad:
+            out.append(a.detach().requires_grad_())
+        else:
+            out.append(reshape(a, shape=tuple(a.shape)))
+    return out
+
+
+def _flat_vjp(reference, g, ps):
+    """vjp(reference)(ps; g) for the non-None ``ps``, flattened as a backward op lays it out
+    (recorded, so it can be differentiated again)."""
+    from tapegrad.autograd import grad
+
+    present = [p for p in ps if p is not None]
+    first = grad(reference(*ps), present, g, create_graph=True, allow_unused=True,
+                 materialize_grads=True)
+    return cat_op([reshape(f, shape=(-1,)) for f in first], dim=0)
+
+
+def _vjp_of_vjp(reference, gg, g, primals):
+    """Gradients of ``<gg, vjp(reference)(primals; g)>`` w.r.t. ``g`` and each primal (None
+    for a None primal): a backward op's rule, by differentiating the composition twice. With
+    Tensor arguments (``create_graph``) the result is recorded, so higher orders work too."""
+    from tapegrad.autograd import grad
+    from tapegrad.autograd.grad_mode import enable_grad
+
+    T = _registry.Tensor
+    create = any(isinstance(a, T) for a in (gg, g, *primals))
+    with enable_grad():
+        gt, *ps = _stand_ins((g, *primals))
+        flat = _flat_vjp(reference, gt, ps)
+        total = (flat * (gg if isinstance(gg, T) else T._make(gg))).sum()
+        wrt = [gt] + [p for p in ps if p is not None]
+        second = iter(grad(total, wrt, create_graph=create, allow_unused=True,
+                           materialize_grads=True))
+    result = [next(second)] + [None if p is None else next(second) for p in ps]
+    return [r if r is None or create else r._data for r in result]
+
+
+def _jvp_by_composition(reference, tangents, primals):
+    """``J t`` of ``reference`` at ``primals``: the transpose of its VJP (linear in u), by
+    reverse mode twice over the composition. Arrays in, an array out; Tensors, a Tensor."""
+    from tapegrad.autograd import grad
+    from tapegrad.autograd.grad_mode import enable_grad
+
+    T = _registry.Tensor
+    used = [i for i, (p, t) in enumerate(zip(primals, tangents))
+            if p is not None and t is not None]
+    if not used:
+        return None
+    raw = not any(isinstance(a, T) for a in (*primals, *tangents))
+    with enable_grad():
+        ps = _stand_ins(primals)
+        y = reference(*ps)
+        u = T._make(xp.zeros(y.shape, y._data.dtype)).requires_grad_()
+        vjps = grad(y, [ps[i] for i in used], u, create_graph=True, allow_unused=True,
+                    materialize_grads=True)
+        total = None
+        for v, i in zip(vjps, used):
+            t = tangents[i]
+            term = (v * (t if isinstance(t, T) else T._make(t))).sum()
+            total = term if total is None else total + term
+        (jvp,) = grad(total, [u], create_graph=not raw, allow_unused=True,
+                      materialize_grads=True)
+    return jvp._data if raw else jvp
+
+
+@rnn_layer_backward.grad
+def _(gg, out, g, xw, h0, c0, w_hh, b_hh, w_hr, y, mode, reverse=False):
+    def reference(*ps):
+        return reference_layer(*ps, mode=mode, reverse=reverse)
+    grads = _vjp_of_vjp(reference, gg, g, (xw, h0, c0, w_hh, b_hh, w_hr))
+    return (*grads, None)  # y is a function of the inputs, differentiated through them
+
+
+@rnn_cell_backward.grad
+def _(gg, out, g, x, h, c, w_ih, w_hh, b_ih, b_hh, y, mode):
+    def reference(*ps):
+        return reference_cell(*ps, mode=mode)
+    return (*_vjp_of_vjp(reference, gg, g, (x, h, c, w_ih, w_hh, b_ih, b_hh)), None)
+
+
+@rnn_layer.jvp
+def _(t, out, xw, h0, c0, w_hh, b_hh, w_hr, mode, reverse=False):
+    return _jvp_by_composition(
+        lambda *ps: reference_layer(*ps, mode=mode, reverse=reverse), t,
+        (xw, h0, c0, w_hh, b_hh, w_hr))
+
+
+@rnn_cell.jvp
+def _(t, out, x, h, c, w_ih, w_hh, b_ih, b_hh, mode):
+    return _jvp_by_composition(lambda *ps: reference_cell(*ps, mode=mode), t,
+                               (x, h, c, w_ih, w_hh, b_ih, b_hh))
+
+
+def _backward_jvp(reference, nprimal):
+    """Forward mode of a backward op ``F(g, primals) = vjp(reference)(primals; g)``: the JVP
+    of that VJP of the composition (reverse mode three times over it; exact, and slow)."""
+    def rule(t, out, g, *rest, **params):
+        def vjp(gv, *ps):
+            return _flat_vjp(lambda *qs: reference(*qs, **params), gv, ps)
+        return _jvp_by_composition(vjp, t[:nprimal + 1], (g, *rest[:nprimal]))
+    return rule
+
+
+rnn_layer_backward.jvp(_backward_jvp(reference_layer, 6))
+rnn_cell_backward.jvp(_backward_jvp(reference_cell, 7))
+
+
+# --- costs -----------------------------------------------------------------------------------
+def _layer_cost(arrays, out, params):
+    xw, h0 = arrays[0], arrays[1]
+    steps, batch, G = xw.shape
+    # the recurrent GEMMs (2 per multiply-add), a projection's, and ~10 per gate element
+    flops = 2 * steps * batch * G * h0.shape[1] + 10 * steps * batch * G
+    if arrays[5] is not None:
+        flops += 2 * steps * batch * arrays[5].size
+    return flops, read_bytes([a for a in arrays if a is not None]), written_bytes(out)
+
+
+def _cell_cost(arrays, out, params):
+    x, w_ih, w_hh = arrays[0], arrays[3], arrays[4]
+    batch, G = x.shape[0], w_ih.shape[0]
+    flops = 2 * batch * G * (x.shape[1] + w_hh.shape[1]) + 10 * batch * G
+    return flops, read_bytes([a for a in arrays if a is not None]), written_bytes(out)
+
+
+rnn_layer.costs(_layer_cost)
+rnn_cell.costs(_cell_cost)
+# backward: recomputing the gates, the gradient recurrence and the weight GEMMs (~3x forward)
+rnn_layer_backward.costs(lambda arrays, out, params: (
+    3 * _layer_cost(arrays[1:7], out, params)[0], read_bytes([a for a in arrays if a is not None]),
+    written_bytes(out)))
+rnn_cell_backward.costs(lambda arrays, out, params: (
+    3 * _cell_cost(arrays[1:8], out, params)[0], read_bytes([a for a in arrays if a is not None]),
+    written_bytes(out)))
