@@ -129,6 +129,29 @@ def _sigmoid_(a):
     xp.reciprocal(a, out=a)
 
 
+def _sigmoid_of_negated_(a):
+    """``a = 1 / (1 + exp(a))``: the sigmoid of ``-a`` in place, one pass fewer than
+    ``_sigmoid_`` (the LSTM kernels negate the sigmoid gates' weights once instead)."""
+    xp.exp(a, out=a)
+    a += 1
+    xp.reciprocal(a, out=a)
+
+
+def _lstm_operands(m, xw, w_hh, b_hh, H):
+    """``(w_t, xwb)``: ``w_hh^T`` and ``xw + b_hh`` with the gates reordered (i, f, o, g) and
+    the sigmoid gates' columns negated, so that each step's ``h w_t + xwb`` holds ``-pre``
+    for i, f and o in one contiguous block (one exp-add-reciprocal pass gives their sigmoids)
+    and ``pre`` for g. Negation is exact, so these are the pre-activations bit for bit."""
+    order = m.r_[0:2 * H, 3 * H:4 * H, 2 * H:3 * H]
+    w_t = m.ascontiguousarray(w_hh.T[:, order])
+    w_t[:, :3 * H] *= -1
+    xwb = xw[..., order]  # a copy
+    if b_hh is not None:
+        xwb += b_hh[order]
+    xwb[..., :3 * H] *= -1
+    return w_t, xwb
+
+
 def _order(steps, reverse):
     return range(steps - 1, -1, -1) if reverse else range(steps)
 
@@ -143,18 +166,17 @@ def _layer_forward(xw, h0, c0, w_hh, b_hh, w_hr, mode, reverse):
     h, c = h0, c0
     with xp.errstate(over="ignore"):
         if lstm:
+            w_t, xwb = _lstm_operands(m, xw, w_hh, b_hh, H)
             gates = m.empty((batch, G), dt)
             ig = m.empty((batch, H), dt)
             w_hr_t = None if w_hr is None else m.ascontiguousarray(w_hr.T)
             mh = None if w_hr is None else m.empty((batch, H), dt)
-            i, f, g, o = (gates[:, k * H:(k + 1) * H] for k in range(4))
+            i, f, o, g = (gates[:, k * H:(k + 1) * H] for k in range(4))
+            ifo = gates[:, :3 * H]
             for t in _order(steps, reverse):
                 m.matmul(h, w_t, out=gates)
-                if b_hh is not None:
-                    gates += b_hh
-                gates += xw[t]
-                _sigmoid_(gates[:, :2 * H])
-                _sigmoid_(o)
+                gates += xwb[t]
+                _sigmoid_of_negated_(ifo)
                 m.tanh(g, out=g)
                 ct = out[t, :, P:]
                 m.multiply(f, c, out=ct)
@@ -240,30 +262,31 @@ def _layer_backward(g, xw, h0, c0, w_hh, b_hh, w_hr, out, mode, reverse, flat=No
     hseq = out[..., :P] if lstm else out
     hprev = _previous(h0, hseq, reverse)
     hprev2 = hprev.reshape(rows, P)
-    w_t = m.ascontiguousarray(w_hh.T)
-    # the pre-activations of every step at once (the forward's per-step GEMMs, as one)
-    hw = m.matmul(hprev2, w_t).reshape(steps, batch, G)
-    if b_hh is not None:
-        hw += b_hh
     carry = gh0  # d loss / d h_{t-1} through the recurrence, written in place each step
     carry[...] = 0
     with xp.errstate(over="ignore"):
         if lstm:
-            a = hw
-            a += xw
-            _sigmoid_(a[..., :2 * H])
-            _sigmoid_(a[..., 3 * H:])
-            m.tanh(a[..., 2 * H:3 * H], out=a[..., 2 * H:3 * H])
+            # the activations of every step at once (the forward's per-step GEMMs as one),
+            # in _lstm_operands' layout: i, f, o, g
+            w_t, xwb = _lstm_operands(m, xw, w_hh, b_hh, H)
+            a = m.matmul(hprev2, w_t).reshape(steps, batch, G)
+            a += xwb
+            _sigmoid_of_negated_(a[..., :3 * H])
+            m.tanh(a[..., 3 * H:], out=a[..., 3 * H:])
+            o = a[..., 2 * H:3 * H]
             cseq = out[..., P:]
             cprev = _previous(c0, cseq, reverse)
             tc = m.tanh(cseq)
-            # each activation's derivative, all steps at once: s (1 - s), and 1 - g^2 for g
-            d = m.subtract(1, a)
-            d *= a
-            ga = a[..., 2 * H:3 * H]
-            m.multiply(ga, ga, out=d[..., 2 * H:3 * H])
-            m.subtract(1, d[..., 2 * H:3 * H], out=d[..., 2 * H:3 * H])
-            o = a[..., 3 * H:]
+            # each activation's derivative, all steps at once, in the gates' own order
+            # (i, f, g, o, as gxw): s (1 - s) for the sigmoids, 1 - g^2 for g
+            d = m.empty((steps, batch, G), dt)
+            for k, src in ((0, 0), (1, 1), (3, 2)):
+                dk, ak = d[..., k * H:(k + 1) * H], a[..., src * H:(src + 1) * H]
+                m.subtract(1, ak, out=dk)
+                dk *= ak
+            ga, dg = a[..., 3 * H:], d[..., 2 * H:3 * H]
+            m.multiply(ga, ga, out=dg)
+            m.subtract(1, dg, out=dg)
             od = m.multiply(tc, tc)  # o (1 - tanh(c)^2): dc per unit of dm
             m.subtract(1, od, out=od)
             od *= o
@@ -287,7 +310,7 @@ def _layer_backward(g, xw, h0, c0, w_hh, b_hh, w_hr, out, mode, reverse, flat=No
                 dc += tmp
                 at_ = a[t]
                 gt = gxw[t]
-                m.multiply(dc, at_[:, 2 * H:3 * H], out=gt[:, :H])
+                m.multiply(dc, at_[:, 3 * H:], out=gt[:, :H])
                 m.multiply(dc, cprev[t], out=gt[:, H:2 * H])
                 m.multiply(dc, at_[:, :H], out=gt[:, 2 * H:3 * H])
                 m.multiply(dmt, tc[t], out=gt[:, 3 * H:])
@@ -299,6 +322,10 @@ def _layer_backward(g, xw, h0, c0, w_hh, b_hh, w_hr, out, mode, reverse, flat=No
                 mh = m.multiply(o, tc)
                 m.matmul(dh_all.reshape(rows, P).T, mh.reshape(rows, H), out=gw_hr)
         elif mode == "GRU":
+            # every step's hidden projection at once (the forward's per-step GEMMs as one)
+            hw = m.matmul(hprev2, m.ascontiguousarray(w_hh.T)).reshape(steps, batch, G)
+            if b_hh is not None:
+                hw += b_hh
             rz = m.add(hw[..., :2 * H], xw[..., :2 * H])
             _sigmoid_(rz)
             r, z = rz[..., :H], rz[..., H:]
