@@ -1,6 +1,7 @@
 """``tapegrad bench suite``: every suite model trains under tapegrad as it does under PyTorch
 from the same weights, and the CLI runs a model end to end and prints its table. No timing
 is asserted."""
+import argparse
 import json
 
 import numpy as np
@@ -81,10 +82,14 @@ def test_rows_report_worker_errors_and_geomeans_skip_them():
     bad = {"model": "n", "dtype": "float32", "error": "worker exit 1: boom"}
     rows = suite.rows_of([ok, bad])
     assert rows[0][:4] == ["m", "float64", "1/0", "bitwise"]
+    assert rows[0][5:8] == ["4.00", "2.00", "8.00 (1)"]
     assert rows[0][9:12] == ["4.00x", "2.00x", "2.00x"]
     assert rows[1][-1] == "worker exit 1: boom"
     g = suite.geomeans([ok, bad])
     assert g["tapegrad compiled vs PyTorch eager"] == (pytest.approx(4.0), 1)
+    # each library's figure with the thread count that gave it
+    ok.update({"tapegrad eager threads": 2, "tapegrad compiled threads": 1})
+    assert suite.rows_of([ok])[0][5:8] == ["4.00 (2)", "2.00 (1)", "8.00 (1)"]
 
 
 def test_cli_quick_runs_one_model(tmp_path, capsys):
@@ -101,6 +106,37 @@ def test_cli_quick_runs_one_model(tmp_path, capsys):
     assert res["compiled_rel_diff"] <= RTOL
     for key in ("tapegrad eager", "tapegrad compiled", "PyTorch eager"):
         assert res[key] > 0
+    # tapegrad timed unpinned (the BLAS's default count) and at one thread, as PyTorch is
+    default = tapegrad.get_num_threads()
+    assert res["tapegrad eager threads"] in {default, 1}
+    assert res["tapegrad compiled threads"] in {default, 1}
+    assert f"numpy's BLAS default ({default};" in out
+
+
+def test_worker_times_tapegrad_at_the_default_count_and_at_one(monkeypatch):
+    """The worker's tapegrad cases: numpy's BLAS left at its default count and at one (the
+    default's count is read before anything pins it); ``--threads N`` times N alone."""
+    seen = []
+    real = suite.harness.blas_cases
+
+    def record(label, make_fn, counts):
+        seen.append((label, list(counts)))
+        return real(label, make_fn, counts)
+
+    monkeypatch.setattr(suite.harness, "blas_cases", record)
+    monkeypatch.setattr(suite.harness, "interleave", lambda cases, *a, **k: [
+        c.times.extend([1e-3, 1e-3]) for c in cases])
+    default = tapegrad.get_num_threads()
+    args = argparse.Namespace(
+        worker=("gcn_dense", "float64"), quick=True, no_torch=True, inductor=False,
+        threads=None, rounds=1, min_time=0.0)
+    suite.worker(args)
+    assert seen == [("tapegrad eager", [default, 1]), ("tapegrad compiled", [default, 1])]
+    seen.clear()
+    args.threads = 3
+    suite.worker(args)
+    assert seen == [("tapegrad eager", [3]), ("tapegrad compiled", [3])]
+    assert tapegrad.get_num_threads() == default  # the pin is undone on leaving
 
 
 def test_cli_rejects_unknown_model():

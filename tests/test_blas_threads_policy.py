@@ -1,5 +1,10 @@
-"""backend.blas's thread policy: which products run on one BLAS thread (by work and by bytes
-moved), and what a second thread does to the bits of the products it takes."""
+"""backend.blas's thread policy: which products run on one BLAS thread (the cost model's
+predicted time at one thread against two), and what a second thread does to the bits of the
+products it takes."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -18,73 +23,109 @@ def restore_threads():
 
 
 @pytest.fixture
-def documented_bounds(monkeypatch):
-    """The bounds docs/performance.md states, whatever the environment overrides."""
-    monkeypatch.setattr(blas, "SERIAL_WORK", 1 << 27)
-    monkeypatch.setattr(blas, "SERIAL_BYTES", 1 << 25)
+def documented_model(monkeypatch):
+    """The constants docs/performance.md states, whatever the environment overrides."""
+    for name, value in (("GEMM_FLOPS", {4: 103e9, 8: 51e9}), ("LEFT_BYTES", 6.5e9),
+                        ("STREAM_BYTES", 10e9), ("TWO_THREAD_FLOPS", 1.8),
+                        ("TWO_THREAD_BYTES", 1.7), ("THREAD_COST", 150e-6)):
+        monkeypatch.setattr(blas, name, value)
 
 
 # (m, k, n, itemsize, runs on one thread)
 DECISIONS = [
-    (64, 784, 256, 4, True),        # the small Adam MLP's first layer: few MB, little work
-    (256, 256, 256, 8, True),
-    (511, 512, 512, 8, True),       # just under the work bound, 6 MB
-    (512, 512, 512, 8, False),      # the work bound itself
+    (64, 784, 256, 4, True),        # the small Adam MLP's first layer: ~0.25 ms
+    (64, 784, 256, 8, False),       # float64: twice that, a second thread pays
+    (256, 64, 512, 4, True),        # the suite's mlp_wide_silu, first layer
+    (256, 512, 512, 4, False),      # ... its 512-wide layer: 1.3 ms at one thread
+    (512, 256, 512, 4, False),      # ... that layer's weight gradient
+    (256, 512, 512, 8, False),
+    (256, 256, 256, 4, True),
+    (256, 256, 256, 8, False),
     (40, 50, 60, 8, False),         # below OpenBLAS's own one-thread bound: left to it
     (512, 2, 256, 8, False),        # ditto (4 * 65536 multiply-adds)
-    (1024, 2, 512, 8, True),        # skinny, 4 MB
-    (2048, 2, 1024, 8, True),       # skinny, 17 MB
+    (1024, 2, 512, 4, True),        # skinny, 2 MB
+    (2048, 2, 1024, 4, False),      # skinny, 8 MB: its memory time pays for the thread
     (4096, 2, 2048, 8, False),      # the scale step's first layer: 67 MB
     (4096, 2048, 3, 8, False),      # its last layer
     (2, 4096, 2048, 8, False),      # its first layer's weight gradient
-    (4096, 2, 2048, 4, False),      # float32: 32 MiB and a few KB
-    (4096, 2, 2040, 4, True),       # float32, just under 32 MiB
+    (2048, 4096, 2, 4, False),
     (1024, 1024, 1024, 8, False),   # large on both counts
 ]
 
 
 @pytest.mark.parametrize("m,k,n,itemsize,serial", DECISIONS)
-def test_policy_by_work_and_bytes(documented_bounds, m, k, n, itemsize, serial):
+def test_policy_by_predicted_time(documented_model, m, k, n, itemsize, serial):
     assert blas.runs_serial(m, k, n, itemsize) is serial
 
 
-def test_bounds_at_their_edges(documented_bounds):
-    # bytes moved: both operands and the output, at the element size
-    k, n = 2, 1024
-    m = (blas.SERIAL_BYTES // 8 - k * n) // (k + n)  # largest m under the byte bound
-    assert (m * k + k * n + m * n) * 8 < blas.SERIAL_BYTES <= ((m + 1) * (k + n) + k * n) * 8
-    assert blas.runs_serial(m, k, n, 8)
-    assert not blas.runs_serial(m + 1, k, n, 8)
-    assert blas.runs_serial(m, k, n, 4)  # half the bytes at float32
+SHAPES = [(m, k, n) for m in (2, 64, 256, 1024, 4096) for k in (2, 64, 512, 2048)
+          for n in (3, 64, 512, 2048)]
 
 
-def test_a_zero_bound_turns_the_switch_off(monkeypatch):
-    monkeypatch.setattr(blas, "SERIAL_BYTES", 0)
-    assert not blas.runs_serial(256, 256, 256, 8)
-    monkeypatch.setattr(blas, "SERIAL_BYTES", 1 << 25)
-    monkeypatch.setattr(blas, "SERIAL_WORK", 0)
-    assert not blas.runs_serial(256, 256, 256, 8)
+def test_rule_is_the_models_comparison(documented_model):
+    for m, k, n in SHAPES:
+        for itemsize in (4, 8):
+            if m * k * n <= blas.OPENBLAS_SERIAL_WORK:
+                assert not blas.runs_serial(m, k, n, itemsize)
+                continue
+            t1 = blas.one_thread_seconds(m, k, n, itemsize)
+            t2 = blas.two_thread_seconds(m, k, n, itemsize)
+            assert blas.runs_serial(m, k, n, itemsize) is (t2 >= t1), (m, k, n, itemsize)
 
 
+def test_a_larger_product_never_goes_back_to_one_thread(documented_model):
+    # doubling any side, or the element size, adds time on one thread and saves more on two
+    for m, k, n in SHAPES:
+        for itemsize in (4, 8):
+            if blas.runs_serial(m, k, n, itemsize) or m * k * n <= blas.OPENBLAS_SERIAL_WORK:
+                continue
+            for bigger in ((2 * m, k, n), (m, 2 * k, n), (m, k, 2 * n)):
+                assert not blas.runs_serial(*bigger, itemsize), (bigger, itemsize)
+            if itemsize == 4:
+                assert not blas.runs_serial(m, k, n, 8)
+
+
+def test_thread_cost_sets_the_crossover(documented_model, monkeypatch):
+    monkeypatch.setattr(blas, "THREAD_COST", 0.0)  # every product above OpenBLAS's bound
+    assert not any(blas.runs_serial(m, k, n, 4) for m, k, n in SHAPES)
+    monkeypatch.setattr(blas, "THREAD_COST", 1.0)  # a second per hand-off: none
+    assert all(blas.runs_serial(m, k, n, 4) for m, k, n in SHAPES
+               if m * k * n > blas.OPENBLAS_SERIAL_WORK)
+
+
+def test_serial_work_bounds_square_products():
+    # SERIAL_WORK, derived from the module's constants: a float32 product whose time is its
+    # arithmetic runs on one thread below it and on two above
+    side = round(blas.SERIAL_WORK ** (1 / 3))
+    assert blas.runs_serial(side - 4, side - 4, side - 4, 4)
+    assert not blas.runs_serial(side + 4, side + 4, side + 4, 4)
+
+
+def test_thread_cost_from_the_environment():
+    code = "from tapegrad.backend import blas; print(blas.THREAD_COST)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "TAPEGRAD_BLAS_THREAD_COST_US": "4000"}, check=True)
+    assert float(out.stdout) == pytest.approx(4e-3)
 
 
 @needs_blas
-def test_matmul_follows_the_policy(restore_threads, documented_bounds, monkeypatch):
+def test_matmul_follows_the_policy(restore_threads, documented_model, monkeypatch):
     rec = BlasThreadRecorder()
     monkeypatch.setattr(blas, "xp", rec)
     tapegrad.set_num_threads(2)
     small = np.ones((64, 256)), np.ones((256, 256))
-    skinny_small = np.ones((2048, 2)), np.ones((2, 1024))
+    square = np.ones((256, 512), np.float32), np.ones((512, 512), np.float32)
+    skinny_small = np.ones((1024, 2), np.float32), np.ones((2, 512), np.float32)
     skinny_large = np.ones((4096, 2)), np.ones((2, 2048))
     stacked = np.ones((3, 4096, 2)), np.ones((3, 2, 2048))  # per product, as numpy loops
-    for a, b in (small, skinny_small, skinny_large, stacked):
+    for a, b in (small, square, skinny_small, skinny_large, stacked):
         blas.matmul(a, b)
-    assert rec.seen == [1, 1, 2, 2]
+    assert rec.seen == [1, 2, 1, 2, 2]
     assert blas.LIBRARY.get_num_threads() == 2
 
 
-# The products the bytes bound hands to two threads are skinny (a large operand and a small
-# work): one side below 2**27 / (4 MiB of elements) = 32 at float64. OpenBLAS's threaded GEMM
+# The products the model hands to two threads by their memory time are skinny (a large
+# operand and little work). OpenBLAS's threaded GEMM
 # splits the output's rows and columns between threads, never the k sum, but its edge tiles
 # are computed by other micro-kernels than its full tiles, and where a thread's share is not a
 # multiple of the kernel's unroll the element-to-kernel assignment changes. Measured with
@@ -105,7 +146,7 @@ def _product(sa, sb, dtype, threads, seed=0):
 @needs_blas
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_scale_step_products_bitwise_identical_at_one_and_two_threads(restore_threads,
-                                                                       documented_bounds, dtype):
+                                                                       documented_model, dtype):
     for sa, sb in SCALE_STEP:
         assert not blas.runs_serial(sa[0], sa[1], sb[1], np.dtype(dtype).itemsize)
         np.testing.assert_array_equal(_product(sa, sb, dtype, 1), _product(sa, sb, dtype, 2))

@@ -115,12 +115,12 @@ def test_interop_threads_as_torch():
 
 
 # --- results at any thread count ---------------------------------------------------------
-# A product below SERIAL_WORK runs on one thread whatever the count: bitwise the same. A larger
-# one is split between threads, and OpenBLAS's threaded GEMM blocks the sum differently from
+# A product the rule keeps on one thread (blas.runs_serial) runs there whatever the count:
+# bitwise the same. A longer one is split between threads, and OpenBLAS's threaded GEMM blocks the sum differently from
 # its one-thread GEMM (measured: ~70% of a (300, 700) @ (700, 500) product's elements differ
 # in the last bit, in float32 and float64), so there the check is the GEMM rounding bound.
-SERIAL = [((64, 256), (256, 256)),      # below SERIAL_WORK: switched to one thread
-          ((1000, 300), (300,)),        # matrix-vector
+SERIAL = [((64, 256), (256, 256)),      # ~0.1-0.2 ms: switched to one thread
+          ((500, 300), (300,)),         # matrix-vector
           ((4, 96, 200), (200, 120)),   # batched, each product small
           ((40, 50), (50, 60))]         # below OpenBLAS's own single-thread limit
 THREADED = [((300, 700), (700, 1000)), ((2, 512, 784), (784, 512))]
@@ -143,7 +143,9 @@ def _products(shapes, dtype, threads):
 @needs_blas
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_small_products_bitwise_identical_whatever_the_thread_count(restore_threads, dtype):
-    assert all(a[-2] * a[-1] * (b[-1] if len(b) > 1 else 1) < blas.SERIAL_WORK
+    itemsize = np.dtype(dtype).itemsize
+    assert all(blas.runs_serial(a[-2], a[-1], b[-1] if len(b) > 1 else 1, itemsize)
+               or a[-2] * a[-1] * (b[-1] if len(b) > 1 else 1) <= blas.OPENBLAS_SERIAL_WORK
                for a, b in SERIAL)
     reference = _products(SERIAL, dtype, 1)
     for threads in (2, 3):
@@ -169,12 +171,17 @@ def test_large_products_agree_to_rounding_whatever_the_thread_count(restore_thre
 
 @needs_blas
 def test_fused_linear_identical_whatever_the_thread_count(restore_threads):
+    # float32, the small Adam MLP's first layer: each of its three products is kept on one
+    # thread (float64's twice longer ones take two)
+    assert blas.runs_serial(64, 784, 256, 4) and blas.runs_serial(256, 64, 784, 4)
+    assert blas.runs_serial(64, 256, 784, 4)
+
     def step(threads):
         tapegrad.set_num_threads(threads)
         rng = np.random.default_rng(0)
-        x = tapegrad.tensor(rng.standard_normal((64, 784)), requires_grad=True)
-        w = tapegrad.tensor(rng.standard_normal((256, 784)), requires_grad=True)
-        b = tapegrad.tensor(rng.standard_normal(256), requires_grad=True)
+        x = tapegrad.tensor(rng.standard_normal((64, 784), np.float32), requires_grad=True)
+        w = tapegrad.tensor(rng.standard_normal((256, 784), np.float32), requires_grad=True)
+        b = tapegrad.tensor(rng.standard_normal(256, np.float32), requires_grad=True)
         y = F.linear(x, w, b)
         y.backward(tapegrad.ones_like(y))
         return [y.detach().numpy(), x.grad.numpy(), w.grad.numpy(), b.grad.numpy()]
@@ -205,7 +212,8 @@ def test_small_products_run_on_one_thread(restore_threads, monkeypatch):
     small = rng.standard_normal((64, 256)), rng.standard_normal((256, 256))
     big = rng.standard_normal((512, 512)), rng.standard_normal((512, 1024))
     tiny = rng.standard_normal((8, 8)), rng.standard_normal((8, 8))
-    assert blas.OPENBLAS_SERIAL_WORK < 64 * 256 * 256 < blas.SERIAL_WORK < 512 * 512 * 1024
+    assert blas.OPENBLAS_SERIAL_WORK < 64 * 256 * 256
+    assert blas.runs_serial(64, 256, 256, 8) and not blas.runs_serial(512, 512, 1024, 8)
     for a, b in (small, big, tiny):
         tapegrad.matmul(tapegrad.tensor(a), tapegrad.tensor(b))
     assert rec.seen == [1, 2, 2]  # tiny: OpenBLAS keeps it on one thread by itself

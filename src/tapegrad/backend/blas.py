@@ -9,9 +9,10 @@ suffixes the builds use (``scipy_openblas_set_num_threads64_``, ...). It is only
 opened with ``RTLD_NOLOAD``: a library numpy has not loaded is never loaded here. Where no
 such library is found (numpy on MKL or Accelerate) the calls below do nothing and say so.
 
-``matmul`` is ``xp.matmul`` with a grain size measured in work and in bytes: a product too
-small to gain from a second thread runs with the BLAS at one thread (see ``runs_serial``); a
-stack of matrices times one transposed matrix is one GEMM over the stack's rows.
+``matmul`` is ``xp.matmul`` with the thread count chosen per product by a cost model of this
+machine (arithmetic and memory time, one thread against two plus the second thread's cost;
+see ``runs_serial``): a product too short to gain from a second thread runs with the BLAS at
+one thread. A stack of matrices times one transposed matrix is one GEMM over the stack's rows.
 """
 import ctypes
 import math
@@ -123,31 +124,66 @@ def set_num_threads(n: int) -> bool:
     return True
 
 
-# --- the intra-op grain size -------------------------------------------------------------
-# A second BLAS thread costs a few wake-ups and waits per product (tens of microseconds on an
-# idle core, a scheduler time slice of ~4 ms when its core is busy) and saves about half the
-# product's one-thread time, which is set by its multiply-adds or by the bytes it moves,
-# whichever is slower. So a product runs with the BLAS at one thread when both are small:
-# fewer than SERIAL_WORK multiply-adds m*n*k *and* fewer than SERIAL_BYTES bytes in its two
-# operands and its output (per product of a stack). A skinny product over large arrays
-# ((4096, 2) @ (2, 2048), (4096, 2048) @ (2048, 3)) does few multiply-adds but streams tens of
-# MB, milliseconds at one thread, and keeps the count set. OpenBLAS already runs a GEMM below
-# 4 * 65536 on one thread (GEMM_MULTITHREAD_THRESHOLD), so the switch is only made above that.
-# The measurements that chose both bounds are in docs/performance.md, "BLAS threads".
-# TAPEGRAD_BLAS_SERIAL_WORK and TAPEGRAD_BLAS_SERIAL_BYTES override them (a bound of 0 turns
-# the switch off).
+# --- one thread or the count set: a cost model per product ------------------------------
+# A product (m, k) @ (k, n) takes, on one thread, the longer of its arithmetic time and its
+# memory time: 2*m*n*k flops at the one-thread GEMM rate of its dtype, or its operands read
+# and its output written at one thread's streaming rates (the left operand slower: OpenBLAS
+# copies it into packed panels, which is all the work there is when n is tiny). A second
+# thread divides each by what two cores achieve together (nearly 2 for arithmetic, less for
+# memory, which the cores share) and adds a fixed cost per product: waking the worker and
+# waiting for it at the end. So the decision is by predicted time: a product runs with the
+# BLAS at one thread unless two threads are predicted faster. Skinny products over large
+# arrays ((4096, 2) @ (2, 2048): little work, 67 MB) take two threads by their memory time,
+# square ones by their arithmetic, tiny ones neither.
+#
+# The constants are this 2-core machine's (AMD EPYC, OpenBLAS 0.3.31), measured by
+# ``python -m tapegrad bench blas --sweep``; docs/performance.md, "BLAS threads", has the
+# tables. THREAD_COST is what a second thread costs on a *free* core; when another process
+# keeps that core busy, each hand-off waits for a scheduler time slice (4-16 ms measured), so
+# every product the rule threads is slower than at one thread unless it lasts tens of ms:
+# on a shared machine, ``tapegrad.set_num_threads(1)``, or TAPEGRAD_BLAS_THREAD_COST_US set
+# to such a slice, keeps them on one. OpenBLAS itself keeps a GEMM below 4 * 65536
+# multiply-adds on one thread (GEMM_MULTITHREAD_THRESHOLD), so the switch is only made above.
 OPENBLAS_SERIAL_WORK = 4 * 65536
-SERIAL_WORK = int(os.environ.get("TAPEGRAD_BLAS_SERIAL_WORK", str(1 << 27)))
-SERIAL_BYTES = int(os.environ.get("TAPEGRAD_BLAS_SERIAL_BYTES", str(1 << 25)))
+GEMM_FLOPS = {4: 103e9, 8: 51e9}     # one-thread GEMM flop/s, float32 and float64
+LEFT_BYTES = 6.5e9                   # one-thread bytes/s of the left operand (packed)
+STREAM_BYTES = 10e9                  # one-thread bytes/s of the right operand and the output
+TWO_THREAD_FLOPS = 1.8               # two threads' arithmetic speed-up
+TWO_THREAD_BYTES = 1.7               # two threads' memory speed-up
+THREAD_COST = float(os.environ.get("TAPEGRAD_BLAS_THREAD_COST_US", "150")) * 1e-6
+# the fewest multiply-adds a product whose time is its arithmetic takes to two threads, at
+# float32 (the faster rate): below it such a product runs on one thread (a cheap bound for
+# callers; a skinny product's memory time can take it to two threads with fewer)
+SERIAL_WORK = int(THREAD_COST * GEMM_FLOPS[4] / 2 / (1 - 1 / TWO_THREAD_FLOPS))
 _lock = threading.Lock()
 _serial = [0, 0]  # matmuls inside the switch now, the thread count to restore after them
 
 
+def _times(m, k, n, itemsize):
+    """(arithmetic seconds, memory seconds) of an (m, k) @ (k, n) product on one thread."""
+    flops = 2 * m * k * n / GEMM_FLOPS.get(itemsize, GEMM_FLOPS[8])
+    memory = itemsize * (m * k / LEFT_BYTES + (k * n + m * n) / STREAM_BYTES)
+    return flops, memory
+
+
+def one_thread_seconds(m: int, k: int, n: int, itemsize: int) -> float:
+    """The model's time of an (m, k) @ (k, n) product at one BLAS thread."""
+    return max(_times(m, k, n, itemsize))
+
+
+def two_thread_seconds(m: int, k: int, n: int, itemsize: int) -> float:
+    """The model's time of the product at two BLAS threads, the other core free."""
+    flops, memory = _times(m, k, n, itemsize)
+    return max(flops / TWO_THREAD_FLOPS, memory / TWO_THREAD_BYTES) + THREAD_COST
+
+
 def runs_serial(m: int, k: int, n: int, itemsize: int) -> bool:
     """Whether an (m, k) @ (k, n) product of ``itemsize``-byte elements runs on one thread."""
-    work = m * k * n
-    return OPENBLAS_SERIAL_WORK < work < SERIAL_WORK \
-        and (m * k + k * n + m * n) * itemsize < SERIAL_BYTES
+    if m * k * n <= OPENBLAS_SERIAL_WORK:
+        return False  # OpenBLAS's own decision: one thread already
+    flops, memory = _times(m, k, n, itemsize)
+    return max(flops / TWO_THREAD_FLOPS, memory / TWO_THREAD_BYTES) + THREAD_COST \
+        >= max(flops, memory)
 
 
 def matmul(a, b):

@@ -8,7 +8,12 @@ numpy's own square-matmul rate (the BLAS peak tapegrad can reach).
 import argparse
 import functools
 import importlib
+import json
 import os
+import statistics
+import subprocess
+import sys
+import time
 
 import numpy as np
 
@@ -93,13 +98,47 @@ def report(rows, torch, width=WIDTH, batch=BATCH):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="tapegrad bench blas", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="tapegrad bench blas", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=os.cpu_count(),
                    help="numpy BLAS threads (and PyTorch's second thread count)")
-    p.add_argument("--rounds", type=int, default=9)
-    p.add_argument("--quick", action="store_true", help="width 128, few rounds (smoke test)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="rounds (default 9; --sweep: 3 process pairs; --step: 5)")
+    p.add_argument("--quick", action="store_true", help="width 128, few rounds (smoke test); "
+                   "with --sweep: a few shapes, one round")
     p.add_argument("--no-torch", action="store_true", help="leave PyTorch out")
+    p.add_argument("--sweep", action="store_true",
+                   help="matmul at 1 and 2 threads over a grid of shapes, each count in its own "
+                        "process, against the thread rule's model")
+    p.add_argument("--dtype", choices=("float32", "float64", "both"), default="both",
+                   help="--sweep's dtypes")
+    p.add_argument("--load", action="store_true",
+                   help="--sweep/--step: one busy-loop process running while timing")
+    p.add_argument("--step", action="store_true",
+                   help="the H=2048, batch 4096 spiral step at the default count under the thread "
+                        "rule, at one thread, and with every product threaded, fresh processes")
+    p.add_argument("--elementwise", action="store_true",
+                   help="numpy's one-thread elementwise ops against backend.parallel's two-thread "
+                        "loops, by size")
+    p.add_argument("--json", default=None, metavar="PATH",
+                   help="--sweep: also write the raw timings to PATH")
+    p.add_argument("--child", nargs=2, metavar=("THREADS", "DTYPE"), help=argparse.SUPPRESS)
+    p.add_argument("--step-child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.child:
+        print(json.dumps(sweep_child(int(args.child[0]), args.child[1], args.quick)))
+        return 0
+    if args.step_child is not None:
+        print(json.dumps(step_child(args.step_child)))
+        return 0
+    if args.sweep:
+        return sweep(args)
+    if args.step:
+        return step(args)
+    if args.elementwise:
+        return elementwise(args)
+    if args.rounds is None:
+        args.rounds = 9
     torch = None if args.no_torch else H.import_torch()
     with H.Threads(args.threads, torch) as threads:
         return _run(args, torch, threads)
@@ -117,3 +156,306 @@ def _run(args, torch, threads):
           f"peak = numpy's own ({width}, {width}) @ ({width}, {width})")
     H.out(report(rows, torch, width, batch))
     return rows
+
+
+# --- the thread rule's measurements: matmul at one and two threads by shape -----------------
+# Square-ish products sweep the work at a few MB; the skinny ones (a side of 2 or 3, as a
+# narrow network's first and last layers and their weight gradients) sweep the bytes moved at
+# little work; the rest are layers of the model suite and of small models.
+SWEEP_SHAPES = ([(n, n, n) for n in (96, 128, 192, 256, 384, 512, 768, 1024)]
+                + [(64, 784, 256), (128, 512, 512), (256, 64, 512), (256, 512, 512),
+                   (256, 512, 10), (512, 10, 256), (512, 256, 512), (1024, 256, 256)]
+                + [(m, 2, n) for m, n in ((1024, 512), (2048, 1024), (4096, 2048), (8192, 4096))]
+                + [(m, k, 3) for m, k in ((1024, 512), (2048, 1024), (4096, 2048), (8192, 4096))]
+                + [(2, k, n) for k, n in ((1024, 512), (4096, 2048))])
+QUICK_SWEEP_SHAPES = [(128, 128, 128), (512, 512, 512), (1024, 2, 512)]
+CELL_SECONDS = 0.03  # one timed batch of calls of a shape
+
+
+def _cpu_jiffies():
+    """(busy, total) clock ticks of the whole machine since boot (Linux), or None."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(t) for t in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
+
+
+class OthersLoad:
+    """Cores other processes kept busy during a span: the machine's busy ticks less this
+    process's own CPU time (all its threads, OpenBLAS's spinning workers included)."""
+
+    def __init__(self):
+        self.tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self.start()
+
+    def start(self):
+        self._t, self._own, self._jiffies = time.perf_counter(), _own_cpu(), _cpu_jiffies()
+
+    def cores(self):
+        now = _cpu_jiffies()
+        if now is None or self._jiffies is None:
+            return float("nan")
+        wall = time.perf_counter() - self._t
+        busy = (now[0] - self._jiffies[0]) / self.tick - (_own_cpu() - self._own)
+        return max(busy, 0.0) / max(wall, 1e-9)
+
+
+def _own_cpu():
+    t = os.times()
+    return t.user + t.system
+
+
+def sweep_child(threads, dtype, quick=False):
+    """{"m x k x n": [seconds per call, cores others kept busy]} at ``threads`` BLAS threads
+    (numpy's own matmul: the thread count alone differs between the two processes)."""
+    tapegrad.set_num_threads(threads)
+    out = {}
+    for m, k, n in QUICK_SWEEP_SHAPES if quick else SWEEP_SHAPES:
+        rng = np.random.default_rng(0)
+        a = rng.standard_normal((m, k)).astype(dtype)
+        b = rng.standard_normal((k, n)).astype(dtype)
+        np.matmul(a, b)
+        t0 = time.perf_counter()
+        np.matmul(a, b)
+        reps = max(2, int(CELL_SECONDS / max(time.perf_counter() - t0, 1e-7)))
+        load = OthersLoad()
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                np.matmul(a, b)
+            times.append((time.perf_counter() - t0) / reps)
+        out[f"{m}x{k}x{n}"] = [statistics.median(times), load.cores()]
+    return out
+
+
+def _busy_loop(on):
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"]) if on else None
+
+
+def _stop(proc):
+    if proc is not None:
+        proc.kill()
+        proc.wait()
+
+
+def _uptime():
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    return f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+
+
+def sweep(args):
+    """Both counts in fresh processes, alternating, ``rounds`` pairs per dtype; per shape the
+    medians over rounds, the cores other processes kept busy, and the rule's prediction."""
+    from tapegrad.backend import blas
+
+    rounds = args.rounds or (1 if args.quick else 3)
+    dtypes = ("float32", "float64") if args.dtype == "both" else (args.dtype,)
+    H.out(f"== matmul at 1 and 2 BLAS threads ({blas.LIBRARY and blas.LIBRARY.path}) ==")
+    H.out(f"{os.cpu_count()} CPUs {H.cpu_model()}; added load: "
+          f"{'one busy loop' if args.load else 'none'}; {rounds} rounds, each count in its own "
+          f"process, alternating; per call: median of 3 batches of >= {CELL_SECONDS * 1e3:.0f} ms")
+    busy = _busy_loop(args.load)
+    results = {}  # (dtype, threads) -> list of per-process dicts
+    try:
+        for r in range(rounds):
+            for dtype in dtypes:
+                for threads in ((1, 2) if r % 2 == 0 else (2, 1)):
+                    start = _uptime()
+                    p = subprocess.run([sys.executable, "-m", "tapegrad.bench.blas", "--child",
+                                        str(threads), dtype] + (["--quick"] if args.quick else []),
+                                       capture_output=True, text=True, check=True)
+                    results.setdefault((dtype, threads), []).append(json.loads(p.stdout))
+                    if args.json:
+                        with open(args.json, "w") as f:
+                            json.dump({f"{d} {t}": v for (d, t), v in results.items()}, f)
+                    H.out(f"  round {r + 1} {dtype} {threads} thread(s): load average {start}")
+    finally:
+        _stop(busy)
+    H.out(f"load average at the end: {_uptime()}")
+    rows = sweep_rows(results, dtypes)
+    H.out()
+    H.out(f"us per call, medians over the processes whose other processes kept under "
+          f"{FREE_CORES} of a core busy while the shape ran (free) or more (busy); speed-up = "
+          f"1-thread time / 2-thread time; model: backend.blas.one_thread_seconds and the rule "
+          f"(1: switched to one thread; count: the count set)")
+    H.out(H.table(rows, SWEEP_HEADERS))
+    return rows
+
+
+FREE_CORES = 0.5  # others' load below which the second core counts as free
+SWEEP_HEADERS = ["dtype", "m x k x n", "MFLOP", "MB", "free: 1 thread", "2 threads",
+                 "speed-up", "busy: 1 thread", "2 threads", "speed-up", "others' cores",
+                 "model 1 thread", "model speed-up", "rule"]
+
+
+def _split(samples):
+    free = [t for t, c in samples if c < FREE_CORES]
+    busy = [t for t, c in samples if not c < FREE_CORES]
+    return (statistics.median(free) if free else None,
+            statistics.median(busy) if busy else None)
+
+
+def sweep_rows(results, dtypes):
+    """The sweep's table rows from ``{(dtype, threads): [per-process {shape: [s, cores]}]}``."""
+    from tapegrad.backend import blas
+
+    def us(t):
+        return "-" if t is None else f"{t * 1e6:.0f}"
+
+    def ratio(a, b):
+        return "-" if a is None or b is None else f"{a / b:.2f}x"
+
+    rows = []
+    for dtype in dtypes:
+        itemsize = np.dtype(dtype).itemsize
+        for key in results[(dtype, 1)][0]:
+            m, k, n = map(int, key.split("x"))
+            one = [run[key] for run in results[(dtype, 1)]]
+            two = [run[key] for run in results[(dtype, 2)]]
+            (f1, b1), (f2, b2) = _split(one), _split(two)
+            others = statistics.median(c for _, c in one + two)
+            p1 = blas.one_thread_seconds(m, k, n, itemsize)
+            p2 = blas.two_thread_seconds(m, k, n, itemsize)
+            rows.append([dtype, key, f"{2 * m * k * n / 1e6:.1f}",
+                         f"{(m * k + k * n + m * n) * itemsize / 1e6:.1f}",
+                         us(f1), us(f2), ratio(f1, f2), us(b1), us(b2), ratio(b1, b2),
+                         f"{others:.2f}", us(p1), ratio(p1, p2),
+                         "1" if blas.runs_serial(m, k, n, itemsize) else "count"])
+    return rows
+
+
+# --- the rule on a whole step: the H=2048, batch 4096 spiral step -----------------------------
+STEP_POLICIES = {
+    "rule": "the default count, tapegrad's per-product rule",
+    "one": "tapegrad.set_num_threads(1)",
+    "every": "the default count for every product (the rule's thread cost set to 0)",
+}
+
+
+def step_child(policy, steps=3, rounds=7):
+    """{dtype: ms per step} of the scale step (spiral MLP, H=2048, batch 4096,
+    ``F.relu(F.linear(...))``) under ``policy``, median of ``rounds`` runs of ``steps``."""
+    from tapegrad.backend import blas
+    from tapegrad.bench.scale import BATCH, HIDDEN
+    from tapegrad.bench.spiral import MLPTrainer, init_params, spiral_data
+
+    if policy == "one":
+        tapegrad.set_num_threads(1)
+    elif policy == "every":
+        blas.THREAD_COST = 0.0
+    out = {}
+    for dtype in (np.float64, np.float32):
+        X, y = spiral_data(BATCH, dtype=dtype)
+        trainer = MLPTrainer(tapegrad, init_params((2, HIDDEN, 3), seed=1, dtype=dtype), X, y)
+        trainer.run(2)
+        times = []
+        load = OthersLoad()
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            trainer.run(steps)
+            times.append((time.perf_counter() - t0) / steps * 1e3)
+        out[np.dtype(dtype).name] = [statistics.median(times), load.cores()]
+    return out
+
+
+def step(args):
+    """The scale step under each policy, fresh processes, ``rounds`` rounds in turn."""
+    rounds = args.rounds or 5
+    H.out("== the H=2048, batch 4096 spiral step (bench scale's) under each BLAS thread "
+          "policy ==")
+    for name, what in STEP_POLICIES.items():
+        H.out(f"  {name}: {what}")
+    busy = _busy_loop(args.load)
+    runs = {name: [] for name in STEP_POLICIES}
+    try:
+        for r in range(rounds):
+            order = list(STEP_POLICIES) if r % 2 == 0 else list(reversed(STEP_POLICIES))
+            for name in order:
+                start = _uptime()
+                p = subprocess.run([sys.executable, "-m", "tapegrad.bench.blas", "--step-child",
+                                    name], capture_output=True, text=True, check=True)
+                runs[name].append(json.loads(p.stdout))
+                H.out(f"  round {r + 1} {name}: load average {start}: " + ", ".join(
+                    f"{d} {ms:.1f} ms (others {c:.2f} cores)"
+                    for d, (ms, c) in runs[name][-1].items()))
+    finally:
+        _stop(busy)
+    rows = []
+    for dtype in ("float64", "float32"):
+        rows.append([dtype] + [f"{statistics.median(run[dtype][0] for run in runs[name]):.1f}"
+                               for name in STEP_POLICIES])
+    H.out()
+    H.out(f"ms per step, median over {rounds} processes of each (each: median of 7 runs of 3 "
+          f"steps); added load: {'one busy loop' if args.load else 'none'}")
+    H.out(H.table(rows, ["dtype"] + list(STEP_POLICIES)))
+    return rows
+
+
+# --- large elementwise work: numpy's one thread against backend.parallel's loops -------------
+def _elementwise_ops():
+    import math
+
+    from tapegrad.backend.parallel import Elementwise
+
+    return {
+        "a * b + c": Elementwise(lambda a, b, c: a * b + c, lambda a, b, c: a * b + c, 3),
+        "relu": Elementwise(lambda x: x if x > 0 else 0.0 * x, lambda x: np.maximum(x, 0), 1),
+        "silu": Elementwise(lambda x: x / (1.0 + math.exp(-x)),
+                            lambda x: x / (1.0 + np.exp(-x)), 1),
+        "tanh": Elementwise(lambda x: math.tanh(x), np.tanh, 1),
+    }
+
+
+ELEMENTWISE_SIZES = [1 << p for p in (14, 16, 18, 20, 22, 24)]
+
+
+def elementwise(args):
+    """us per call of each op by size: numpy, numba's loop on one thread, on every core."""
+    import numba
+
+    rounds = args.rounds or (3 if args.quick else 7)
+    sizes = ELEMENTWISE_SIZES[:3] if args.quick else ELEMENTWISE_SIZES
+    dtypes = ("float32", "float64") if args.dtype == "both" else (args.dtype,)
+    H.out(f"== elementwise: numpy (one thread) vs backend.parallel's numba loops (1 and "
+          f"{numba.get_num_threads()} threads) ==")
+    H.out(f"load average at the start: {_uptime()}")
+    busy = _busy_loop(args.load)
+    rows = []
+    try:
+        for dtype in dtypes:
+            for name, op in _elementwise_ops().items():
+                for size in sizes:
+                    rng = np.random.default_rng(0)
+                    arrays = [rng.standard_normal(size).astype(dtype) for _ in range(op.nin)]
+                    out = np.empty_like(arrays[0])
+                    fns = {"numpy": lambda: op.numpy_fn(*arrays),
+                           "numba 1": lambda: op.parallel(*arrays, out=out, threads=False),
+                           "numba all": lambda: op.parallel(*arrays, out=out)}
+                    cases = [H.Case(k, f) for k, f in fns.items()]
+                    load = OthersLoad()
+                    H.interleave(cases, None, rounds=rounds, min_time=0.01)
+                    t = {c.label: H.median(c) for c in cases}
+                    rows.append([dtype, name, f"{size:,}",
+                                 f"{t['numpy'] * 1e6:.0f}", f"{t['numba 1'] * 1e6:.0f}",
+                                 f"{t['numba all'] * 1e6:.0f}",
+                                 f"{t['numpy'] / t['numba all']:.2f}x",
+                                 f"{t['numba 1'] / t['numba all']:.2f}x",
+                                 f"{load.cores():.2f}"])
+                    H.out("  " + "  ".join(rows[-1]))
+    finally:
+        _stop(busy)
+    H.out(f"load average at the end: {_uptime()}; numba threading layer "
+          f"{numba.threading_layer()}")
+    H.out()
+    H.out(f"us per call, medians of {rounds} interleaved rounds; added load: "
+          f"{'one busy loop' if args.load else 'none'}")
+    H.out(H.table(rows, ["dtype", "op", "elements", "numpy us", "numba 1 thread us",
+                         "numba all threads us", "vs numpy", "vs numba 1 thread",
+                         "others' cores"]))
+    return rows
+
+if __name__ == "__main__":
+    sys.exit(main())

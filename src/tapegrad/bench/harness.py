@@ -33,6 +33,7 @@ def import_torch():
 class Threads:
     """Sets numpy's BLAS threads (threadpoolctl) and PyTorch's intra-op threads.
 
+    ``blas=None`` leaves numpy's BLAS at the count it has (its default: what a user gets).
     A context manager: on exit numpy's BLAS gets back the thread count it had before.
     """
 
@@ -54,7 +55,8 @@ class Threads:
                           and "numpy" in lib.filepath]
             self._controller = controller
         self._before = [lib.num_threads for lib in self._libs] if self._controller else []
-        self.set_blas(blas)
+        if blas is not None:
+            self.set_blas(blas)
 
     def __enter__(self):
         return self
@@ -75,6 +77,24 @@ class Threads:
         if self._controller is not None:
             for lib in self._libs:
                 lib.set_num_threads(n)
+
+    def blas_count(self):
+        """numpy's BLAS thread count now (None without threadpoolctl or a BLAS)."""
+        return self._libs[0].num_threads if self._controller is not None and self._libs \
+            else None
+
+    @contextlib.contextmanager
+    def blas_threads(self, n):
+        """numpy's BLAS at ``n`` threads inside, its count before restored after."""
+        before = self.blas_count()
+        if before is None or before == n:
+            yield
+            return
+        self.set_blas(n)
+        try:
+            yield
+        finally:
+            self.set_blas(before)
 
     def blas_description(self):
         if self._controller is None:
@@ -98,12 +118,14 @@ class Threads:
 
 # --- timing ------------------------------------------------------------------------------
 class Case:
-    """One contestant: ``fn()`` runs the workload once; ``threads`` is PyTorch's count, if any."""
+    """One contestant: ``fn()`` runs the workload once; ``torch_threads`` is PyTorch's count,
+    ``blas_threads`` numpy's BLAS count while it runs (None: each left as it is)."""
 
-    def __init__(self, label, fn, torch_threads=None):
+    def __init__(self, label, fn, torch_threads=None, blas_threads=None):
         self.label = label
         self.fn = fn
         self.torch_threads = torch_threads
+        self.blas_threads = blas_threads
         self.number = 1
         self.times = []  # seconds per call, one entry per round
 
@@ -144,10 +166,15 @@ def interleave(cases, threads, rounds=15, min_time=0.005, warmup=1):
     return cases
 
 
+@contextlib.contextmanager
 def _torch_threads(threads, case):
-    if case.torch_threads is None:
-        return contextlib.nullcontext()
-    return threads.torch_threads(case.torch_threads)
+    """The case's PyTorch and numpy BLAS thread counts while it runs."""
+    with contextlib.ExitStack() as stack:
+        if case.torch_threads is not None:
+            stack.enter_context(threads.torch_threads(case.torch_threads))
+        if getattr(case, "blas_threads", None) is not None:
+            stack.enter_context(threads.blas_threads(case.blas_threads))
+        yield
 
 
 def median(case):
@@ -171,6 +198,12 @@ def torch_cases(label, make_fn, threads, blas_threads):
 def best(cases):
     """The case with the smallest median (PyTorch's best thread count)."""
     return min(cases, key=median)
+
+
+def blas_cases(label, make_fn, counts):
+    """One case per numpy BLAS thread count in ``counts`` (duplicates dropped), labelled
+    ``label@n``: a library at its default count and at one, the best reported."""
+    return [Case(f"{label}@{n}", make_fn(), blas_threads=n) for n in dict.fromkeys(counts)]
 
 
 # --- machine -----------------------------------------------------------------------------

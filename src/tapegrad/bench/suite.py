@@ -14,9 +14,16 @@ weights (bitwise, else the largest relative difference over losses and final par
 the first-call compile time (trace, passes, code generation and one run) of a new compiled
 function after the same step was compiled once in the process (numba's disk cache and the
 generated modules warm; the process's first compile is given as "cold"), and the median
-milliseconds per step of tapegrad eager, tapegrad compiled, PyTorch eager (at one thread and
-at its default thread count, the faster reported) and, with ``--inductor``,
-``torch.compile`` (inductor, of the model's forward and loss; backward and optimizer eager).
+milliseconds per step of tapegrad eager, tapegrad compiled, PyTorch eager and, with
+``--inductor``, ``torch.compile`` (inductor, of the model's forward and loss; backward and
+optimizer eager, at one thread).
+
+Threads: every library is timed as a user gets it and at its best. tapegrad eager and
+compiled run at numpy's BLAS default count (tapegrad deciding per product whether a product
+takes a second thread, ``backend.blas.runs_serial``) and with the BLAS at one thread;
+PyTorch eager at its default ``torch.get_num_threads()`` and at one. Each figure is the
+faster of the two, with the count that gave it in brackets. ``--threads N`` pins numpy's
+BLAS at N for tapegrad instead.
 
 Every (model, dtype) runs in its own process (``python -m tapegrad.bench.suite --worker``),
 so a crash or a leak in one cannot touch the next, and what one model's compilation loaded
@@ -167,6 +174,9 @@ def worker(args):
     name, dtype = args.worker
     res = {"model": name, "dtype": dtype}
     torch_default = torch.get_num_threads() if torch is not None else 1
+    # tapegrad as a user gets it (numpy's BLAS at its default count, tapegrad deciding per
+    # product) and at one thread, as PyTorch below; --threads N times N alone
+    blas_counts = [args.threads] if args.threads else [tapegrad.get_num_threads() or 1, 1]
     with harness.Threads(args.threads, torch) as threads:
         steps = QUICK_CHECK_STEPS if args.quick else CHECK_STEPS
         eager = run_steps(tapegrad, name, dtype, steps)
@@ -177,12 +187,21 @@ def worker(args):
         except Exception as e:  # a compiler failure is a finding: report it, time the rest
             res["compile_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
             compiled = None
-        step, _, _, inputs = make_step(tapegrad, name, dtype)
-        cases = [harness.Case("tapegrad eager", lambda: step(*inputs))]
-        if compiled is not None:
+
+        def eager_step():
+            step, _, _, inputs = make_step(tapegrad, name, dtype)
+            return lambda: step(*inputs)
+
+        def compiled_step():
             cstep, _, _, cinputs = make_step(tapegrad, name, dtype)
             cfn = tapegrad.compile(cstep)
-            cases.append(harness.Case("tapegrad compiled", lambda: cfn(*cinputs)))
+            return lambda: cfn(*cinputs)
+
+        own = {"tapegrad eager": harness.blas_cases("tapegrad eager", eager_step, blas_counts)}
+        if compiled is not None:
+            own["tapegrad compiled"] = harness.blas_cases("tapegrad compiled", compiled_step,
+                                                          blas_counts)
+        cases = [c for group in own.values() for c in group]
         n_own = len(cases)
         if torch is not None:
             if args.inductor:
@@ -200,8 +219,9 @@ def worker(args):
             res["torch_rel_diff"] = max_rel_diff(*eager, *run_steps(torch, name, dtype, steps))
         harness.interleave(cases, threads, rounds=args.rounds, min_time=args.min_time,
                            warmup=2)
-        for c in cases[:n_own]:
-            res[c.label] = harness.median(c)
+        for label, group in own.items():
+            best = harness.best(group)
+            res[label], res[label + " threads"] = harness.median(best), best.blas_threads
         for c in cases[n_own:]:
             if c.label.startswith("torch.compile"):
                 res["torch.compile"] = harness.median(c)
@@ -252,8 +272,9 @@ def _inductor_case(torch, name, dtype, cases, steps):
 # --- the parent: one worker process per (model, dtype), then the table ---------------------
 def _worker_argv(args, name, dtype):
     argv = [sys.executable, "-m", "tapegrad.bench.suite", "--worker", name, dtype,
-            "--rounds", str(args.rounds), "--min-time", str(args.min_time),
-            "--threads", str(args.threads)]
+            "--rounds", str(args.rounds), "--min-time", str(args.min_time)]
+    if args.threads:
+        argv += ["--threads", str(args.threads)]
     flags = [("--quick", args.quick), ("--inductor", args.inductor),
              ("--no-torch", args.no_torch)]
     return argv + [flag for flag, on in flags if on]
@@ -281,6 +302,12 @@ def _ms(res, key):
     return "-" if v is None else f"{v * 1e3:.2f}"
 
 
+def _ms_threads(res, key, threads_key):
+    """Milliseconds with the thread count that gave them: ``5.20 (2)``."""
+    count = res.get(threads_key)
+    return _ms(res, key) if key not in res or count is None else f"{_ms(res, key)} ({count})"
+
+
 def _ratio(res, num, den):
     a, b = res.get(num), res.get(den)
     return None if a is None or b is None else a / b
@@ -304,15 +331,15 @@ def rows_of(results):
         graphs = "-" if "graphs" not in r else f"{r['graphs']}/{r['breaks']}"
         comp = "-" if "compile_warm_s" not in r else \
             f"{r['compile_warm_s']:.2f} ({r['compile_cold_s']:.2f})"
-        torch_ms = "-" if "PyTorch eager" not in r else \
-            f"{r['PyTorch eager'] * 1e3:.2f} ({r['torch_threads']})"
+        torch_ms = _ms_threads(r, "PyTorch eager", "torch_threads")
         ratios = [_ratio(r, "PyTorch eager", "tapegrad compiled"),
                   _ratio(r, "tapegrad eager", "tapegrad compiled"),
                   _ratio(r, "PyTorch eager", "tapegrad eager")]
         note = r.get("compile_error") or r.get("inductor_error") or \
             "; ".join(r.get("break_reasons", [])[:1])
         rows.append([r["model"], r["dtype"], graphs, _agreement(r), comp,
-                     _ms(r, "tapegrad eager"), _ms(r, "tapegrad compiled"), torch_ms,
+                     _ms_threads(r, "tapegrad eager", "tapegrad eager threads"),
+                     _ms_threads(r, "tapegrad compiled", "tapegrad compiled threads"), torch_ms,
                      _ms(r, "torch.compile"),
                      *["-" if x is None else f"{x:.2f}x" for x in ratios],
                      "-" if "torch_rel_diff" not in r else f"{r['torch_rel_diff']:.0e}",
@@ -321,7 +348,8 @@ def rows_of(results):
 
 
 HEADERS = ["model", "dtype", "graphs/breaks", "compiled == eager", "compile s (cold)",
-           "tg eager ms", "tg compiled ms", "PyTorch eager ms (threads)", "torch.compile ms",
+           "tg eager ms (threads)", "tg compiled ms (threads)", "PyTorch eager ms (threads)",
+           "torch.compile ms",
            "compiled vs PyTorch", "compiled vs tg eager", "tg eager vs PyTorch",
            "tg vs torch diff", "note"]
 
@@ -368,7 +396,10 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--min-time", type=float, default=None,
                    help="seconds each timed batch of steps lasts at least")
-    p.add_argument("--threads", type=int, default=1, help="numpy BLAS threads for tapegrad")
+    p.add_argument("--threads", type=int, default=None,
+                   help="pin numpy's BLAS at N threads for tapegrad (default: tapegrad timed at "
+                        "the BLAS's default count, deciding per product, and at 1, the faster "
+                        "reported)")
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--timeout", type=float, default=900, help="seconds per worker process")
     p.add_argument("--json", default=None, metavar="PATH",
@@ -398,6 +429,14 @@ def main(argv=None):
     # the workers time PyTorch at one thread and at its default count, not at --threads
     harness.out("\n".join(line for line in head.splitlines()
                           if not line.startswith("threads: PyTorch")))
+    if args.threads:
+        harness.out(f"threads: tapegrad timed with numpy's BLAS pinned at {args.threads}")
+    else:
+        import tapegrad
+
+        harness.out(f"threads: tapegrad eager and compiled timed at numpy's BLAS default "
+                    f"({tapegrad.get_num_threads()}; tapegrad runs small products on one) and "
+                    f"at 1, best median reported")
     if torch is not None:
         harness.out(f"threads: PyTorch eager timed at torch.set_num_threads(1) and at its "
                     f"default ({torch.get_num_threads()}), best median reported; "
