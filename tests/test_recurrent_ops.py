@@ -247,3 +247,62 @@ def test_layers_run_one_op_per_layer_and_direction():
     cell = tapegrad.nn.LSTMCell(3, 4)
     h, _ = cell(tapegrad.randn(2, 3))
     assert h.grad_fn.parents[0].op.name == "rnn_cell"
+
+
+# --- vmap: mapped elements fold into the RNN batch (shared weights) -------------------------
+@pytest.mark.filterwarnings("error:vmap")  # a loop over the batch would warn
+@pytest.mark.parametrize("mode", MODES)
+def test_vmap_folds_into_the_batch_and_per_element_weight_grads(mode):
+    V = 3
+    specs = layer_specs(mode, 4, 2, 3, 5)
+    arrays = make_inputs(specs, seed=11)
+    x, h0, c0, w_ih, w_hh, b_ih, b_hh, _ = _unpack(mode, True, False, arrays)
+    rng = np.random.default_rng(12)
+    xws = rng.standard_normal((V,) + (x.shape[0], x.shape[1], w_ih.shape[0]))
+    h0s = rng.standard_normal((V,) + h0.shape)
+    w = [tapegrad.tensor(a) for a in (w_hh, b_hh)]
+    c = None if c0 is None else tapegrad.tensor(c0)
+
+    def layer(xw, h, w_hh, b_hh):
+        return rnn_layer(xw, h, c, w_hh, b_hh, None, mode=mode, reverse=True)
+
+    def loss(xw, h, w_hh, b_hh):
+        y = layer(xw, h, w_hh, b_hh)
+        return (y * y.sin()).sum()
+
+    got = tapegrad.func.vmap(layer, in_dims=(0, 0, None, None))(
+        tapegrad.tensor(xws), tapegrad.tensor(h0s), *w)
+    grads = tapegrad.func.vmap(tapegrad.func.grad(loss, argnums=(0, 1, 2, 3)),
+                               in_dims=(0, 0, None, None))(tapegrad.tensor(xws),
+                                                           tapegrad.tensor(h0s), *w)
+    for v in range(V):
+        xv, hv = tapegrad.tensor(xws[v]), tapegrad.tensor(h0s[v])
+        assert_close(got[v], layer(xv, hv, *w), rtol=1e-14)
+        want = tapegrad.func.grad(loss, argnums=(0, 1, 2, 3))(xv, hv, *w)
+        for a, b in zip(grads, want):
+            assert_close(a[v], b, rtol=1e-12)
+
+
+@pytest.mark.filterwarnings("error:vmap")
+@pytest.mark.parametrize("mode", MODES)
+def test_vmap_of_cell_and_its_per_element_grads(mode):
+    V = 3
+    arrays = make_inputs(cell_specs(mode, 2, 3, 4), seed=13)
+    x, h, c, w_ih, w_hh, b_ih, b_hh, _ = _unpack(mode, True, False, arrays)
+    rng = np.random.default_rng(14)
+    xs = tapegrad.tensor(rng.standard_normal((V,) + x.shape))
+    hs = tapegrad.tensor(rng.standard_normal((V,) + h.shape))
+    ws = [tapegrad.tensor(a) for a in (w_ih, w_hh, b_ih, b_hh)]
+    ct = None if c is None else tapegrad.tensor(c)
+
+    def loss(x, h, w_ih, w_hh, b_ih, b_hh):
+        y = rnn_cell(x, h, ct, w_ih, w_hh, b_ih, b_hh, mode=mode)
+        return (y * y.cos()).sum()
+
+    argnums = tuple(range(6))
+    grads = tapegrad.func.vmap(tapegrad.func.grad(loss, argnums=argnums),
+                               in_dims=(0, 0) + (None,) * 4)(xs, hs, *ws)
+    for v in range(V):
+        want = tapegrad.func.grad(loss, argnums=argnums)(xs[v], hs[v], *ws)
+        for a, b in zip(grads, want):
+            assert_close(a[v], b, rtol=1e-12)

@@ -612,3 +612,141 @@ rnn_layer_backward.costs(lambda arrays, out, params: (
 rnn_cell_backward.costs(lambda arrays, out, params: (
     3 * _cell_cost(arrays[1:8], out, params)[0], read_bytes([a for a in arrays if a is not None]),
     written_bytes(out)))
+
+
+# --- vmap: the mapped dim folds into the batch ---------------------------------------------
+def _batch_size(args, bdims):
+    return next(a.shape[b] for a, b in zip(args, bdims) if b is not None)
+
+
+def _fold(a, b, size, batch_dim):
+    """Physical ``a`` (batch dim ``b``, None: unbatched) with the vmapped dim merged into its
+    logical dim ``batch_dim`` (the RNN batch), mapped element outermost."""
+    R = _registry.REGISTRY
+    if a is None:
+        return None
+    if b is None:
+        shape = tuple(a.shape)
+        a = R["broadcast_to"](R["reshape"](a, shape=(1,) + shape), shape=(size,) + shape)
+    elif b != 0:
+        a = R["permute"](a, dims=(b,) + tuple(d for d in range(a.dim()) if d != b))
+    if batch_dim:  # (V, T, B, S) -> (T, V, B, S)
+        a = R["permute"](a, dims=(1, 0) + tuple(range(2, a.dim())))
+    shape = tuple(a.shape)
+    return R["reshape"](a, shape=shape[:batch_dim] + (-1,) + shape[batch_dim + 2:])
+
+
+def _unfold(a, size, batch_dim):
+    shape = tuple(a.shape)
+    return _registry.REGISTRY["reshape"](
+        a, shape=shape[:batch_dim] + (size, shape[batch_dim] // size) + shape[batch_dim + 1:])
+
+
+@rnn_layer.batch
+def _(args, bdims, mode, reverse=False):
+    # shared weights: the mapped elements are more rows of the batch, one op for them all
+    if any(b is not None for b in bdims[3:]):
+        return NotImplemented
+    size = _batch_size(args, bdims)
+    xw, h0, c0 = (_fold(a, b, size, d) for a, b, d in zip(args[:3], bdims[:3], (1, 0, 0)))
+    out = rnn_layer(xw, h0, c0, *args[3:], mode=mode, reverse=reverse)
+    return _unfold(out, size, 1), 1
+
+
+@rnn_cell.batch
+def _(args, bdims, mode):
+    if any(b is not None for b in bdims[3:]):
+        return NotImplemented
+    size = _batch_size(args, bdims)
+    x, h, c = (_fold(a, b, size, 0) for a, b in zip(args[:3], bdims[:3]))
+    return _unfold(rnn_cell(x, h, c, *args[3:], mode=mode), size, 0), 0
+
+
+def _per_element_weight_grads(ghw, hprev, size, with_bias):
+    """Each mapped element's ``sum_{t, b} ghw^T hprev`` (and ``sum ghw``): the weight
+    gradients that folding into the batch would have summed over the elements."""
+    R = _registry.REGISTRY
+    ghw, hprev = _unfold(ghw, size, 1), _unfold(hprev, size, 1)  # (T, V, B, .)
+    gw = R["einsum"]([ghw, hprev], equation="tvbg,tvbp->vgp")
+    gb = R["sum"](ghw, dims=(0, 2)) if with_bias else None
+    return gw, gb
+
+
+@rnn_layer_backward.batch
+def _(args, bdims, mode, reverse=False):
+    g, xw, h0, c0, w_hh, b_hh, w_hr, out = args
+    if any(b is not None for b in bdims[4:7]) or w_hr is not None:
+        return NotImplemented  # per-element weights, or a projection: the loop
+    R = _registry.REGISTRY
+    size = _batch_size(args, bdims)
+    g, xw, out = (_fold(a, b, size, 1) for a, b in ((g, bdims[0]), (xw, bdims[1]),
+                                                     (out, bdims[7])))
+    h0, c0 = _fold(h0, bdims[2], size, 0), _fold(c0, bdims[3], size, 0)
+    flat = rnn_layer_backward(g, xw, h0, c0, w_hh, b_hh, None, out, mode=mode,
+                              reverse=reverse)
+    gxw, gh0, gc0 = _cut(flat, (xw, h0, c0), (True, True, c0 is not None))
+    hseq = getitem(out, index=(Ellipsis, slice(0, h0.shape[-1])))
+    first = reshape(h0, shape=(1,) + tuple(h0.shape))
+    steps = out.shape[0]
+    later = getitem(hseq, index=(slice(1, steps),)) if reverse else \
+        getitem(hseq, index=(slice(0, steps - 1),))
+    hprev = cat_op([later, first] if reverse else [first, later], dim=0)
+    ghw = gxw
+    if mode == "GRU":  # the hidden side's n-gate gradient is scaled by the reset gate r
+        H = w_hh.shape[0] // 3
+        hw = R["matmul"](hprev, R["permute"](w_hh, dims=(1, 0)))
+        if b_hh is not None:
+            hw = hw + b_hh
+        r = R["sigmoid"](getitem(hw, index=(Ellipsis, slice(0, H)))
+                         + getitem(xw, index=(Ellipsis, slice(0, H))))
+        ghw = cat_op([getitem(gxw, index=(Ellipsis, slice(0, 2 * H))),
+                      getitem(gxw, index=(Ellipsis, slice(2 * H, 3 * H))) * r], dim=2)
+    gw, gb = _per_element_weight_grads(ghw, hprev, size, b_hh is not None)
+    pieces = [_unfold(gxw, size, 1), _unfold(gh0, size, 0)]
+    pieces[0] = R["permute"](pieces[0], dims=(1, 0, 2, 3))
+    if c0 is not None:
+        pieces.append(_unfold(gc0, size, 0))
+    pieces.append(gw)
+    if gb is not None:
+        pieces.append(gb)
+    return cat_op([reshape(p, shape=(size, -1)) for p in pieces], dim=1), 0
+
+
+@rnn_cell_backward.batch
+def _(args, bdims, mode):
+    g, x, h, c, w_ih, w_hh, b_ih, b_hh, out = args
+    if any(b is not None for b in bdims[4:8]):
+        return NotImplemented
+    R = _registry.REGISTRY
+    size = _batch_size(args, bdims)
+    g, x, h, c, out = (_fold(a, b, size, 0) for a, b in zip((g, x, h, c, out),
+                                                            (bdims[0], *bdims[1:4], bdims[8])))
+    flat = rnn_cell_backward(g, x, h, c, w_ih, w_hh, b_ih, b_hh, out, mode=mode)
+    gx, gh, gc = _cut(flat, (x, h, c), (True, True, c is not None))
+    # the cell is a one-step layer: its weight gradients per element, from xw's gradient
+    xw = R["linear"](x, w_ih, b_ih) if b_ih is not None else R["linear"](x, w_ih)
+    inner = rnn_layer_backward(
+        reshape(g, shape=(1,) + tuple(g.shape)), reshape(xw, shape=(1,) + tuple(xw.shape)),
+        h, c, w_hh, b_hh, None, reshape(out, shape=(1,) + tuple(out.shape)), mode=mode)
+    (gxw,) = _cut(inner, (xw,), (True,))
+    ghw = gxw
+    hprev = reshape(h, shape=(1,) + tuple(h.shape))
+    if mode == "GRU":
+        H = w_hh.shape[0] // 3
+        hw = R["matmul"](h, R["permute"](w_hh, dims=(1, 0)))
+        if b_hh is not None:
+            hw = hw + b_hh
+        r = R["sigmoid"](getitem(hw, index=(Ellipsis, slice(0, H)))
+                         + getitem(xw, index=(Ellipsis, slice(0, H))))
+        ghw = cat_op([getitem(gxw, index=(Ellipsis, slice(0, 2 * H))),
+                      getitem(gxw, index=(Ellipsis, slice(2 * H, 3 * H))) * r], dim=1)
+    ghw = reshape(ghw, shape=(1,) + tuple(ghw.shape))
+    gw_hh, gb_hh = _per_element_weight_grads(ghw, hprev, size, b_hh is not None)
+    xs = reshape(x, shape=(1,) + tuple(x.shape))
+    gxw1 = reshape(gxw, shape=(1,) + tuple(gxw.shape))
+    gw_ih, gb_ih = _per_element_weight_grads(gxw1, xs, size, b_ih is not None)
+    pieces = [_unfold(gx, size, 0), _unfold(gh, size, 0)]
+    if c is not None:
+        pieces.append(_unfold(gc, size, 0))
+    pieces += [gw_ih, gw_hh] + [p for p in (gb_ih, gb_hh) if p is not None]
+    return cat_op([reshape(p, shape=(size, -1)) for p in pieces], dim=1), 0
