@@ -41,7 +41,7 @@ recursion (numba's cache cannot load recursive functions: a segfault).
 """
 import numpy as np
 
-from tapegrad.compiler import kernels, op_kernels, passes
+from tapegrad.compiler import kernels, op_kernels, passes, patterns
 from tapegrad.compiler.ir import Value
 
 _FLOATS = kernels.FLOATS
@@ -341,145 +341,67 @@ def _lit(a, value):
     return not isinstance(a, Value) and type(a) in (int, float) and a == value
 
 
-def _match_layer_norm_rule(f, producer, uses):
-    """The nodes of ``ops.nn._norm_rule`` traced for the layer_norm forward node ``f`` (last
-    axis, with weight): ``(nodes in graph order, g, outputs gx, gw, gb or None)``, or None.
-    Every intermediate must be used inside the group only."""
-    if len(f.inputs) < 2 or not all(isinstance(a, Value) for a in f.inputs[:2]):
-        return None
-    x, w = f.inputs[:2]
-    axes = tuple(f.params.get("axes") or ())
-    eps = f.params.get("eps")
-    if not x.shape or axes != (len(x.shape) - 1,) or not isinstance(eps, float):
-        return None
-    C = x.shape[-1]
-    keep = {"dims": axes, "keepdim": True}
+def _layer_norm_rule(with_bias):
+    """LayerNorm's gradient rule (``ops.nn._norm_rule``) over the last axis with a weight, as
+    the pattern function of ``fuse_layer_norm_backward``: the rule eager runs, so the pattern
+    cannot drift from it."""
+    from tapegrad.ops.nn import _norm_rule
 
-    def one(v, name, pred=lambda m: True):
-        """The single consumer of ``v`` called ``name`` satisfying pred, or None."""
-        hits = [m for m in uses.get(id(v), ()) if m.name == name and pred(m)]
-        return hits[0] if len(hits) == 1 else None
+    def rule(g, x, w):
+        gx, gw, gb = _norm_rule(g, None, x, w, w if with_bias else None,
+                                axes=(x.ndim - 1,), eps=_EXAMPLE_EPS,
+                                param_shape=(x.shape[-1],))
+        return (gx, gw, gb) if with_bias else (gx, gw)
 
-    def keepsum(m):
-        return dict(m.params) == keep
-
-    for s1 in [m for m in uses.get(id(x), ()) if m.name == "sum" and keepsum(m)]:
-        m1 = one(s1.outputs[0], "div", lambda m: _lit(m.inputs[1], C))
-        xc = m1 and one(m1.outputs[0], "sub", lambda m: m.inputs[0] is x)
-        sq = xc and one(xc.outputs[0], "mul", lambda m: m.inputs[0] is m.inputs[1])
-        s2 = sq and one(sq.outputs[0], "sum", keepsum)
-        m2 = s2 and one(s2.outputs[0], "div", lambda m: _lit(m.inputs[1], C))
-        a = m2 and one(m2.outputs[0], "add", lambda m: _lit(m.inputs[1], eps))
-        r = a and one(a.outputs[0], "sqrt")
-        rs = r and one(r.outputs[0], "div", lambda m: _lit(m.inputs[0], 1))
-        xh = rs and one(xc.outputs[0], "mul", lambda m: m.inputs[1] is rs.outputs[0])
-        if not xh:
-            continue
-        xhat, rstd = xh.outputs[0], rs.outputs[0]
-        p = one(xhat, "mul", lambda m: m.inputs[1] is xhat and m.inputs[0] is not xhat
-                and producer.get(id(m.inputs[0])) is not None
-                and producer[id(m.inputs[0])].name == "mul"
-                and producer[id(m.inputs[0])].inputs[1] is w)
-        if not p:
-            continue
-        gm = producer[id(p.inputs[0])]
-        g = gm.inputs[0]
-        gxhat = gm.outputs[0]
-        if not isinstance(g, Value) or g.shape != x.shape or g.dtype != x.dtype:
-            continue
-        s3 = one(gxhat, "sum", keepsum)
-        m3 = s3 and one(s3.outputs[0], "div", lambda m: _lit(m.inputs[1], C))
-        t1 = m3 and one(gxhat, "sub", lambda m: m.inputs[1] is m3.outputs[0])
-        s4 = t1 and one(p.outputs[0], "sum", keepsum)
-        m4 = s4 and one(s4.outputs[0], "div", lambda m: _lit(m.inputs[1], C))
-        t2 = m4 and one(xhat, "mul", lambda m: m.inputs[1] is m4.outputs[0])
-        t3 = t2 and one(t1.outputs[0], "sub", lambda m: m.inputs[1] is t2.outputs[0])
-        gxn = t3 and one(t3.outputs[0], "mul", lambda m: m.inputs[0] is rstd)
-        gw0 = gxn and one(xhat, "mul", lambda m: m.inputs[0] is g)
-        gwn = gw0 and one(gw0.outputs[0], "sum_to", lambda m: tuple(m.params.get("shape", ()))
-                          == (C,))
-        if not gwn:
-            continue
-        gbn = one(g, "sum_to", lambda m: tuple(m.params.get("shape", ())) == (C,))
-        group = [s1, m1, xc, sq, s2, m2, a, r, rs, xh, gm, p, s3, m3, t1, s4, m4, t2, t3, gxn,
-                 gw0, gwn] + ([gbn] if gbn else [])
-        inside = {id(m) for m in group}
-        outs = {id(gxn.outputs[0]), id(gwn.outputs[0])} | (
-            {id(gbn.outputs[0])} if gbn else set())
-        ok = all(all(id(u) in inside for u in uses.get(id(v), ()))
-                 for m in group for v in m.outputs if id(v) not in outs)
-        if ok:
-            return group, g, gxn.outputs[0], gwn.outputs[0], gbn.outputs[0] if gbn else None
-    return None
+    return rule
 
 
-def _layer_norm_backward_impl(nodes, g, x, w, outs):
-    """The group's own nodes, run in order: eager's arithmetic (the reference; numba's kernel
-    serves the node in generated code)."""
-    from tapegrad.compiler.ir import call_node
+_EXAMPLE_EPS = 1.2345e-05  # distinctive example literals: each matches any literal
+_EXAMPLE_ROW = 7           # (the same one wherever it occurs): the eps and the row length
 
-    def layer_norm_backward(ga, xa, wa, **params):
-        env = {id(g): ga, id(x): xa, id(w): wa}
-        for m in nodes:
-            args = [env[id(a)] if isinstance(a, Value) else a for a in m.inputs]
-            for v, o in zip(m.outputs, call_node(m, args)):
-                env[id(v)] = o
-        return tuple(env[id(v)] for v in outs)
 
-    return layer_norm_backward
+def _examples_rows(n_inputs, symbols):
+    """Example arrays for a pattern over rows: leading dims of 3, rows of ``_EXAMPLE_ROW``
+    (the weight: one row)."""
+    def examples(rank):
+        import tapegrad
+
+        shape = (3,) * (rank - 1) + (_EXAMPLE_ROW,)
+        args = [tapegrad.ones(shape, dtype=tapegrad.float64) for _ in range(2)]
+        args += [tapegrad.ones((_EXAMPLE_ROW,), dtype=tapegrad.float64)] * (n_inputs - 2)
+        return [(args, symbols)]
+
+    return examples
+
+
+def _layer_norm_guard(bound):
+    g, x, w = bound["inputs"]
+    n = bound.get("n")
+    return (x.shape and g.shape == x.shape and x.shape[-1] == n and tuple(w.shape) == (n,)
+            and isinstance(bound.get("eps"), float))
+
+
+def _layer_norm_pattern(with_bias):
+    return patterns.Pattern(
+        "layer_norm_backward", _layer_norm_rule(with_bias),
+        _examples_rows(3, {"n": _EXAMPLE_ROW, "eps": _EXAMPLE_EPS}),
+        params=lambda b: {"axes": (len(b["inputs"][1].shape) - 1,), "eps": b["eps"]},
+        guard=_layer_norm_guard)
+
+
+_LAYER_NORM_BACKWARD = (_layer_norm_pattern(True), _layer_norm_pattern(False))
 
 
 def fuse_layer_norm_backward(graph):
-    """A graph pass: each traced LayerNorm gradient rule (``ops.nn._norm_rule``: ~23 nodes
-    of row sums, divisions and products for one ``layer_norm`` forward over the last axis
-    with a weight) whose intermediates nothing else reads becomes one
-    ``layer_norm_backward`` node ``(g, x, w) -> (gx, gw, gb)``, served by a numba kernel
+    """A graph pass: each traced LayerNorm gradient rule (``ops.nn._norm_rule`` over the
+    last axis with a weight: ~23 nodes of row sums, divisions and products), matched as a
+    pattern traced from that rule, whose intermediates nothing else reads becomes one
+    ``layer_norm_backward`` node ``(g, x, w) -> (gx, gw[, gb])``, served by a numba kernel
     that makes one pass per row (bitwise the nodes' results; the numpy backend runs the
     nodes themselves)."""
-    from tapegrad.compiler.ir import Node
-
-    fwd = [n for n in graph.nodes if n.name == "layer_norm" and n.op is not None]
-    if not fwd:
-        return graph
-    producer, uses = {}, {}
-    for n in graph.nodes:
-        for v in n.outputs:
-            producer[id(v)] = n
-        for a in n.inputs:
-            if isinstance(a, Value):
-                lst = uses.setdefault(id(a), [])
-                if not lst or lst[-1] is not n:  # mul(xc, xc): one use
-                    lst.append(n)
-    sink = Node(None, "<outside>", [], {}, [])  # graph outputs and write-backs read values
-    for v in list(graph.outputs) + [wv for *_, wv in graph.writes]:
-        if isinstance(v, Value):
-            uses.setdefault(id(v), []).append(sink)
-    pos = {id(n): i for i, n in enumerate(graph.nodes)}
-    replace, drop = {}, set()
-    for f in fwd:
-        hit = _match_layer_norm_rule(f, producer, uses)
-        if hit is None:
-            continue
-        group, g, gx, gw, gb = hit
-        if any(id(m) in drop or id(m) in replace for m in group):
-            continue
-        first = min(pos[id(m)] for m in group)
-        last = max(pos[id(m)] for m in group)
-        inside = {id(m) for m in group}
-        made = {id(v) for m in group for v in m.outputs}
-        between = [n for n in graph.nodes[first:last + 1] if id(n) not in inside]
-        if any(isinstance(a, Value) and id(a) in made for n in between for a in n.inputs):
-            continue  # read before the group's last node: the fused node cannot move there
-        x, w = f.inputs[:2]
-        outs = [gx, gw] + ([gb] if gb is not None else [])
-        nodes = sorted(group, key=lambda m: pos[id(m)])
-        fused = Node(None, "layer_norm_backward", [g, x, w],
-                     {"axes": tuple(f.params["axes"]), "eps": f.params["eps"]}, outs,
-                     impl=_layer_norm_backward_impl(nodes, g, x, w, outs),
-                     meta={"nodes": nodes})
-        replace[id(nodes[-1])] = fused
-        drop.update(id(m) for m in nodes[:-1])
-    return passes.replace_nodes(graph, replace, drop)
+    for pattern in _LAYER_NORM_BACKWARD:  # with the bias's gradient first
+        graph = pattern.rewrite(graph)
+    return graph
 
 
 @op_kernels.register("layer_norm_backward")
@@ -531,69 +453,38 @@ def _uses_of(graph):
     return uses
 
 
-def _softmax_backward_impl(nodes, gp, p, out):
-    from tapegrad.compiler.ir import call_node
+def _softmax_examples(rank):
+    """softmax's rule over the last axis, the axis named by number and as -1."""
+    import tapegrad
 
-    def softmax_backward(ga, pa):
-        env = {id(gp): ga, id(p): pa}
-        for m in nodes:
-            args = [env[id(a)] if isinstance(a, Value) else a for a in m.inputs]
-            for v, o in zip(m.outputs, call_node(m, args)):
-                env[id(v)] = o
-        return env[id(out)]
+    shape = (3,) * (rank - 1) + (_EXAMPLE_ROW,)
+    args = [tapegrad.ones(shape, dtype=tapegrad.float64) for _ in range(2)]
+    return [([*args, d], {}) for d in (rank - 1, -1)]
 
-    return softmax_backward
+
+def _softmax_rule(g, p, dim):
+    from tapegrad.ops.nn import softmax
+
+    return softmax.rule(g, p, None, dim)
+
+
+def _softmax_guard(bound):
+    gp, p = bound["inputs"]
+    return gp is not p and gp.shape == p.shape and gp.dtype == p.dtype and bool(p.shape) \
+        and np.dtype(p.dtype) in _FLOATS
+
+
+_SOFTMAX_BACKWARD = patterns.Pattern("softmax_backward", _softmax_rule, _softmax_examples,
+                                     guard=_softmax_guard)
 
 
 def fuse_softmax_backward(graph):
     """A graph pass: softmax's traced gradient ``p * (g - sum(g * p, last, keepdim))`` (its
-    own rule, and attention's for the scores) whose products and sums nothing else reads
-    becomes one ``softmax_backward`` node ``(g, p) -> grad``, served by a numba kernel (one
-    pass per row, bitwise the nodes' results; the numpy backend runs the nodes)."""
-    from tapegrad.compiler.ir import Node
-
-    uses = _uses_of(graph)
-    pos = {id(n): i for i, n in enumerate(graph.nodes)}
-    replace, drop = {}, set()
-    for m1 in graph.nodes:
-        if m1.name != "mul" or len(m1.inputs) != 2 or not all(
-                isinstance(a, Value) for a in m1.inputs):
-            continue
-        gp, p = m1.inputs
-        if gp is p or gp.shape != p.shape or gp.dtype != p.dtype or not p.shape or \
-                np.dtype(p.dtype) not in _FLOATS:
-            continue
-        last = len(p.shape) - 1
-        u1 = uses.get(id(m1.outputs[0]), [])
-        if len(u1) != 1 or u1[0].name != "sum" or dict(u1[0].params) not in (
-                {"dims": (last,), "keepdim": True}, {"dims": (-1,), "keepdim": True}):
-            continue
-        s = u1[0]
-        u2 = uses.get(id(s.outputs[0]), [])
-        if len(u2) != 1 or u2[0].name != "sub" or u2[0].inputs[0] is not gp \
-                or u2[0].inputs[1] is not s.outputs[0]:
-            continue
-        t = u2[0]
-        u3 = uses.get(id(t.outputs[0]), [])
-        if len(u3) != 1 or u3[0].name != "mul" or u3[0].inputs[0] is not p \
-                or u3[0].inputs[1] is not t.outputs[0]:
-            continue
-        m2 = u3[0]
-        group = [m1, s, t, m2]
-        if any(id(m) in drop or id(m) in replace for m in group):
-            continue
-        first, lastpos = pos[id(m1)], pos[id(m2)]
-        made = {id(v) for m in group for v in m.outputs}
-        inside = {id(m) for m in group}
-        if any(isinstance(a, Value) and id(a) in made for n in graph.nodes[first:lastpos + 1]
-               if id(n) not in inside for a in n.inputs):
-            continue
-        out = m2.outputs[0]
-        replace[id(m2)] = Node(None, "softmax_backward", [gp, p], {}, [out],
-                               impl=_softmax_backward_impl(group, gp, p, out),
-                               meta={"nodes": group})
-        drop.update(id(m) for m in group[:-1])
-    return passes.replace_nodes(graph, replace, drop)
+    own rule, and attention's for the scores), matched as a pattern traced from softmax's
+    rule, whose products and sums nothing else reads becomes one ``softmax_backward`` node
+    ``(g, p) -> grad``, served by a numba kernel (one pass per row, bitwise the nodes'
+    results; the numpy backend runs the nodes)."""
+    return _SOFTMAX_BACKWARD.rewrite(graph)
 
 
 @op_kernels.register("softmax_backward")
