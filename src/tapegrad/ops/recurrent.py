@@ -142,13 +142,22 @@ def _lstm_operands(m, xw, w_hh, b_hh, H):
     the sigmoid gates' columns negated, so that each step's ``h w_t + xwb`` holds ``-pre``
     for i, f and o in one contiguous block (one exp-add-reciprocal pass gives their sigmoids)
     and ``pre`` for g. Negation is exact, so these are the pre-activations bit for bit."""
-    order = m.r_[0:2 * H, 3 * H:4 * H, 2 * H:3 * H]
-    w_t = m.ascontiguousarray(w_hh.T[:, order])
-    w_t[:, :3 * H] *= -1
-    xwb = xw[..., order]  # a copy
-    if b_hh is not None:
-        xwb += b_hh[order]
-    xwb[..., :3 * H] *= -1
+    w_t = m.empty((w_hh.shape[1], 4 * H), w_hh.dtype)
+    xwb = m.empty(xw.shape, xw.dtype)
+    # (slices, not an index array: a cell pays this every step)
+    for dst, src, negate in ((slice(0, 2 * H), slice(0, 2 * H), True),
+                             (slice(2 * H, 3 * H), slice(3 * H, 4 * H), True),
+                             (slice(3 * H, 4 * H), slice(2 * H, 3 * H), False)):
+        xb = xwb[..., dst]
+        if b_hh is not None:
+            m.add(xw[..., src], b_hh[src], out=xb)
+        else:
+            xb[...] = xw[..., src]
+        if negate:
+            m.negative(w_hh[src].T, out=w_t[:, dst])
+            m.negative(xb, out=xb)
+        else:
+            w_t[:, dst] = w_hh[src].T
     return w_t, xwb
 
 
