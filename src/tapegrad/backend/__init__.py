@@ -12,6 +12,7 @@ __all__ = ["xp", "DEVICE", "reduce_axis", "release_memory", "keeps_freed_memory"
 # registers its array type here. Nothing below runs on an all-cpu program's per-op path:
 # dispatch only asks when an op's result is not a numpy array, or when its forward failed.
 from tapegrad.backend import numpy_backend as _numpy_backend  # noqa: E402
+from tapegrad.backend import scatter as _scatter  # noqa: E402
 
 _MODULES = {}        # device array type -> its backend module
 DEVICE_TYPES = set()  # the device array types (dispatch keeps these as op results)
@@ -96,12 +97,18 @@ def on_device_of(ref, a):
 
 def add_at(a, index, values) -> None:
     """``numpy.add.at(a, index, values)`` (unbuffered: repeated indices add) on ``a``'s device
-    (CuPy: ``cupyx.scatter_add``)."""
+    (host: ``scatter.add_at``, add.at's bits by faster paths; CuPy: ``cupyx.scatter_add``)."""
     b = _MODULES.get(type(a))
     if b is None:
-        xp.add.at(a, index, values)
+        _scatter.add_at(a, index, values)
     else:
         b.add_at(a, index, values)
+
+
+def sum_rows(values, rows, n):
+    """float64 sums of ``values``' rows by ``rows`` into ``n`` rows, as ``numpy.bincount``
+    with weights adds them (``scatter.sum_rows``; host arrays)."""
+    return _scatter.sum_rows(values, rows, n)
 
 
 def mixed_device_error(name, tensors):
@@ -117,6 +124,6 @@ def mixed_device_error(name, tensors):
                         f"devices, {seen[0]} and {seen[1]}! (in {name})")
 
 
-__all__ += ["add_at", "on_device_of", "array_module", "backend_of", "device_of", "to_host",
+__all__ += ["add_at", "sum_rows", "on_device_of", "array_module", "backend_of", "device_of", "to_host",
             "to_device", "register",
             "unregister", "cuda_backend", "DEVICE_TYPES", "mixed_device_error"]

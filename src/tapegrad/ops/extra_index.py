@@ -10,6 +10,7 @@ import itertools
 import operator
 
 from tapegrad import dtypes
+from tapegrad.backend import add_at
 from tapegrad.ops import registry
 from tapegrad.ops.elementwise import where_op
 from tapegrad.ops.extra_reduce import _index_args
@@ -86,7 +87,7 @@ def _identity(reduce, dtype):
 def _counts(shape, index, dim, include_self):
     """How many values land on each position (the self value counting once), 0 -> 1."""
     n = xp.ones(shape) if include_self else xp.zeros(shape)
-    xp.add.at(n, _grid(index, dim), 1.0)
+    add_at(n, _grid(index, dim), xp.ones(index.shape))
     n[n == 0] = 1
     return n
 
@@ -98,7 +99,7 @@ def scatter_reduce_op(a, src, index, dim, reduce, include_self=True):
     if not include_self:
         out[key] = _identity(reduce, a.dtype)
     if reduce in ("sum", "mean"):
-        xp.add.at(out, key, src)
+        add_at(out, key, src)
     elif reduce == "prod":
         xp.multiply.at(out, key, src)
     elif reduce == "amax":
@@ -139,7 +140,7 @@ def _(g, out, a, src, index, dim, reduce, include_self=True, needs=(True, True))
                                    include_self=include_self) / masked_self
         src_zero = _data(src) == 0
         zeros_at = xp.zeros(a.shape)
-        xp.add.at(zeros_at, key, src_zero)
+        add_at(zeros_at, key, src_zero)
         single = src_zero & (zeros_at[key] == 1)
         masked_src = where_op(single, 1.0, src)
         masked_result = scatter_reduce_op(a, masked_src, index=index, dim=dim, reduce="prod",
