@@ -23,8 +23,6 @@ composition (``reference_layer``, ``reference_cell``: the same math through ``st
 ops) under recording and differentiate it: slower, and exact. The nn layers run that
 composition directly where the fused ops do not apply (autocast, bfloat16, mixed dtypes).
 """
-import itertools
-
 from tapegrad.backend import array_module
 from tapegrad.ops.registry import op, xp, read_bytes, written_bytes
 from tapegrad.ops import registry as _registry
@@ -428,7 +426,9 @@ def rnn_cell(x, h, c, w_ih, w_hh, b_ih, b_hh, mode):
     None, weights (gates * H, I) and (gates * H, H), biases or None. Returns (B, 2H) for LSTM
     (h', then c'), else h' (B, H)."""
     xw = _cell_projection("rnn_cell", x, w_ih, b_ih, w_hh)
-    return _layer_forward(xw[None], h, c, w_hh, b_hh, None, mode, False)[0]
+    _check_layer("rnn_cell", xw[None], h, c, w_hh, b_hh, None, mode)
+    with xp.errstate(over="ignore"):
+        return _cell_activations(xw, h, c, w_hh, b_hh, mode)[0]
 
 
 @rnn_cell.grad
@@ -445,18 +445,117 @@ def rnn_cell_backward(g, x, h, c, w_ih, w_hh, b_ih, b_hh, out, mode):
         raise _shape_error("rnn_cell_backward", "g must match the cell's output", (g, out))
     m = array_module(x)
     xw = _cell_projection("rnn_cell_backward", x, w_ih, b_ih, w_hh)
-    inner = _layer_backward(g[None], xw[None], h, c, w_hh, b_hh, None, out[None], mode,
-                            False)
-    # inner holds the gradients of xw, h, c, w_hh, b_hh; x, w_ih and b_ih's come from xw's
-    sizes = [a.size for a in (xw, h, c, w_hh, b_hh) if a is not None]
-    gxw, gh, *rest = m.split(inner, list(itertools.accumulate(sizes))[:-1])
-    gxw = gxw.reshape(xw.shape)
-    gc = rest.pop(0) if c is not None else None
-    gw_hh = rest.pop(0)
-    gb_hh = rest.pop(0) if b_hh is not None else None
-    pieces = [m.matmul(gxw, w_ih), gh, gc, m.matmul(gxw.T, x), gw_hh,
-              None if b_ih is None else gxw.sum(axis=0), gb_hh]
-    return m.concatenate([p.reshape(-1) for p in pieces if p is not None])
+    _check_layer("rnn_cell_backward", xw[None], h, c, w_hh, b_hh, None, mode)
+    flat = m.empty(sum(a.size for a in (x, h, c, w_ih, w_hh, b_ih, b_hh) if a is not None),
+                   x.dtype)
+    grads, at = [], 0
+    for a in (x, h, c, w_ih, w_hh, b_ih, b_hh):
+        grads.append(None if a is None else flat[at:at + a.size].reshape(a.shape))
+        at += 0 if a is None else a.size
+    gx, gh, gc, gw_ih, gw_hh, gb_ih, gb_hh = grads
+    H = w_hh.shape[1]
+    with xp.errstate(over="ignore"):
+        _, saved = _cell_activations(xw, h, c, w_hh, b_hh, mode)
+    if mode == "LSTM":
+        s, tg = saved  # the gates' sigmoids (g's quarter unused) and tanh of g's
+        i, f, o = s[:, :H], s[:, H:2 * H], s[:, 3 * H:]
+        dh, dc_out = g[:, :H], g[:, H:]
+        tc = m.tanh(out[:, H:])
+        dxw = m.empty(xw.shape, xw.dtype)  # the gates' pre-activation gradient
+        dc = m.multiply(tc, tc)
+        m.subtract(1, dc, out=dc)
+        dc *= o
+        dc *= dh
+        dc += dc_out
+        m.multiply(dc, tg, out=dxw[:, :H])
+        m.multiply(dc, c, out=dxw[:, H:2 * H])
+        m.multiply(dc, i, out=dxw[:, 2 * H:3 * H])
+        m.multiply(dh, tc, out=dxw[:, 3 * H:])
+        ds = m.subtract(1, s)  # s (1 - s), and 1 - tanh(g)^2 in g's quarter
+        ds *= s
+        dg = ds[:, 2 * H:3 * H]
+        m.multiply(tg, tg, out=dg)
+        m.subtract(1, dg, out=dg)
+        dxw *= ds
+        m.multiply(dc, f, out=gc)
+        dhw = dxw
+        m.matmul(dhw, w_hh, out=gh)
+    elif mode == "GRU":
+        rz, n, hn = saved
+        r, z = rz[:, :H], rz[:, H:]
+        dh = g
+        dxw = m.empty(xw.shape, xw.dtype)
+        dhw = m.empty(xw.shape, xw.dtype)
+        gn = dxw[:, 2 * H:]
+        m.multiply(n, n, out=gn)
+        m.subtract(1, gn, out=gn)
+        gn *= 1 - z
+        gn *= dh
+        m.multiply(gn, r, out=dhw[:, 2 * H:])
+        m.multiply(gn, hn, out=dxw[:, :H])
+        m.subtract(h, n, out=dxw[:, H:2 * H])
+        dxw[:, H:2 * H] *= dh
+        drz = m.subtract(1, rz)
+        drz *= rz
+        dxw[:, :2 * H] *= drz
+        dhw[:, :2 * H] = dxw[:, :2 * H]
+        m.matmul(dhw, w_hh, out=gh)
+        gh += dh * z
+    else:
+        dxw = (out > 0).astype(out.dtype) if mode == "RNN_RELU" else 1 - out * out
+        dxw *= g
+        dhw = dxw
+        m.matmul(dhw, w_hh, out=gh)
+    m.matmul(dxw, w_ih, out=gx)
+    m.matmul(dxw.T, x, out=gw_ih)
+    m.matmul(dhw.T, h, out=gw_hh)
+    if b_ih is not None:
+        dxw.sum(axis=0, out=gb_ih)
+    if b_hh is not None:
+        dhw.sum(axis=0, out=gb_hh)
+    return flat
+
+
+def _cell_activations(xw, h, c, w_hh, b_hh, mode):
+    """One step from ``xw`` (consumed: its buffer is reused): ``(out, saved)``, ``saved``
+    what the cell's backward reads besides the output. The gates are added as PyTorch's cells
+    add them, ``(x W_ih^T + b_ih) + (h W_hh^T + b_hh)``."""
+    m = array_module(xw)
+    H = w_hh.shape[1]
+    hw = m.matmul(h, w_hh.T)
+    if b_hh is not None:
+        hw += b_hh
+    if mode == "LSTM":
+        gates = xw
+        gates += hw
+        tg = m.tanh(gates[:, 2 * H:3 * H])
+        _sigmoid_(gates)  # i, f and o (g's quarter is overwritten by tg's use below)
+        out = m.empty((xw.shape[0], 2 * H), xw.dtype)
+        hn, cn = out[:, :H], out[:, H:]
+        m.multiply(gates[:, H:2 * H], c, out=cn)
+        m.multiply(gates[:, :H], tg, out=hn)
+        cn += hn
+        m.tanh(cn, out=hn)
+        hn *= gates[:, 3 * H:]
+        return out, (gates, tg)
+    if mode == "GRU":
+        rz = m.add(xw[:, :2 * H], hw[:, :2 * H])
+        _sigmoid_(rz)
+        hn = hw[:, 2 * H:]
+        n = m.multiply(rz[:, :H], hn)
+        n += xw[:, 2 * H:]
+        m.tanh(n, out=n)
+        out = m.subtract(h, n)
+        out *= rz[:, H:]
+        out += n
+        return out, (rz, n, hn)
+    out = xw
+    out += hw
+    if mode == "RNN_RELU":
+        m.maximum(out, 0, out=out)
+    else:
+        m.tanh(out, out=out)
+    return out, None
 
 
 def _cell_projection(name, x, w_ih, b_ih, w_hh):
