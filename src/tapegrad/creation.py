@@ -7,6 +7,7 @@ and ``requires_grad=`` the same way.
 import math
 
 from tapegrad import dtypes
+from tapegrad.autograd import engine as _engine
 from tapegrad.backend import xp, DEVICE_TYPES, array_module
 from tapegrad import backend
 from tapegrad.backend.device import device as _device, resolve as resolve_device, no_cuda
@@ -100,6 +101,13 @@ def float_dtype(dtype, name):
     return d
 
 
+# Factories whose values depend on shapes and Python numbers only: a mode observing
+# ``made_from_shapes`` (the compiler's tracer: such a tensor is a constant of its graph, as
+# torch.compile specialises it, not a value read from outside) is told of each one made.
+FROM_SHAPES = frozenset(("zeros", "ones", "full", "empty", "arange", "linspace", "eye",
+                         "zeros_like", "ones_like", "full_like", "empty_like"))
+
+
 def finish(array, requires_grad, name="tensor", device=None):
     """Wrap a freshly made array (copied to ``device`` when that is not the cpu);
     ``requires_grad=True`` on integer dtypes raises."""
@@ -108,6 +116,10 @@ def finish(array, requires_grad, name="tensor", device=None):
     t = Tensor._make(array)
     if requires_grad:
         t.requires_grad = True
+    elif _engine.WATCH and name in FROM_SHAPES:
+        m = _engine.observer("made_from_shapes")
+        if m is not None:
+            m.made_from_shapes(t)
     return t
 
 

@@ -43,6 +43,12 @@ def _root_grads(name, outputs, grad_outputs, create_graph):
                 continue
             g = g._data
         grads.append(Tensor._make(g) if create_graph else g)
+    if create_graph and engine.WATCH:  # ones made from the outputs' shapes: graph constants
+        m = engine.observer("made_from_shapes")
+        if m is not None:
+            for g in grads:
+                if not g._requires_grad:
+                    m.made_from_shapes(g)
     return grads
 
 

@@ -34,6 +34,28 @@ def remove_watcher(watcher):
         WATCH[:] = [e for e in WATCH if e[1] is not watcher]
 
 
+def observer(event):
+    """The innermost mode of this thread that takes part in the library call ``event``: one
+    whose class has a method of that name, or None. Library code calls it at its hook points
+    (an optimizer's or scheduler's step, ``zero_grad``, a tensor made from shapes only), so a
+    mode such as the compiler's tracer observes them without replacing library functions.
+    With no watcher in any thread it costs one check of a global list."""
+    if not WATCH:
+        return None
+    for m in reversed(grad_state.modes):
+        if getattr(type(m), event, None) is not None:
+            return m
+    return None
+
+
+def hook_point(fn):
+    """Mark ``fn`` as a library call that asks ``observer`` whether a mode takes it over (the
+    compiler records an optimizer's step as a node of its graph): a compiled function's
+    guards do not read the state such a method reads, since the mode sees each call."""
+    fn.hook_point = True
+    return fn
+
+
 def watchers():
     """The watchers of the calling thread's ops, oldest first."""
     me = threading.get_ident()

@@ -19,8 +19,8 @@ import numpy as np
 
 from tapegrad.amp.autocast_mode import _state as _autocast_state
 from tapegrad.autograd.grad_mode import state as grad_state
-from tapegrad.compiler.tracer import (MODULE_EPOCH)
 from tapegrad.dtypes import _default as _default_dtype
+from tapegrad.nn.module import MODULE_EPOCH
 from tapegrad.tensor import Tensor
 
 
@@ -317,7 +317,7 @@ def _module_fact(m, keep):
     """What an nn.Module holds: its class and each entry of its ``__dict__``: plain values
     (numbers, strings, tuples of them) by value, everything else (parameters, buffers,
     children, hook dicts) by identity, with the contents of its dicts and sets. Changed only
-    through Module methods, which move ``tracer.MODULE_EPOCH`` on."""
+    through Module methods, which move ``nn.module.MODULE_EPOCH`` on."""
     d = m.__dict__
     values = list(d.values())
     out = [type(m), tuple(d)]
@@ -350,7 +350,7 @@ class StateGuard:
     ``__dict__``), in a closure cell, found in a class's MRO, or in an object's ``__slots__``
     field, must be that object or, with a value key, equal by value; ``_CONTENTS`` items
     re-key a mutable container (a list, dict) found there. nn.Modules are checked by
-    ``_module_fact``, only when ``tracer.MODULE_EPOCH`` moved since the last check that
+    ``_module_fact``, only when ``nn.module.MODULE_EPOCH`` moved since the last check that
     passed."""
 
     def __init__(self, fn, args=(), kwargs=None, modules=()):
@@ -452,10 +452,11 @@ class StateGuard:
         """A method of a library object the user's code calls (``sched.get_last_lr()``):
         the fields of ``obj`` its code names (and of the methods of ``obj`` it names in
         turn) are guarded, as the user's own. A method the compiler hooks (an optimizer's or
-        scheduler's ``step``, ``zero_grad``: effect nodes that run it at each call) is not."""
+        scheduler's ``step``, ``zero_grad``: ``engine.hook_point``s, effect nodes that run it at
+        each call) is not."""
         f = f.fget if isinstance(f, property) else getattr(f, "__func__", f)
         if not isinstance(f, types.FunctionType) or hasattr(f, "__wrapped__") or \
-                getattr(f, "_compiler_hook", False):
+                getattr(f, "hook_point", False):
             return
         key = (id(obj), id(f.__code__))
         if key in self._seen:

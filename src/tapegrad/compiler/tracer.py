@@ -19,7 +19,6 @@ made outside ops. On a break the call finishes eagerly (its result is exact) and
 with its source line, is reported.
 """
 import gc
-import itertools
 import os
 import sys
 import threading
@@ -641,6 +640,13 @@ class Tracer(CompilerMode):
     def constant(self, t):
         """``t`` (made outside ops from shapes and params only) is a constant of the graph."""
         self.static[id(t._data)] = (t, t._version[0])
+
+    def made_from_shapes(self, t):
+        """The hook point of the factories (``creation.FROM_SHAPES``) and of backward's
+        implicit ones: ``t`` is a constant of the graph (as torch.compile specialises it),
+        not a break."""
+        if not self.broken:
+            self.static[id(t._data)] = (t, t._version[0])
 
     def assign(self, t, value):
         """``t`` takes ``value`` in place (no grad): later reads see the new Value; a tensor
@@ -1471,31 +1477,6 @@ def unflatten(tree, leaves):
 
 
 # --- optimizer.step() and backward() come to the tracer ----------------------------------
-_STATIC_CREATORS = ("zeros", "ones", "full", "empty", "arange", "linspace", "eye",
-                    "zeros_like", "ones_like", "full_like", "empty_like")
-
-
-def _mark_static(fn):
-    """``fn`` creates tensors from shapes and Python numbers: under a tracer they are constants
-    of the graph (as torch.compile specialises them), not a break."""
-    def create(*args, **kwargs):
-        out = fn(*args, **kwargs)
-        if engine.WATCH and grad_state.modes:  # the global list first: no thread-local read
-            tr = active()
-            if tr is not None and not tr.broken:
-                for t in (out if type(out) is list else (out,)):
-                    if isinstance(t, Tensor) and not t._requires_grad:
-                        tr.static[id(t._data)] = (t, t._version[0])
-        return out
-
-    create.__name__ = fn.__name__
-    create.__qualname__ = getattr(fn, "__qualname__", fn.__name__)
-    create.__doc__ = fn.__doc__
-    create.__wrapped__ = fn
-    create._compiler_hook = True
-    return create
-
-
 def _static_grid(fn):
     """``indexing._grid`` (the advanced-index key of gather/scatter/take_along_dim...): its
     ``arange`` components are made from shapes only, so under a tracer they are constants of
@@ -1531,118 +1512,11 @@ def _install_grid():
             mod._grid = wrapped
 
 
-def _scheduler_step(original):
-    def step(self, *args, **kwargs):
-        tr = (active() or _tail_replay()) if engine.WATCH and grad_state.modes else None
-        if tr is None or kwargs:
-            return original(self, *args, **kwargs)
-        return tr.python_effect(f"{type(self).__name__}.step", original, (self,) + args)
-
-    step.__name__ = "step"
-    step.__qualname__ = original.__qualname__
-    step.__doc__ = original.__doc__
-    step.__wrapped__ = original
-    return step
-
-
 def _install():
-    from tapegrad.optim.optimizer import Optimizer
-
-    _install_module_epoch()
-    if getattr(Optimizer.step, "_compiler_hook", False):
-        return
-    import tapegrad
-    from tapegrad import autograd, creation
-
-    for name in _STATIC_CREATORS:  # the creation functions, and backward's implicit ones
-        fn = getattr(creation, name)
-        wrapped = _mark_static(fn)
-        setattr(creation, name, wrapped)
-        if getattr(tapegrad, name, None) is fn:
-            setattr(tapegrad, name, wrapped)
-    if hasattr(autograd, "_root_grads"):
-        autograd._root_grads = _mark_static(autograd._root_grads)
+    """Hook ``indexing._grid`` (the index keys of gather/scatter) once. Every other library
+    call the tracer observes (factories, optimizer and scheduler steps, ``zero_grad``) asks
+    the thread's mode stack at its own hook point (``engine.observer``)."""
     _install_grid()
-    from tapegrad.optim import lr_scheduler
-
-    for cls in list(vars(lr_scheduler).values()):  # each scheduler's own step()
-        if isinstance(cls, type) and issubclass(cls, lr_scheduler.LRScheduler) and \
-                "step" in cls.__dict__:
-            cls.step = _scheduler_step(cls.step)
-    original = Optimizer.step
-
-    def step(self, closure=None):
-        tr = (active() or _tail_replay()) if engine.WATCH and grad_state.modes else None
-        if tr is None or closure is not None or type(self).step is not step:
-            return original(self, closure)
-        return tr.optimizer_step(self, original)
-
-    step.__doc__ = original.__doc__
-    step.__name__ = "step"
-    step._compiler_hook = True
-    Optimizer.step = step
-    zero_grad = Optimizer.zero_grad
-
-    def zero_grad_hook(self, set_to_none=True):
-        tr = (active() or _tail_replay()) if engine.WATCH and grad_state.modes and \
-            not set_to_none else None
-        if tr is None or type(self).zero_grad is not zero_grad_hook:
-            return zero_grad(self, set_to_none)
-        return tr.zero_grads(self, zero_grad)
-
-    zero_grad_hook.__doc__ = zero_grad.__doc__
-    zero_grad_hook.__name__ = "zero_grad"
-    zero_grad_hook.__wrapped__ = zero_grad
-    Optimizer.zero_grad = zero_grad_hook
-    from tapegrad.nn.module import Module
-
-    module_zero = Module.zero_grad
-
-    def module_zero_grad(self, set_to_none=True):
-        tr = (active() or _tail_replay()) if engine.WATCH and grad_state.modes and \
-            not set_to_none else None
-        if tr is None or type(self).zero_grad is not module_zero_grad:
-            return module_zero(self, set_to_none)
-        return tr.zero_grads(self, module_zero, list(self.parameters()))
-
-    module_zero_grad.__doc__ = module_zero.__doc__
-    module_zero_grad.__name__ = "zero_grad"
-    module_zero_grad.__wrapped__ = module_zero
-    Module.zero_grad = module_zero_grad
-
-
-# A number that changes whenever any nn.Module's attributes, parameters, buffers, children or
-# hooks change through their methods (set, delete, register, a hook's handle made or removed).
-# A compiled function re-checks the modules it reads only when it differs from the last check.
-MODULE_EPOCH = [0]
-_next_epoch = itertools.count(1).__next__  # (one C call: two threads never take one number)
-
-
-def _bumps_epoch(method):
-    def bumped(*args, **kwargs):
-        try:
-            return method(*args, **kwargs)
-        finally:
-            MODULE_EPOCH[0] = _next_epoch()
-
-    bumped.__name__ = method.__name__
-    bumped.__qualname__ = method.__qualname__
-    bumped.__doc__ = method.__doc__
-    bumped.__wrapped__ = method
-    bumped._compiler_hook = True
-    return bumped
-
-
-def _install_module_epoch():
-    from tapegrad.nn import module
-
-    if getattr(module.Module.__setattr__, "_compiler_hook", False):
-        return
-    for cls, names in ((module.Module, ("__setattr__", "__delattr__", "register_buffer",
-                                        "register_parameter", "add_module")),
-                       (module.RemovableHandle, ("__init__", "remove"))):
-        for name in names:
-            setattr(cls, name, _bumps_epoch(cls.__dict__[name]))
 
 
 def trace_call(fn, args, kwargs=None, fullgraph=False, joint=False, split_reads=False):

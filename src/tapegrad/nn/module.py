@@ -14,6 +14,7 @@ from collections import OrderedDict, namedtuple
 from collections.abc import Mapping
 
 from tapegrad import dtypes
+from tapegrad.autograd import engine as _engine
 from tapegrad.autograd.function import Function
 from tapegrad.autograd.grad_mode import no_grad, state as grad_state
 from tapegrad.backend.device import device as device_type, no_cuda
@@ -23,11 +24,30 @@ from tapegrad.tensor import Tensor, _to_target
 __all__ = ["Module", "RemovableHandle"]
 
 
+# A number that moves whenever any Module's attributes, parameters, buffers, children or
+# hooks change through these methods (set, delete, register, a hook handle made or removed):
+# a compiled function re-checks the modules it reads only when it moved since its last check.
+MODULE_EPOCH = [0]
+_next_epoch = itertools.count(1).__next__  # (one C call: two threads never take one number)
+
+
+def _bumps_epoch(method):
+    @functools.wraps(method)
+    def bumped(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        finally:
+            MODULE_EPOCH[0] = _next_epoch()
+
+    return bumped
+
+
 class RemovableHandle:
     """As ``torch.utils.hooks.RemovableHandle``: ``handle.remove()`` unregisters a hook."""
 
     next_id = 0
 
+    @_bumps_epoch
     def __init__(self, hooks_dict, *, extra_dict=None):
         self.hooks_dict = hooks_dict
         self.id = RemovableHandle.next_id
@@ -36,6 +56,7 @@ class RemovableHandle:
             extra_dict = []
         self.extra_dicts = [extra_dict] if isinstance(extra_dict, dict) else list(extra_dict)
 
+    @_bumps_epoch
     def remove(self) -> None:
         for d in [self.hooks_dict, *self.extra_dicts]:
             d.pop(self.id, None)
@@ -146,6 +167,7 @@ class Module:
     forward = _forward_unimplemented
 
     # --- registration -----------------------------------------------------------------
+    @_bumps_epoch
     def register_buffer(self, name: str, tensor, persistent: bool = True) -> None:
         """As ``Module.register_buffer``: state that is not a parameter (e.g. running_mean).
 
@@ -170,6 +192,7 @@ class Module:
         else:
             self._non_persistent_buffers_set.add(name)
 
+    @_bumps_epoch
     def register_parameter(self, name: str, param) -> None:
         """As ``Module.register_parameter``: ``param`` is a ``Parameter`` or None."""
         if "_parameters" not in self.__dict__:
@@ -195,6 +218,7 @@ class Module:
         else:
             self._parameters[name] = param
 
+    @_bumps_epoch
     def add_module(self, name: str, module) -> None:
         """As ``Module.add_module``: register ``module`` as the child ``name``."""
         if not isinstance(module, Module) and module is not None:
@@ -259,6 +283,7 @@ class Module:
                 return d["_modules"][name]
         raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
 
+    @_bumps_epoch
     def __setattr__(self, name: str, value) -> None:
         d = self.__dict__
 
@@ -308,6 +333,7 @@ class Module:
                 else:
                     super().__setattr__(name, value)
 
+    @_bumps_epoch
     def __delattr__(self, name: str) -> None:
         if name in self._parameters:
             del self._parameters[name]
@@ -435,8 +461,16 @@ class Module:
             p.requires_grad_(requires_grad)
         return self
 
+    @_engine.hook_point
     def zero_grad(self, set_to_none: bool = True) -> None:
         """As ``Module.zero_grad(set_to_none=True)``."""
+        if not set_to_none and _engine.WATCH and type(self).zero_grad is Module.zero_grad:
+            m = _engine.observer("zero_grads")  # the compiler's tracer records the writes
+            if m is not None:
+                return m.zero_grads(self, Module._zero_grad, list(self.parameters()))
+        self._zero_grad(set_to_none)
+
+    def _zero_grad(self, set_to_none=True):
         for p in self.parameters():
             if p.grad is None:
                 continue

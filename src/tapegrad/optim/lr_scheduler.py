@@ -12,6 +12,7 @@ from collections import Counter
 from functools import partial, wraps
 from weakref import ref
 
+from tapegrad.autograd import engine as _engine
 from tapegrad.optim.optimizer import Optimizer
 
 __all__ = ["LRScheduler", "LambdaLR", "MultiplicativeLR", "StepLR", "MultiStepLR", "ConstantLR",
@@ -38,6 +39,21 @@ def _per_group(name, optimizer, value):
                              f"{len(optimizer.param_groups)}.")
         return list(value)
     return [value] * len(optimizer.param_groups)
+
+
+def _observed_step(step):
+    """A scheduler's ``step`` that a mode may take over: the compiler's tracer records it as
+    one Python effect of the step it traces (``python_effect``), which a replay repeats."""
+    @_engine.hook_point
+    @wraps(step)
+    def observed(self, *args, **kwargs):
+        if _engine.WATCH and not kwargs:
+            m = _engine.observer("python_effect")
+            if m is not None:
+                return m.python_effect(f"{type(self).__name__}.step", step, (self,) + args)
+        return step(self, *args, **kwargs)
+
+    return observed
 
 
 def _track_optimizer_step(scheduler):
@@ -121,6 +137,7 @@ class LRScheduler:
             warnings.warn("To get the last learning rate computed by the scheduler, please use "
                           "`get_last_lr()`.", UserWarning, stacklevel=3)
 
+    @_observed_step
     def step(self, epoch=None) -> None:
         """As ``LRScheduler.step()``: advance one epoch and set every group's lr.
 
@@ -464,6 +481,7 @@ class SequentialLR(_Composite, LRScheduler):
         elif hasattr(s, "last_epoch"):
             s.last_epoch -= 1
 
+    @_observed_step
     def step(self):
         self.last_epoch += 1
         idx = bisect_right(self._milestones, self.last_epoch)
@@ -488,6 +506,7 @@ class ChainedScheduler(_Composite, LRScheduler):
         self.optimizer = optimizer
         self._last_lr = _group_values(self._schedulers[-1].optimizer, "lr")
 
+    @_observed_step
     def step(self):
         for scheduler in self._schedulers:
             scheduler.step()
@@ -531,6 +550,7 @@ class ReduceLROnPlateau(LRScheduler):
         self.cooldown_counter = 0
         self.num_bad_epochs = 0
 
+    @_observed_step
     def step(self, metrics, epoch=None):
         current = float(metrics)
         if epoch is None:
@@ -745,6 +765,7 @@ class CosineAnnealingWarmRestarts(LRScheduler):
                 * (1 + math.cos(math.pi * self.T_cur / self.T_i)) / 2
                 for base_lr in self.base_lrs]
 
+    @_observed_step
     def step(self, epoch=None):
         if epoch is None and self.last_epoch < 0:
             epoch = 0

@@ -15,6 +15,7 @@ from copy import deepcopy
 from itertools import chain
 
 from tapegrad import dtypes
+from tapegrad.autograd import engine as _engine
 from tapegrad.autograd.grad_mode import enable_grad, no_grad
 from tapegrad.backend import xp, DEVICE_TYPES, device_of, to_device
 from tapegrad.tensor import Tensor
@@ -181,8 +182,16 @@ class Optimizer:
             raise ValueError("some parameters appear in more than one parameter group")
         self.param_groups.append(param_group)
 
+    @_engine.hook_point
     def zero_grad(self, set_to_none: bool = True) -> None:
         """As ``Optimizer.zero_grad``: drop every ``.grad`` (or zero it in place)."""
+        if not set_to_none and _engine.WATCH and type(self).zero_grad is Optimizer.zero_grad:
+            m = _engine.observer("zero_grads")  # the compiler's tracer records the writes
+            if m is not None:
+                return m.zero_grads(self, Optimizer._zero_grad)
+        self._zero_grad(set_to_none)
+
+    def _zero_grad(self, set_to_none=True):
         for group in self.param_groups:
             for p in group["params"]:
                 g = p._grad  # the slot behind the .grad property: no property call per step
@@ -206,12 +215,20 @@ class Optimizer:
         """Fresh state arrays for one parameter (its backend array); none by default."""
         return {}
 
+    @_engine.hook_point
     def step(self, closure=None):
         """As ``Optimizer.step(closure=None)``: one update of every parameter with a grad.
 
         The update runs on backend arrays, so it never records onto the tape; ``closure``
         (which re-evaluates the loss) runs with grad enabled and its loss is returned.
         """
+        if closure is None and _engine.WATCH and type(self).step is Optimizer.step:
+            m = _engine.observer("optimizer_step")  # the compiler's tracer: one graph node
+            if m is not None:
+                return m.optimizer_step(self, Optimizer._run_step)
+        return self._run_step(closure)
+
+    def _run_step(self, closure=None):
         loss = None
         if closure is not None:
             with enable_grad():
