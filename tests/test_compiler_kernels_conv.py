@@ -51,7 +51,9 @@ CONVS = [
     (2, 3, 11, 10, 6, (3, 3), (2, 3), ((0, 0), (0, 0)), (2, 1)),  # dilation, floor rows
     (1, 2, 5, 5, 3, (5, 5), (1, 1), ((2, 2), (2, 2)), (1, 1)),  # batch 1, kernel = image
     (0, 3, 6, 6, 4, (3, 3), (1, 1), ((1, 1), (1, 1)), (1, 1)),  # an empty batch
-    (2, 4, 7, 6, 5, (1, 1), (3, 2), ((0, 0), (0, 0)), (1, 1)),  # 1x1, strided
+    (2, 4, 7, 6, 5, (1, 1), (3, 2), ((1, 0), (0, 0)), (1, 1)),  # 1x1, strided, padded
+    (2, 3, 7, 6, 4, (2, 2), (2, 2), ((0, 0), (0, 0)), (1, 1)),  # kernel = stride: no overlap
+    (2, 3, 6, 7, 4, (3, 2), (1, 1), ((2, 0), (1, 1)), (2, 1)),  # stride 1, dilated, asymmetric
 ]
 
 
@@ -193,6 +195,23 @@ def test_factories_decline_what_they_do_not_compute():
     w = np.ones((6, 2, 3, 3))
     p = dict(stride=(1, 1), padding=((1, 1), (1, 1)), dilation=(1, 1), groups=2)
     assert op_kernels.lookup(_node("conv2d", [x, w], p, (2, 6, 5, 5))) is None  # groups
+    # 1x1 with no padding: eager's per-example product (no im2col) is the faster, and its
+    # bits are what the compiled step must reproduce
+    p0 = dict(p, padding=((0, 0), (0, 0)), groups=1, stride=(2, 2))
+    w11, g11 = np.ones((6, 4, 1, 1)), np.ones((2, 6, 3, 3))
+    assert op_kernels.lookup(_node("conv2d", [x, w11], p0, (2, 6, 3, 3))) is None
+    assert op_kernels.lookup(_node("conv2d_input", [g11, w11], dict(p0, size=(5, 5)),
+                                   x.shape)) is None
+    assert op_kernels.lookup(_node("conv2d_weight", [x, g11], dict(p0, kernel=(1, 1)),
+                                   w11.shape)) is None
+    # a stride-1 input gradient whose forward padding passed the kernel's reach: eager crops
+    # the gradient first
+    g = np.ones((2, 6, 9, 7))
+    p3 = dict(p, padding=((3, 3), (2, 2)), groups=1)
+    w1 = np.ones((6, 4, 3, 3))
+    assert op_kernels.lookup(_node("conv2d_input", [g, w1], dict(p3, size=(5, 5)),
+                                   x.shape)) is None
+    assert op_kernels.lookup(_node("conv2d", [x, w1], p3, g.shape)) is not None
     p1 = dict(p, groups=1)
     w1 = np.ones((6, 4, 3, 3))
     assert op_kernels.lookup(_node("conv2d", [x, w1.astype(np.float32)], p1,

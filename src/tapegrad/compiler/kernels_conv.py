@@ -9,28 +9,34 @@ the short loops over taps and window positions; the batch size stays a run-time 
 loaded through ``kernels.load`` (numba's disk cache keeps the machine code):
 
 - ``conv2d``, ``conv2d_input`` (the input gradient), ``conv2d_weight`` (the weight
-  gradient), groups 1, any stride, padding and dilation: eager's one BLAS GEMM each, on the
-  same operands in the same layouts (im2col rows (N*OH*OW, C*KH*KW), gradient rows
-  (N*OH*OW, O) or channels (O, N*OH*OW)); numba builds the patches from a zero-padded copy
-  of one sample at a time, moves between NCHW and rows, and col2im adds the taps back in
-  eager's order. ``conv2d_weight`` takes the patches its graph's ``conv2d`` of the same
-  array built in the same call (``_SHARED``) instead of building them again.
+  gradient), groups 1, any stride, padding and dilation: eager's one BLAS GEMM each
+  (``ops.convolution``), on the same operands in the same layouts (im2col rows
+  (N*OH*OW, KH*KW*C), taps outermost; gradient rows (N*OH*OW, O) or channels (O, N*OH*OW);
+  the tap-major weight); numba builds the patches from a zero-padded channels-last copy of
+  one sample at a time, moves between NCHW and rows, and col2im adds the taps back in
+  eager's order. At stride 1 the input gradient is, as in eager, the correlation of the
+  gradient with the flipped kernel (patches of the gradient, no col2im). ``conv2d_weight``
+  takes the patches its graph's ``conv2d`` of the same array built in the same call
+  (``_SHARED``) instead of building them again. Unpadded 1x1 kernels are declined: eager's
+  per-example product, with no im2col, is faster than these kernels there.
 - ``sum_to`` of a C-contiguous (N, C, H, W) gradient onto a (1, C, 1, 1) bias: numpy's
   pairwise sum of each plane, unrolled for the plane's size, added per channel in numpy's
   order (bitwise); a strided gradient takes the node's own op.
 - ``max_pool2d_indices``: each window's maximum and its index in one pass (the first
-  maximum; a NaN wins, and of several the last, as in PyTorch; a padded position reads as -inf; a window of
-  only -inf keeps its first in-bounds position: eager's indices exactly, ceil mode
-  included), and the maximum itself, which the graph's ``max_pool2d`` of the same arrays
+  maximum; a NaN wins, and of several the last, as in PyTorch; a padded position reads as
+  -inf; a window of only -inf keeps its first in-bounds position: eager's indices exactly,
+  ceil mode included), and the maximum itself, which the graph's ``max_pool2d`` of the same arrays
   then returns instead of gathering again (``_SHARED``; other inputs are gathered);
   ``max_pool2d_backward`` the scatter-add, in eager's order.
 
 Precision: the pooling kernels are bitwise eager. The convolutions hand BLAS the operands
 eager hands it and add col2im's taps in eager's order, so they equal eager wherever BLAS
-repeats itself on equal operands (measured bitwise at the digits CNN's sizes); the tests
-hold them to 1e-12 (float64) and float32 rounding (float32), not to bitwise equality.
-Every factory returns None (the op's forward runs)
-for dtypes other than float32/float64, mixed dtypes, groups > 1 or shapes it does not know.
+repeats itself on equal operands (measured bitwise at the digits CNN's sizes and on the model
+suite's CNNs, whose compiled steps the suite tests hold to eager's bits; a tap that is a
+copy in eager's no-overlap col2im is an add to zero here, which turns a -0.0 into +0.0); the
+kernel tests hold them to 1e-12 (float64) and float32 rounding (float32). Every factory
+returns None (the op's forward runs) for dtypes other than float32/float64, mixed dtypes,
+groups > 1 or shapes it does not know.
 Nothing runs in parallel (the kernels are meant for small batches on shared cores).
 """
 import numpy as np
@@ -38,6 +44,7 @@ import numpy as np
 from tapegrad.backend.blas import matmul as blas_matmul
 from tapegrad.compiler import kernels, op_kernels
 from tapegrad.compiler.ir import Value
+from tapegrad.ops.convolution import _flipped, _pointwise, _tap_major
 
 _FLOATS = kernels.FLOATS
 
@@ -82,29 +89,28 @@ class _Geom:
 
 
 _PATCHES = '''def patches(x):
-    # eager's im2col (N*P, K): row (n*OH + y)*OW + q, column (c*KH + i)*KW + j holds
-    # x[n, c, y*SH - PT + i*DH, q*SW - PL + j*DW], zero outside the image
+    # eager's im2col (N*P, K), taps outermost: row (n*OH + y)*OW + q, column (i*KW + j)*C + c
+    # holds x[n, c, y*SH - PT + i*DH, q*SW - PL + j*DW], zero outside the image
     n_ = x.shape[0]
-    xp = np.zeros({CPP}, x.dtype)  # one sample, zero padded (the border stays 0)
+    xp = np.zeros({CPP}, x.dtype)  # one sample, zero padded, channels last (the border stays 0)
     xf = np.ascontiguousarray(x).ravel()
     cf = np.empty(n_ * {P} * {K}, x.dtype)
     for n in range(n_):
         for c in range({C}):
             for y in range({H}):
                 src = ((n * {C} + c) * {H} + y) * {W}
-                dst = (c * {HP} + y + {PT}) * {WP} + {PL}
+                dst = ((y + {PT}) * {WP} + {PL}) * {C} + c
                 for q in range({W}):
-                    xp[dst + q] = xf[src + q]
+                    xp[dst + q * {C}] = xf[src + q]
         for y in range({OH}):
             for q in range({OW}):
                 rb = ((n * {OH} + y) * {OW} + q) * {K}
-                sb = y * ({SH} * {WP}) + q * {SW}
-                for c in range({C}):
-                    for i in range({KH}):
-                        src = sb + (c * {HP} + i * {DH}) * {WP}
-                        dst = rb + (c * {KH} + i) * {KW}
-                        for j in range({KW}):
-                            cf[dst + j] = xp[src + j * {DW}]
+                for i in range({KH}):
+                    for j in range({KW}):
+                        src = ((y * {SH} + i * {DH}) * {WP} + q * {SW} + j * {DW}) * {C}
+                        dst = rb + (i * {KW} + j) * {C}
+                        for c in range({C}):
+                            cf[dst + c] = xp[src + c]
     return cf.reshape(n_ * {P}, {K})
 '''
 
@@ -115,23 +121,23 @@ _COL2IM = '''def col2im(cols):
     cf = np.ascontiguousarray(cols).ravel()
     img = np.empty((n_, {C}, {H}, {W}), cols.dtype)
     f = img.reshape(n_ * {C} * {HW})
-    xp = np.empty({CPP}, cols.dtype)  # one sample, padded
+    xp = np.empty({CPP}, cols.dtype)  # one sample, padded, channels last
     for n in range(n_):
         xp[:] = 0
         for i in range({KH}):
             for j in range({KW}):
                 for y in range({OH}):
                     for q in range({OW}):
-                        rb = ((n * {OH} + y) * {OW} + q) * {K} + i * {KW} + j
-                        db = (y * {SH} + i * {DH}) * {WP} + q * {SW} + j * {DW}
+                        rb = ((n * {OH} + y) * {OW} + q) * {K} + (i * {KW} + j) * {C}
+                        db = ((y * {SH} + i * {DH}) * {WP} + q * {SW} + j * {DW}) * {C}
                         for c in range({C}):
-                            xp[db + c * ({HP} * {WP})] += cf[rb + c * ({KH} * {KW})]
+                            xp[db + c] += cf[rb + c]
         for c in range({C}):
             for y in range({H}):
-                src = (c * {HP} + y + {PT}) * {WP} + {PL}
+                src = ((y + {PT}) * {WP} + {PL}) * {C} + c
                 dst = ((n * {C} + c) * {H} + y) * {W}
                 for q in range({W}):
-                    f[dst + q] = xp[src + q]
+                    f[dst + q] = xp[src + q * {C}]
     return img
 '''
 
@@ -182,7 +188,8 @@ def _conv_geom(node, x_shape, w_shape, out_hw):
     """The ``_Geom`` of a groups-1 convolution node (x: (N, C, H, W), w: (O, C, KH, KW),
     output positions ``out_hw``), or None."""
     p = node.params
-    if p.get("groups", 1) != 1 or len(x_shape) != 4 or len(w_shape) != 4:
+    if p.get("groups", 1) != 1 or len(x_shape) != 4 or len(w_shape) != 4 or \
+            _pointwise(w_shape[2:], p["padding"], 1):  # eager's per-example product, no im2col
         return None
     (sh, sw), ((pt, _), (pl, _)), (dh, dw) = p["stride"], p["padding"], p["dilation"]
     ints = (x_shape[1], x_shape[2], x_shape[3], w_shape[2], w_shape[3], sh, sw, pt, pl, dh, dw,
@@ -236,7 +243,7 @@ def _conv2d(node):
     geom = _conv_geom(node, x.shape, w.shape, out[2:])
     if geom is None:
         return None
-    o, k = int(w.shape[0]), geom.c * geom.kh * geom.kw
+    o = int(w.shape[0])
     patches, to_nchw = _conv_kernels(geom, o, "patches", "to_nchw")
     shared = _share(x, geom)
 
@@ -244,7 +251,7 @@ def _conv2d(node):
         cols = patches(x)
         if shared[1]:
             shared[0] = (x, cols)  # one item store: a thread reads the pair whole
-        return to_nchw(blas_matmul(cols, w.reshape(o, k).T))
+        return to_nchw(blas_matmul(cols, _tap_major(w, 1)[0].T))
 
     return conv2d
 
@@ -255,14 +262,37 @@ def _conv2d_input(node):
         return None
     g, w = node.inputs[:2]
     size = tuple(node.params["size"])
+    if tuple(node.params["stride"]) == (1, 1):
+        return _unit_stride_input(node, g, w, size)
     geom = _conv_geom(node, (0, w.shape[1]) + size, w.shape, g.shape[2:])
     if geom is None:
         return None
-    o, k = int(w.shape[0]), geom.c * geom.kh * geom.kw
+    o = int(w.shape[0])
     to_rows, col2im = _conv_kernels(geom, o, "to_rows", "col2im")
 
     def conv2d_input(g, w, **_):
-        return col2im(blas_matmul(to_rows(g), w.reshape(o, k)))
+        return col2im(blas_matmul(to_rows(g), _tap_major(w, 1)[0]))
+
+    return conv2d_input
+
+
+def _unit_stride_input(node, g, w, size):
+    """Eager's stride-1 input gradient: the correlation of ``g`` with the flipped kernel
+    (``ops.convolution._unit_stride_input_grad``), its patches built here; None where eager
+    first crops ``g`` (padding past the kernel's reach)."""
+    (kh, kw), (dh, dw) = w.shape[2:], node.params["dilation"]
+    ((pt, _), (pl, _)), (oh, ow) = node.params["padding"], g.shape[2:]
+    top, left = dh * (kh - 1) - pt, dw * (kw - 1) - pl
+    pads = (top, size[0] + dh * (kh - 1) - top - oh, left, size[1] + dw * (kw - 1) - left - ow)
+    if min(pads) < 0 or node.params.get("groups", 1) != 1 or \
+            _pointwise(w.shape[2:], node.params["padding"], 1):
+        return None
+    c, o = int(w.shape[1]), int(w.shape[0])
+    geom = _Geom(*(int(v) for v in (o, oh, ow, kh, kw, 1, 1, top, left, dh, dw) + size))
+    patches, to_nchw = _conv_kernels(geom, c, "patches", "to_nchw")
+
+    def conv2d_input(g, w, **_):
+        return to_nchw(blas_matmul(patches(g), _tap_major(_flipped(w, 1), 1)[0].T))
 
     return conv2d_input
 
@@ -278,7 +308,7 @@ def _conv2d_weight(node):
     if geom is None:
         return None
     patches, to_channels = _conv_kernels(geom, o, "patches", "to_channels")
-    shape = (o, geom.c, geom.kh, geom.kw)
+    shape = (o, geom.kh, geom.kw, geom.c)  # taps outermost, as eager's columns
     shared = _shared(x, geom)
 
     def conv2d_weight(x, g, **_):
@@ -288,7 +318,8 @@ def _conv2d_weight(node):
             cols = pair[1]
         else:
             cols = patches(x)
-        return blas_matmul(to_channels(g), cols).reshape(shape)
+        gw = blas_matmul(to_channels(g), cols).reshape(shape).transpose(0, 3, 1, 2)
+        return np.ascontiguousarray(gw)
 
     return conv2d_weight
 

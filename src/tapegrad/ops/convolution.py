@@ -4,20 +4,33 @@ conv2d, conv2d_input and conv2d_weight are the three partial derivatives of one 
 form, so each one's rule is the other two and the family closes on itself (second
 derivatives come from recording the rules). Higher-level convolutions (1d, transposed,
 3d through 2d) are built on these in ``nn.functional``.
+
+Each op picks its kernel by the product's shape (rules measured in docs/performance.md,
+"Convolution kernels"):
+
+- unpadded 1x1, one group: a product per example, ``(O, C) @ (N, C, P)``, reading the input
+  (every stride-th pixel) in place: no im2col, and the result is NCHW as it comes;
+- one input and one output channel per group (depthwise), float32/float64, numba installed:
+  ``convolution_numba``'s direct loops;
+- otherwise im2col rows, channels last with the taps outermost, times the tap-major weight
+  in one GEMM (per group). The input gradient at stride 1 is the same correlation, of the
+  output gradient with the flipped kernel; at larger strides it is a GEMM and col2im, or one
+  copy where no two taps meet (kernel within its stride, as ConvTranspose2d(k, stride=k)).
 """
 from tapegrad.backend import array_module
-from tapegrad.ops.registry import op, xp
 from tapegrad.ops import registry as _registry
 from tapegrad.ops.linalg import blas_matmul
+from tapegrad.ops.registry import op, xp
 
 _sliding = xp.lib.stride_tricks.sliding_window_view
+_strided = xp.lib.stride_tricks.as_strided
 _numel = _registry.numel
 _contraction = _registry.contraction_cost
 
 
 # --- convolution -------------------------------------------------------------------------
 # Parameters: stride (sh, sw), padding ((top, bottom), (left, right)), dilation (dh, dw),
-# groups. Patches are strided views (no copy) and the contraction one batched matmul.
+# groups.
 def _patches(x, kernel, stride, padding, dilation, fill=0):
     """(N, C, OH, OW, KH, KW) view of the padded input's receptive fields."""
     if any(p for pair in padding for p in pair):
@@ -27,25 +40,74 @@ def _patches(x, kernel, stride, padding, dilation, fill=0):
     return win[:, :, ::sh, ::sw, ::dh, ::dw]
 
 
-def _columns(x, kernel, stride, padding, dilation, groups, out_size=None):
-    """im2col, channels last: (N*OH*OW, G, C/G*KH*KW) and the output size (the leading
-    ``out_size`` windows when given).
+_loops = None  # ops.convolution_numba once imported; False where numba is absent
 
-    The input is copied once into a zero-padded (N, H, W, C) buffer; the patch copy then reads
-    runs of contiguous memory (4x faster than gathering patches from NCHW).
+
+def _depthwise_loops(a, b, channels, groups):
+    """The numba depthwise loops for a product of ``a`` and ``b`` with (input, output)
+    ``channels``, or None (then the GEMM path runs).
+
+    They serve one input and one output channel per group in float32/float64: there each
+    group's GEMM is a matrix-vector product over only KH*KW taps, and the loops ran 3-8x
+    faster than im2col + batched GEMM at the model suite's depthwise layers (docs/
+    performance.md, "Convolution kernels")."""
+    global _loops
+    if groups == 1 or channels != (groups, groups) or a.dtype != b.dtype or \
+            a.dtype.char not in "fd" or not isinstance(a, xp.ndarray):
+        return None
+    if _loops is None:
+        try:
+            from tapegrad.ops import convolution_numba as loops
+        except ImportError:  # numba is the optional "compile" extra
+            loops = False
+        _loops = loops
+    return _loops or None
+
+
+def _pointwise(kernel, padding, groups):
+    """A 1x1 kernel with no padding and one group: a plain product per example, no im2col."""
+    return groups == 1 and tuple(kernel) == (1, 1) and not any(p for pair in padding for p in pair)
+
+
+def _sampled(x, stride, out_size):
+    """The (N, C, OH*OW) pixels a 1x1 kernel reads (every stride-th, the leading out_size)."""
+    (sh, sw), (n, c) = stride, x.shape[:2]
+    xs = x[:, :, ::sh, ::sw]
+    if out_size is not None:
+        xs = xs[:, :, :out_size[0], :out_size[1]]
+    return xs.reshape(n, c, xs.shape[2] * xs.shape[3]), xs.shape[2:]
+
+
+def _columns(x, kernel, stride, padding, dilation, groups, out_size=None):
+    """im2col, channels last and taps outermost: (N*OH*OW, G, KH*KW*C/G) and the output size
+    (the leading ``out_size`` windows when given).
+
+    The input is copied once into a zero-padded (N, H, W, C) buffer; each patch row is then
+    runs of contiguous channels (a whole kernel row of them, KW*C values, when groups == 1
+    and the columns are not dilated), 3-6x faster to copy than the (C, KH, KW) order whose
+    innermost run is KW values C apart.
     """
     n, c, h, w = x.shape
     (pt, pb), (pl, pr) = padding
     buf = array_module(x).zeros((n, h + pt + pb, w + pl + pr, c), dtype=x.dtype)
     buf[:, pt:pt + h, pl:pl + w] = x.transpose(0, 2, 3, 1)
     (kh, kw), (dh, dw), (sh, sw) = kernel, dilation, stride
-    win = _sliding(buf, ((kh - 1) * dh + 1, (kw - 1) * dw + 1), axis=(1, 2))
-    win = win[:, ::sh, ::sw, :, ::dh, ::dw]  # (N, OH, OW, C, KH, KW)
+    oh = (h + pt + pb - (kh - 1) * dh - 1) // sh + 1
+    ow = (w + pl + pr - (kw - 1) * dw - 1) // sw + 1
     if out_size is not None:
-        win = win[:, :out_size[0], :out_size[1]]
-    oh, ow = win.shape[1:3]
+        oh, ow = min(oh, out_size[0]), min(ow, out_size[1])
+    cg = c // groups
+    s_n, s_h, s_w, s_c = buf.strides
+    win = _strided(buf, (n, oh, ow, groups, kh, kw, cg),
+                   (s_n, s_h * sh, s_w * sw, s_c * cg, s_h * dh, s_w * dw, s_c), writeable=False)
     # every size spelled out: numpy cannot infer a -1 from an empty batch
-    return win.reshape(n * oh * ow, groups, c // groups * kh * kw), (oh, ow)
+    return win.reshape(n * oh * ow, groups, kh * kw * cg), (oh, ow)
+
+
+def _tap_major(w, groups):
+    """(G, O/G, KH*KW*C/G) rows of a (O, C/G, KH, KW) weight, taps outermost as ``_columns``."""
+    o, cg, kh, kw = w.shape
+    return w.transpose(0, 2, 3, 1).reshape(groups, o // groups, kh * kw * cg)
 
 
 def _col2im(cols, size, kernel, stride, padding, dilation):
@@ -68,20 +130,46 @@ def _grouped(a, groups):
     return a[:, 0] if groups == 1 else a.transpose(1, 0, 2)
 
 
+def _nchw(rows, n, oh, ow):
+    """A contiguous (N, O, OH, OW) image of (N*OH*OW, O) rows."""
+    out = rows.reshape(n, oh, ow, rows.shape[-1]).transpose(0, 3, 1, 2)
+    return array_module(out).ascontiguousarray(out)
+
+
+def _correlate(x, w, stride, padding, dilation, groups, out_size=None):
+    """conv2d's forward on arrays: im2col rows times the tap-major weight, one GEMM (per
+    group)."""
+    n = x.shape[0]
+    o = w.shape[0]
+    cols, (oh, ow) = _columns(x, w.shape[2:], stride, padding, dilation, groups, out_size)
+    wmat = _tap_major(w, groups).transpose(0, 2, 1)  # (G, K, O/G)
+    out = blas_matmul(_grouped(cols, groups), wmat[0] if groups == 1 else wmat)
+    if groups > 1:
+        out = out.transpose(1, 0, 2).reshape(-1, o)  # (N*P, G, O/G) -> (N*P, O)
+    return _nchw(out, n, oh, ow)
+
+
 @op(flops=2, needs=True, fused=True)
 def conv2d(x, w, stride, padding, dilation, groups, out_size=None):
     """Cross-correlation of (N, C, H, W) with (O, C/groups, KH, KW) as ``F.conv2d``.
 
     ``out_size`` keeps only the leading output rows/columns (the adjoint of a
     conv_transpose2d whose output_padding reaches past the last stride)."""
-    n = x.shape[0]
-    o = w.shape[0]
-    cols, (oh, ow) = _columns(x, w.shape[2:], stride, padding, dilation, groups, out_size)
-    wmat = w.reshape(groups, o // groups, -1).transpose(0, 2, 1)  # (G, K, O/G)
-    out = blas_matmul(_grouped(cols, groups), wmat[0] if groups == 1 else wmat)
-    if groups > 1:
-        out = out.transpose(1, 0, 2)  # (N*P, G, O/G)
-    return array_module(out).ascontiguousarray(out.reshape(n, oh, ow, o).transpose(0, 3, 1, 2))
+    if _pointwise(w.shape[2:], padding, groups):
+        xs, (oh, ow) = _sampled(x, stride, out_size)
+        out = blas_matmul(w.reshape(w.shape[:2]), xs)  # (O, C) @ (N, C, P): NCHW directly
+        return out.reshape(x.shape[0], w.shape[0], oh, ow)
+    loops = _depthwise_loops(x, w, (x.shape[1], w.shape[0]), groups)
+    if loops is not None:
+        (sh, sw), ((pt, pb), (pl, pr)), (dh, dw) = stride, padding, dilation
+        (h, wd), (kh, kw) = x.shape[2:], w.shape[2:]
+        oh = (h + pt + pb - (kh - 1) * dh - 1) // sh + 1
+        ow = (wd + pl + pr - (kw - 1) * dw - 1) // sw + 1
+        if out_size is not None:
+            oh, ow = min(oh, out_size[0]), min(ow, out_size[1])
+        return loops.depthwise(xp.ascontiguousarray(x), xp.ascontiguousarray(w), sh, sw,
+                               pt, pl, h + pt + pb, wd + pl + pr, dh, dw, oh, ow)
+    return _correlate(x, w, stride, padding, dilation, groups, out_size)
 
 
 @conv2d.grad
@@ -102,19 +190,79 @@ def _(t, out, x, w, stride, padding, dilation, groups, out_size=None):
     return r
 
 
+def _flipped(w, groups):
+    """The (C, O/G, KH, KW) weight whose correlation is ``w``'s transposed convolution."""
+    o, cg, kh, kw = w.shape
+    wt = w.reshape(groups, o // groups, cg, kh, kw).transpose(0, 2, 1, 3, 4)
+    return wt.reshape(groups * cg, o // groups, kh, kw)[:, :, ::-1, ::-1]
+
+
+def _unit_stride_input_grad(g, w, size, padding, dilation, groups):
+    """conv2d_input at stride 1: the correlation of ``g`` with the flipped kernel, padded
+    so that every input pixel sees each tap that reached it (cropped where the forward's
+    padding passed the kernel's reach). Each tap's rows are then whole runs of the padded
+    image, where col2im's adds would be runs of C/G values."""
+    oh, ow = g.shape[2:]
+    (kh, kw), (dh, dw) = w.shape[2:], dilation
+    (pt, _), (pl, _) = padding
+    top, left = dh * (kh - 1) - pt, dw * (kw - 1) - pl
+    bottom = size[0] + dh * (kh - 1) - top - oh
+    right = size[1] + dw * (kw - 1) - left - ow
+    g = g[:, :, max(-top, 0):oh - max(-bottom, 0), max(-left, 0):ow - max(-right, 0)]
+    pads = ((max(top, 0), max(bottom, 0)), (max(left, 0), max(right, 0)))
+    return _correlate(g, _flipped(w, groups), (1, 1), pads, dilation, groups)
+
+
 @op(flops=2, needs=True, fused=True)
 def conv2d_input(g, w, size, stride, padding, dilation, groups):
     """conv2d's gradient for its input (``conv_transpose2d``): col2im of ``g`` times ``w``."""
+    if _pointwise(w.shape[2:], padding, groups):
+        n, c = g.shape[0], w.shape[1]
+        rows = blas_matmul(w.reshape(w.shape[:2]).T,
+                          g.reshape(n, g.shape[1], g.shape[2] * g.shape[3]))
+        if tuple(stride) == (1, 1) and tuple(size) == g.shape[2:]:
+            return rows.reshape(n, c, *size)
+        out = array_module(g).zeros((n, c) + tuple(size), dtype=rows.dtype)
+        out[:, :, ::stride[0], ::stride[1]][:, :, :g.shape[2], :g.shape[3]] = \
+            rows.reshape(n, c, *g.shape[2:])
+        return out
+    loops = _depthwise_loops(g, w, (w.shape[1] * groups, w.shape[0]), groups)
+    if loops is not None:
+        (sh, sw), ((pt, pb), (pl, pr)), (dh, dw) = stride, padding, dilation
+        return loops.depthwise_input(xp.ascontiguousarray(g), xp.ascontiguousarray(w),
+                                     size[0], size[1], sh, sw, pt, pl, size[0] + pt + pb,
+                                     size[1] + pl + pr, dh, dw)
+    if tuple(stride) == (1, 1):
+        return _unit_stride_input_grad(g, w, size, padding, dilation, groups)
     n, o, oh, ow = g.shape
     _, cg, kh, kw = w.shape
     og = o // groups
-    gmat = g.transpose(0, 2, 3, 1).reshape(-1, groups, og)  # (N*P, G, O/G)
-    wmat = w.reshape(groups, og, -1)  # (G, O/G, K)
+    gmat = g.transpose(0, 2, 3, 1).reshape(n * oh * ow, groups, og)
+    wmat = _tap_major(w, groups)  # (G, O/G, K)
     cols = blas_matmul(_grouped(gmat, groups), wmat[0] if groups == 1 else wmat)
-    if groups > 1:
-        cols = cols.transpose(1, 0, 2)  # (N*P, G, K)
-    cols = cols.reshape(n, oh, ow, groups * cg, kh, kw)
+    # (N, OH, OW, G, KH, KW, C/G) whatever the grouping
+    cols = cols.reshape(n, oh, ow, 1, kh, kw, cg) if groups == 1 else \
+        cols.reshape(groups, n, oh, ow, kh, kw, cg).transpose(1, 2, 3, 0, 4, 5, 6)
+    (sh, sw), (dh, dw) = stride, dilation
+    if kh * dh <= sh and kw * dw <= sw:
+        return _tile(cols, size, stride, padding, dilation)
+    cols = cols.transpose(0, 1, 2, 3, 6, 4, 5).reshape(n, oh, ow, groups * cg, kh, kw)
     return _col2im(cols, size, (kh, kw), stride, padding, dilation)
+
+
+def _tile(cols, size, stride, padding, dilation):
+    """col2im where no two taps meet (each kernel's reach within its stride, as a
+    ConvTranspose2d(k, stride=k)): one copy of (N, OH, OW, G, KH, KW, C/G) values into
+    their pixels, no adds."""
+    n, oh, ow, groups, kh, kw, cg = cols.shape
+    (sh, sw), (dh, dw) = stride, dilation
+    (pt, pb), (pl, pr) = padding
+    hp, wp = max(size[0] + pt + pb, oh * sh), max(size[1] + pl + pr, ow * sw)
+    img = array_module(cols).zeros((n, groups, cg, hp, wp), dtype=cols.dtype)
+    cells = img[:, :, :, :oh * sh, :ow * sw].reshape(n, groups, cg, oh, sh, ow, sw)
+    cells[:, :, :, :, :kh * dh:dh, :, :kw * dw:dw] = cols.transpose(0, 3, 6, 1, 4, 2, 5)
+    img = img.reshape(n, groups * cg, hp, wp)[:, :, pt:pt + size[0], pl:pl + size[1]]
+    return array_module(img).ascontiguousarray(img)
 
 
 @conv2d_input.grad
@@ -137,12 +285,30 @@ def _(t, out, g, w, size, stride, padding, dilation, groups):
 @op(flops=2, needs=True, fused=True)
 def conv2d_weight(x, g, kernel, stride, padding, dilation, groups):
     """conv2d's gradient for its weight: patches of ``x`` contracted with ``g``."""
+    if _pointwise(kernel, padding, groups):
+        xs, _ = _sampled(x, stride, g.shape[2:])
+        n, o, c, p = g.shape[0], g.shape[1], x.shape[1], xs.shape[2]
+        if p >= o:  # per-example products summed: fewer copies, measured faster while P >= O
+            gw = blas_matmul(g.reshape(n, o, p), xs.transpose(0, 2, 1)).sum(axis=0)
+        else:
+            gw = blas_matmul(g.transpose(1, 0, 2, 3).reshape(o, n * p),
+                             xs.transpose(0, 2, 1).reshape(n * p, c))
+        return gw.reshape(o, c, 1, 1)
+    loops = _depthwise_loops(x, g, (x.shape[1], g.shape[1]), groups)
+    if loops is not None:
+        (sh, sw), ((pt, pb), (pl, pr)), (dh, dw) = stride, padding, dilation
+        h, wd = x.shape[2:]
+        return loops.depthwise_weight(xp.ascontiguousarray(x), xp.ascontiguousarray(g),
+                                      kernel[0], kernel[1], sh, sw, pt, pl, h + pt + pb,
+                                      wd + pl + pr, dh, dw)
     o = g.shape[1]
     og = o // groups
+    cg = x.shape[1] // groups
     cols, _ = _columns(x, kernel, stride, padding, dilation, groups, g.shape[2:])  # (N*P, G, K)
     gmat = g.transpose(1, 0, 2, 3).reshape(groups, og, -1)  # (G, O/G, N*P)
     gw = blas_matmul(gmat, cols[:, 0] if groups == 1 else cols.transpose(1, 0, 2))
-    return gw.reshape(o, x.shape[1] // groups, *kernel)
+    gw = gw.reshape(o, kernel[0], kernel[1], cg).transpose(0, 3, 1, 2)
+    return array_module(gw).ascontiguousarray(gw)
 
 
 @conv2d_weight.grad
