@@ -96,6 +96,20 @@ def test_add_at_is_numpys_bit_for_bit(path, dtype):
         _same_as_add_at(a, key, np.asfortranarray(values))
 
 
+def test_add_at_one_value_a_row(path):
+    rng = np.random.default_rng(8)
+    for shape, key, vshape in [((300, 1), (rng.integers(-300, 300, 2000),), (2000, 1)),
+                               ((1, 300, 1), (slice(None), rng.integers(0, 300, (40, 50))),
+                                (1, 40, 50, 1)),
+                               ((300,), rng.integers(-300, 300, 2000), (2000,))]:
+        for dtype in (np.float32, np.float64, np.int64):
+            _same_as_add_at(np.ones(shape, dtype), key, rng.standard_normal(vshape)
+                            .astype(dtype))
+    with pytest.raises(IndexError, match="axis 1 with size 300"):
+        scatter.add_at(np.ones((1, 300, 1)), (slice(None), np.array([0] * 2000 + [300])),
+                       np.ones((1, 2001, 1)))
+
+
 def test_add_at_duplicates_add_in_index_order(path):
     # float32 sums of 1e8 and 1s depend on the order: add.at's is index order
     a = np.zeros((4, 300), np.float32)
@@ -158,8 +172,13 @@ def test_paths_taken(monkeypatch):
     rows = rng.integers(0, 200, 1800)
     v = rng.standard_normal((1800, 32)).astype(np.float32)
     scatter.add_at(a, rows, v)
+    scatter.add_at(a, (rows[:, None], np.arange(32)[None, :]), v)
     if scatter.kernels() is not None:
         assert calls.keys == []
+    column = np.zeros((200, 1))
+    scatter.add_at(column, rows, v[:, :1].astype(np.float64))  # one value a row: 1-d add.at
+    assert len(calls.keys) == 1 and calls.keys[0].shape == (1800,)
+    calls.keys.clear()
     monkeypatch.setattr(scatter, "_kernels", False)
     scatter.add_at(a, rows, v)
     scatter.add_at(a, (rows[:, None], np.arange(32)[None, :]), v)

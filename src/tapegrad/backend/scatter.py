@@ -2,19 +2,22 @@
 
 ``numpy.add.at(a, key, values)`` walks the key's index arrays element by element through a
 general iterator: ~0.3 us a row of a (1800, 32) float32 scatter into (200, 32), 10x a plain
-pass over the data. Three ways of doing the same additions in the same order:
+pass over the data. Only numpy's one-dimensional case (one index a value) is a plain loop.
+The same additions in the same order, by the key's form, for at least ``MIN_VALUES`` values
+of ``a``'s dtype into a C-contiguous ``a``:
 
 * **rows** (``key`` picks whole slices along one axis: ``a[idx]``, ``a[:, idx]``,
   ``a[idx, ...]``, what ``index_add``, an embedding's and ``x[idx]``'s gradients take): the
   array seen as (before, n, after) and each value row added into its slice, in index order,
-  by a numba loop (``scatter_kernels``), when numba is installed and the rows are long
-  enough to pay for its call;
-* **flat** (any key of integer arrays, one per axis, or the rows above without numba):
-  each value's flat position in ``a``, then numpy's one-dimensional ``add.at``, which
-  numpy runs as a plain indexed loop;
+  by numba's loop (``scatter_kernels.scatter_rows``); without numba, each value's flat
+  position in ``a`` (in chunks) and numpy's one-dimensional ``add.at``; with one value a
+  row (after = before = 1), that one-dimensional ``add.at`` directly;
+* **grid** (one integer array per axis, broadcasting: gather's and scatter's keys): numba's
+  loop over the broadcast indices for up to three axes (``scatter_grid``), else the flat
+  positions and the one-dimensional ``add.at``;
 * numpy's ``add.at`` itself for everything else (masks, slices with steps, mixed dtypes,
-  values to cast, non-contiguous targets) and whenever an index is out of range, so errors
-  are numpy's own.
+  values to cast, non-contiguous or read-only targets, small scatters) and whenever an
+  index is out of range, so errors are numpy's own.
 
 Each destination receives its values in the order of the key's (C-order) index positions on
 every path, with the same IEEE additions, so the results are ``add.at``'s bits.
@@ -88,7 +91,7 @@ def add_at(a, key, values) -> None:
 
 def _grid_key(a, key):
     """Whether ``key`` is one integer array per axis of C-contiguous ``a``."""
-    return type(key) is tuple and len(key) == a.ndim and a.flags.c_contiguous \
+    return type(key) is tuple and len(key) == a.ndim > 0 and a.flags.c_contiguous \
         and all(type(i) is np.ndarray and i.dtype.kind in "iu" for i in key)
 
 
@@ -102,8 +105,15 @@ def _add_rows(a, axis, idx, v):
     before = math.prod(a.shape[:axis])
     n = a.shape[axis]
     after = math.prod(a.shape[axis + 1:])
-    if before == 1 and after == 1:
-        return False  # one index a value: add.at's own loop is numpy's fast one-dimensional path
+    if before == 1 and after == 1:  # one index a value: numpy's fast one-dimensional add.at
+        if not _in_range(idx, n):
+            return False
+        try:
+            v = np.broadcast_to(v, idx.shape + a.shape[axis + 1:])
+        except ValueError:
+            return False
+        np.add.at(a.reshape(-1), idx.reshape(-1), v.reshape(-1))
+        return True
     shape = a.shape[:axis] + idx.shape + a.shape[axis + 1:]
     try:
         v = np.broadcast_to(v, shape)
@@ -144,6 +154,16 @@ def _add_grid(a, key, v):
         v = np.broadcast_to(v, shape)
     except ValueError:
         return False
+    if a.ndim <= 3 and a.dtype in _NUMBA_DTYPES:
+        k = kernels()
+        if k is not None:  # the indices broadcast in place (no position array)
+            lead = (1,) * (3 - a.ndim)
+            full = lead + shape
+            keys = [np.broadcast_to(np.zeros(len(full) * (1,), np.int64), full)
+                    for _ in lead] + [
+                np.broadcast_to(i.astype(np.int64, copy=False).reshape(lead + i.shape), full)
+                for i in key]
+            return k.scatter_grid(a.reshape(lead + a.shape), *keys, v.reshape(full))
     pos = None
     stride = 1
     for i, n in zip(reversed(key), reversed(a.shape)):
