@@ -14,8 +14,10 @@ loaded through ``kernels.load`` (numba's disk cache keeps the machine code):
   (N*OH*OW, KH*KW*C), taps outermost; gradient rows (N*OH*OW, O) or channels (O, N*OH*OW);
   the tap-major weight); numba builds the patches from a zero-padded channels-last copy of
   one sample at a time, moves between NCHW and rows, and col2im adds the taps back in
-  eager's order. At stride 1 the input gradient is, as in eager, the correlation of the
-  gradient with the flipped kernel (patches of the gradient, no col2im). ``conv2d_weight``
+  eager's order (its GEMM writes columns channels outermost, (N*OH*OW, C*KH*KW), as
+  eager's does). Where eager takes the input gradient as the correlation of the gradient
+  with the flipped kernel (``ops.convolution._by_correlation``), so does the kernel
+  (patches of the gradient, no col2im). ``conv2d_weight``
   takes the patches its graph's ``conv2d`` of the same array built in the same call
   (``_SHARED``) instead of building them again. Unpadded 1x1 kernels are declined: eager's
   per-example product, with no im2col, is faster than these kernels there.
@@ -44,7 +46,7 @@ import numpy as np
 from tapegrad.backend.blas import matmul as blas_matmul
 from tapegrad.compiler import kernels, op_kernels
 from tapegrad.compiler.ir import Value
-from tapegrad.ops.convolution import _flipped, _pointwise, _tap_major
+from tapegrad.ops.convolution import _by_correlation, _flipped, _pointwise, _tap_major
 
 _FLOATS = kernels.FLOATS
 
@@ -121,23 +123,23 @@ _COL2IM = '''def col2im(cols):
     cf = np.ascontiguousarray(cols).ravel()
     img = np.empty((n_, {C}, {H}, {W}), cols.dtype)
     f = img.reshape(n_ * {C} * {HW})
-    xp = np.empty({CPP}, cols.dtype)  # one sample, padded, channels last
+    xp = np.empty({CPP}, cols.dtype)  # one sample, padded
     for n in range(n_):
         xp[:] = 0
         for i in range({KH}):
             for j in range({KW}):
                 for y in range({OH}):
                     for q in range({OW}):
-                        rb = ((n * {OH} + y) * {OW} + q) * {K} + (i * {KW} + j) * {C}
-                        db = ((y * {SH} + i * {DH}) * {WP} + q * {SW} + j * {DW}) * {C}
+                        rb = ((n * {OH} + y) * {OW} + q) * {K} + i * {KW} + j
+                        db = (y * {SH} + i * {DH}) * {WP} + q * {SW} + j * {DW}
                         for c in range({C}):
-                            xp[db + c] += cf[rb + c]
+                            xp[db + c * ({HP} * {WP})] += cf[rb + c * ({KH} * {KW})]
         for c in range({C}):
             for y in range({H}):
-                src = ((y + {PT}) * {WP} + {PL}) * {C} + c
+                src = (c * {HP} + y + {PT}) * {WP} + {PL}
                 dst = ((n * {C} + c) * {H} + y) * {W}
                 for q in range({W}):
-                    f[dst + q] = xp[src + q * {C}]
+                    f[dst + q] = xp[src + q]
     return img
 '''
 
@@ -262,16 +264,17 @@ def _conv2d_input(node):
         return None
     g, w = node.inputs[:2]
     size = tuple(node.params["size"])
-    if tuple(node.params["stride"]) == (1, 1):
+    if _by_correlation(node.params["stride"], w.shape[1] * node.params.get("groups", 1),
+                       w.shape[0]):
         return _unit_stride_input(node, g, w, size)
     geom = _conv_geom(node, (0, w.shape[1]) + size, w.shape, g.shape[2:])
     if geom is None:
         return None
-    o = int(w.shape[0])
+    o, k = int(w.shape[0]), geom.c * geom.kh * geom.kw
     to_rows, col2im = _conv_kernels(geom, o, "to_rows", "col2im")
 
     def conv2d_input(g, w, **_):
-        return col2im(blas_matmul(to_rows(g), _tap_major(w, 1)[0]))
+        return col2im(blas_matmul(to_rows(g), w.reshape(o, k)))
 
     return conv2d_input
 

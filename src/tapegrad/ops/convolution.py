@@ -13,9 +13,10 @@ Each op picks its kernel by the product's shape (rules measured in docs/performa
 - one input and one output channel per group (depthwise), float32/float64, numba installed:
   ``convolution_numba``'s direct loops;
 - otherwise im2col rows, channels last with the taps outermost, times the tap-major weight
-  in one GEMM (per group). The input gradient at stride 1 is the same correlation, of the
-  output gradient with the flipped kernel; at larger strides it is a GEMM and col2im, or one
-  copy where no two taps meet (kernel within its stride, as ConvTranspose2d(k, stride=k)).
+  in one GEMM (per group). The input gradient at stride 1 (unless the input has under a
+  quarter of the output's channels) is the same correlation, of the output gradient with the
+  flipped kernel; otherwise a GEMM and col2im, or one copy where no two taps meet (kernel
+  within its stride, as ConvTranspose2d(k, stride=k)).
 """
 from tapegrad.backend import array_module
 from tapegrad.ops import registry as _registry
@@ -232,35 +233,44 @@ def conv2d_input(g, w, size, stride, padding, dilation, groups):
         return loops.depthwise_input(xp.ascontiguousarray(g), xp.ascontiguousarray(w),
                                      size[0], size[1], sh, sw, pt, pl, size[0] + pt + pb,
                                      size[1] + pl + pr, dh, dw)
-    if tuple(stride) == (1, 1):
-        return _unit_stride_input_grad(g, w, size, padding, dilation, groups)
     n, o, oh, ow = g.shape
     _, cg, kh, kw = w.shape
+    if _by_correlation(stride, cg * groups, o):
+        return _unit_stride_input_grad(g, w, size, padding, dilation, groups)
     og = o // groups
     gmat = g.transpose(0, 2, 3, 1).reshape(n * oh * ow, groups, og)
-    wmat = _tap_major(w, groups)  # (G, O/G, K)
+    wmat = w.reshape(groups, og, cg * kh * kw)  # channels outermost: a view, no copy
     cols = blas_matmul(_grouped(gmat, groups), wmat[0] if groups == 1 else wmat)
-    # (N, OH, OW, G, KH, KW, C/G) whatever the grouping
-    cols = cols.reshape(n, oh, ow, 1, kh, kw, cg) if groups == 1 else \
-        cols.reshape(groups, n, oh, ow, kh, kw, cg).transpose(1, 2, 3, 0, 4, 5, 6)
+    # (N, OH, OW, G, C/G, KH, KW) whatever the grouping
+    cols = cols.reshape(n, oh, ow, 1, cg, kh, kw) if groups == 1 else \
+        cols.reshape(groups, n, oh, ow, cg, kh, kw).transpose(1, 2, 3, 0, 4, 5, 6)
     (sh, sw), (dh, dw) = stride, dilation
     if kh * dh <= sh and kw * dw <= sw:
         return _tile(cols, size, stride, padding, dilation)
-    cols = cols.transpose(0, 1, 2, 3, 6, 4, 5).reshape(n, oh, ow, groups * cg, kh, kw)
+    cols = cols.reshape(n, oh, ow, groups * cg, kh, kw)
     return _col2im(cols, size, (kh, kw), stride, padding, dilation)
+
+
+def _by_correlation(stride, channels, out_channels):
+    """Whether conv2d_input runs as the correlation of ``g`` with the flipped kernel (stride 1
+    with at least a quarter as many input as output channels): its im2col copies KH*KW*O
+    values per output pixel, col2im's GEMM writes KH*KW*C and adds them back. Measured: the
+    correlation 1.2-3.9x faster from C = O/2 up, col2im 1.3-2.9x faster from C = O/4 down
+    (docs/performance.md, "Convolution kernels")."""
+    return tuple(stride) == (1, 1) and 4 * channels > out_channels
 
 
 def _tile(cols, size, stride, padding, dilation):
     """col2im where no two taps meet (each kernel's reach within its stride, as a
-    ConvTranspose2d(k, stride=k)): one copy of (N, OH, OW, G, KH, KW, C/G) values into
+    ConvTranspose2d(k, stride=k)): one copy of (N, OH, OW, G, C/G, KH, KW) values into
     their pixels, no adds."""
-    n, oh, ow, groups, kh, kw, cg = cols.shape
+    n, oh, ow, groups, cg, kh, kw = cols.shape
     (sh, sw), (dh, dw) = stride, dilation
     (pt, pb), (pl, pr) = padding
     hp, wp = max(size[0] + pt + pb, oh * sh), max(size[1] + pl + pr, ow * sw)
     img = array_module(cols).zeros((n, groups, cg, hp, wp), dtype=cols.dtype)
     cells = img[:, :, :, :oh * sh, :ow * sw].reshape(n, groups, cg, oh, sh, ow, sw)
-    cells[:, :, :, :, :kh * dh:dh, :, :kw * dw:dw] = cols.transpose(0, 3, 6, 1, 4, 2, 5)
+    cells[:, :, :, :, :kh * dh:dh, :, :kw * dw:dw] = cols.transpose(0, 3, 4, 1, 5, 2, 6)
     img = img.reshape(n, groups * cg, hp, wp)[:, :, pt:pt + size[0], pl:pl + size[1]]
     return array_module(img).ascontiguousarray(img)
 
