@@ -315,3 +315,25 @@ def test_sparse_products_match_torch(path):
             outs.append((y.detach().numpy(), xt.grad.numpy()))
         for a, b in zip(*outs):
             np.testing.assert_allclose(a, b, rtol=rtol, atol=rtol * np.abs(b).max())
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+def test_index_tensor_key_is_the_general_paths(dtype):
+    """``x[idx]`` with one int32/int64 index Tensor takes a short path in ``index_key``: the
+    same key, flags and errors as the general path (the same index as a one-element tuple)."""
+    from tapegrad.ops.indexing import index_key
+
+    x = tg.zeros(6, 3)
+    for idx in ([3, -6, 5, 0], [[1, 1], [-1, 2]]):
+        idx = tg.tensor(np.array(idx, dtype))
+        (key, basic, acc), (want, wbasic, wacc) = index_key(x, idx), index_key(x, (idx,))
+        assert (basic, acc) == (wbasic, wacc) == (False, True)
+        assert len(key) == len(want) == 2 and key[1] is want[1] is Ellipsis
+        np.testing.assert_array_equal(key[0], want[0])
+    for bad in ([0, 6], [-7, 0]):
+        errors = []
+        for index in (tg.tensor(np.array(bad, dtype)), (tg.tensor(np.array(bad, dtype)),)):
+            with pytest.raises(IndexError) as info:
+                index_key(x, index)
+            errors.append(str(info.value))
+        assert errors[0] == errors[1] and "dimension 0 with size 6" in errors[0]

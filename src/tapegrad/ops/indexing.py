@@ -587,6 +587,11 @@ def index_key(input, index):
     elif type(index) is slice and (index.step is None or type(index.step) is int and
                                    index.step > 0) and shape:
         return (index, Ellipsis), True, False
+    elif type(index) is _registry.Tensor and shape:  # x[idx], an int32/int64 index Tensor
+        data = index._data
+        if type(data) is xp.ndarray and data.ndim and data.dtype.kind == "i" \
+                and data.dtype.itemsize >= 4 and _out_of_bounds(data, shape[0]) is None:
+            return (data, Ellipsis), False, True  # (out of bounds: the general path raises)
     if type(index) is not tuple:
         if type(index) is list and _sequence_as_tuple(index):
             warnings.warn("Using a non-tuple sequence for multidimensional indexing is "
