@@ -15,7 +15,11 @@ would then carry a dense block of zeros for them): the backward recomputes the g
 pre-activations of all steps at once, one GEMM over ``[h_0 .. h_{T-2}]``, then runs the
 recurrence of the gradients step by step and leaves the weight gradients to one GEMM over all
 steps at the end. Its result is one flat buffer holding the gradient of each input in turn,
-which the forward op's rule cuts up with views.
+which the forward op's rule cuts up with views. The LSTM kernels work on the gates reordered
+(i, f, o, g) with the sigmoid gates' weights negated (``_lstm_operands``), so one
+exp-add-reciprocal pass gives the three sigmoids of a step. A cell is one step: its kernels
+recompute the gates from ``x`` and ``h`` (two GEMMs) and skip the layer's all-steps
+precomputation, which one step cannot amortise.
 
 The forward ops' rules are the backward ops, so ``create_graph`` records them. The backward
 ops' own rules (second order) and the forward ops' forward-mode rules run the step-by-step
@@ -529,7 +533,7 @@ def _cell_activations(xw, h, c, w_hh, b_hh, mode):
         gates = xw
         gates += hw
         tg = m.tanh(gates[:, 2 * H:3 * H])
-        _sigmoid_(gates)  # i, f and o (g's quarter is overwritten by tg's use below)
+        _sigmoid_(gates)  # one pass for i, f and o (g's quarter: computed, unused)
         out = m.empty((xw.shape[0], 2 * H), xw.dtype)
         hn, cn = out[:, :H], out[:, H:]
         m.multiply(gates[:, H:2 * H], c, out=cn)
