@@ -912,6 +912,9 @@ def _(g, out, a, device, source):
     return to_device(g, device=source, source=device)
 
 
+to_device.not_lowered("a copy between devices, not a computation a host loop can do")
+
+
 def _to_array(data, dtype):
     """Build a backend array as ``torch.tensor`` would: Python floats take the default dtype."""
     if isinstance(data, Tensor):

@@ -28,14 +28,6 @@ from tapegrad.tensor import Tensor
 
 _make, _GRAD = Tensor._make, Tensor.grad  # (set_grad_owned)
 
-# pointwise ops whose forward is exactly one numpy ufunc call on float arrays: a fused kernel
-# may write them into a buffer it owns (``out=``) with bit-identical results
-UFUNCS = {"add": "add", "sub": "subtract", "mul": "multiply", "div": "true_divide",
-          "neg": "negative", "exp": "exp", "log": "log", "tanh": "tanh", "sqrt": "sqrt",
-          "abs": "absolute", "maximum": "maximum", "minimum": "minimum"}
-UNARY_WITH_CONST = {"relu": ("maximum", 0)}
-
-
 def _ident(name):
     s = re.sub(r"\W", "_", str(name))
     return s if s[:1].isalpha() else "v" + s
@@ -124,11 +116,11 @@ def _kernel(w, n, names, out_expr=None, weak=()):
     owned = None  # the previous step's value, when this kernel allocated it (a ufunc result)
     for j, m in enumerate(body):
         out = m.outputs[0]
-        uf = UFUNCS.get(m.name)
-        extra = []
-        if m.name in UNARY_WITH_CONST:
-            uf, const = UNARY_WITH_CONST[m.name]
-            extra = [repr(const)]
+        # an op whose forward is one numpy ufunc call (its lowering's ``ufunc``) may write
+        # into a buffer the kernel owns (``out=``) with bit-identical results
+        low = kernels.lowering(m)
+        uf = low.ufunc[0] if low is not None and low.ufunc else None
+        extra = [repr(c) for c in low.ufunc[1:]] if uf else []
         exact_uf = uf and not m.params and all(not isinstance(a, Value) or a.dtype == out.dtype
                                               for a in m.inputs)
         last = j == len(body) - 1

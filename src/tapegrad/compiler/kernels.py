@@ -56,34 +56,174 @@ import numpy as np
 
 from tapegrad.compiler.ir import Value
 from tapegrad.ops.error_function import CEPHES, CLAMP
-from tapegrad.ops.nn import _INV_SQRT_2PI, _SQRT1_2
 
-# scalar forms of the pointwise ops numba can compile exactly as numpy computes them
-BINARY = {"add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})",
-          "div": "({0} / {1})", "gt": "({0} > {1})", "lt": "({0} < {1})",
-          "ge": "({0} >= {1})", "le": "({0} <= {1})", "eq": "({0} == {1})",
-          "ne": "({0} != {1})",
-          # ``|``, not ``or``: no branch, so LLVM vectorises the loop (2x measured)
-          "maximum": "({0} if (({0} >= {1}) | ({0} != {0})) else {1})",
-          "minimum": "({0} if (({0} <= {1}) | ({0} != {0})) else {1})"}
-UNARY = {"neg": "(-{0})", "exp": "np.exp({0})", "log": "np.log({0})", "tanh": "np.tanh({0})",
-         "sqrt": "np.sqrt({0})", "abs": "abs({0})"}
-# exact GELU (``approximate="none"``) and its gradient, written as eager's ops.nn writes them;
-# ``{e}`` is erf of its argument (``_erf``), ``{c}`` a constant of the operand's dtype
-ERF_OPS = {"erf": "{e0}",
-           "gelu": "(({0} * {c05}) * ({c1} + {e1}))",
-           # g * (0.5 * (1 + erf(x / sqrt2)) + x * (exp((-0.5 * x) * x) / sqrt(2 pi)))
-           "gelu_backward": "({0} * (({c05} * ({c1} + {e1})) + ({1} * "
-                            "(np.exp((({cm05} * {1}) * {1})) * {cpdf}))))"}
+class Unsupported(Exception):
+    """A node's scalar form cannot be compiled exactly here (its group stays numpy calls)."""
 
 
-def _erf(a, dt, e=None):
-    """numba's ``erf`` of the expression ``a`` of dtype ``dt``: float32 ``erf32`` (in float64,
-    rounded once); float64 eager's ``erf64``, reading ``e``, the operand that holds numpy's
-    ``exp(-min(|a|, 6)^2)`` (``outside``: ``erf_exp``)."""
-    if dt == "np.float64":
-        return f"erf64({a}, {e})"
-    return f"{dt}(erf32(np.float64({a})))"
+class Scalar:
+    """What an op's scalar form (``ops.registry.Lowering``) is written with, for one node:
+    ``dt`` the result's numpy type in source (``np.float32``), ``const(v)`` a constant of it,
+    ``libm``/``erf`` the calls that need more than numba's own functions. Planning (``pre``
+    None) collects what the form needs; writing (``pre``: the operands ``outside`` made)
+    reads them."""
+
+    def __init__(self, node, pre=None, assume_libm=False):
+        self.node = node
+        self.dtype = np.dtype(node.outputs[0].dtype)
+        self.dt = _np_type(self.dtype)
+        self.pre = pre
+        self.assume_libm = assume_libm  # (planning only: which operands are always needed)
+        self.needs = {}  # (id(node), role) -> (operand index, name)
+        self.helpers = set()  # numba functions the kernel module defines first
+
+    def const(self, v):
+        v = float(v)
+        if v != v:
+            return f"{self.dt}(np.nan)"
+        if v in (float("inf"), float("-inf")):
+            return f"{self.dt}({'-' if v < 0 else ''}np.inf)"
+        return f"{self.dt}({v!r})"
+
+    def libm(self, fn, expr, operand=None, name=None, compute=None):
+        """numba's ``np.<fn>(expr)`` where it is numpy's ufunc here (``libm_exact``); else
+        numpy's value, computed before the kernel by ``compute(x, out)`` (eager's own calls)
+        from the node's full-shape operand ``operand`` (``name``: its label in the generated
+        code), else the node is not compiled."""
+        if self.assume_libm or libm_exact(fn, self.dtype):
+            return f"np.{fn}({expr})"
+        if compute is None:
+            raise Unsupported(f"{self.node.name}: numba's {fn} is not numpy's here")
+        return self._pre("libm", operand, name, compute)
+
+    def erf(self, u, operand, scale=1.0, name="erf_exp"):
+        """erf of the expression ``u`` = ``operand * scale`` as eager computes it: float32
+        ``erf32`` (a float64 polynomial, rounded once); float64 ``erf64`` reading numpy's
+        ``exp(-min(|u|, 6)^2)`` computed before the kernel from the operand (``erf_exp``), so
+        that operand is a group input (``group_inputs``)."""
+        if self.dtype == np.float32:
+            self.helpers.add("erf32")
+            return f"{self.dt}(erf32(np.float64({u})))"
+        if self.dtype != np.float64:
+            raise Unsupported(f"{self.node.name}: erf in {self.dtype}")
+        self.helpers.add("erf64")
+        e = self._pre("erf", operand, name, _ErfExp(scale))
+        return f"erf64({u}, {e})"
+
+    def _pre(self, role, operand, name, compute):
+        known = _OUTSIDE.setdefault(name, compute)
+        if known != compute:
+            raise ValueError(f"two computations before a kernel are named {name!r}")
+        self.needs[(id(self.node), role)] = (operand, name)
+        return "_" if self.pre is None else self.pre[(id(self.node), role)]
+
+
+# name -> compute(x, out): the values numpy computes before a kernel, registered by the scalar
+# forms that need them (Scalar._pre); "erf_exp" (erf of an operand itself) from the start
+_OUTSIDE = {}
+
+
+class _Ufunc:
+    """``np.<name>(x, *constants, out=out)``: an op's ufunc before the kernel."""
+
+    def __init__(self, ufunc):
+        self.key = tuple(ufunc)
+        self.fn = getattr(np, ufunc[0])
+
+    def __eq__(self, other):
+        return isinstance(other, _Ufunc) and other.key == self.key
+
+    __hash__ = None
+
+    def __call__(self, x, out):
+        return self.fn(x, *self.key[1:], out=out)
+
+
+class _ErfExp:
+    """``exp(-a*a)``, ``a = min(|x * scale|, 6)``: ``ops.error_function.erf64``'s one exp."""
+
+    def __init__(self, scale):
+        self.scale = scale
+
+    def __eq__(self, other):
+        return isinstance(other, _ErfExp) and other.scale == self.scale
+
+    __hash__ = None
+
+    def __call__(self, x, out):
+        return erf_exp(x, out, self.scale)
+
+
+_OUTSIDE["erf_exp"] = _ErfExp(1.0)
+
+
+def lowering(node):
+    """The scalar form of ``node``'s op (``Op.lower``), or None."""
+    op = node.op
+    return None if op is None else op.lowering
+
+
+def scalar_expr(node, args, pre=None, assume_libm=False):
+    """``(source, Scalar)``: one element of ``node`` as numba source over its operands'
+    expressions ``args``, from its op's lowering. Raises ``Unsupported``."""
+    low = node.op.lowering
+    ctx = Scalar(node, pre, assume_libm)
+    if callable(low.scalar):
+        return low.scalar(ctx, *args, **node.params), ctx
+    if low.libm and not (assume_libm or all(libm_exact(f, ctx.dtype) for f in low.libm)):
+        # numpy's own loop rounds otherwise: its ufunc of the one operand, before the kernel
+        if low.ufunc is None or len(node.inputs) != 1:
+            raise Unsupported(f"{node.name}: numba's {low.libm} is not numpy's here")
+        return ctx._pre("libm", 0, low.ufunc[0], _Ufunc(low.ufunc)), ctx
+    consts = {k: ctx.const(node.params.get(k, d)) for k, d in zip(low.params, low.defaults)}
+    return low.scalar.format(*args, dt=ctx.dt, **consts), ctx
+
+
+def accepts(node, weak=()):
+    """Whether ``node``'s lowering applies to this call: its params, the kinds and dtypes of
+    its operands and result (``Lowering``'s facts)."""
+    low = lowering(node)
+    if low is None or len(node.outputs) != 1:
+        return False
+    out = node.outputs[0]
+    if low.accepts is not None:
+        if not low.accepts(node):
+            return False
+    elif any(k not in low.params or type(v) not in (int, float)
+             for k, v in node.params.items()):
+        return False
+    if out.dtype.kind not in low.kinds:
+        return False
+    rule = low.operands
+    if isinstance(rule, tuple) and len(rule) != len(node.inputs):
+        return False
+    vals = [a for a in node.inputs if isinstance(a, Value)]
+    for i, a in enumerate(node.inputs):
+        r = rule[i] if isinstance(rule, tuple) else rule
+        if not isinstance(a, Value):
+            if type(a) not in (int, float) or r == "bool":
+                return False
+        elif r == "bool":
+            if a.dtype.kind != "b":
+                return False
+        elif a.dtype.kind not in low.kinds:
+            return False
+        elif r == "out" and a.dtype != out.dtype and id(a) not in weak:
+            return False  # a 0-d array of another dtype promotes (NumPy 2)
+    return not (rule == "same" and len({a.dtype for a in vals}) > 1)
+
+
+def group_inputs(node):
+    """The operands of ``node`` numpy reads before its numba kernel on every machine (a
+    float64 erf's argument: ``Scalar.erf``): a group input, never a value made inside it."""
+    if lowering(node) is None or backend() != "numba" or not accepts(node):
+        return []
+    try:
+        _, ctx = scalar_expr(node, [f"a{i}" for i in range(len(node.inputs))],
+                             assume_libm=True)
+    except Unsupported:
+        return []
+    return [node.inputs[k] for k, _ in ctx.needs.values()]
 
 
 def _polevl(x, coeffs, monic=False):
@@ -159,48 +299,27 @@ def erf32_source():
             f"    return z * {poly}\n")
 
 
-def _erf_expr(name, args, dt, exp=None, erf_exp=None):
-    c = {k: f"{dt}({v!r})" for k, v in (("c05", 0.5), ("c1", 1.0), ("cm05", -0.5),
-                                       ("cs", _SQRT1_2), ("cpdf", _INV_SQRT_2PI))}
-    x = args[0] if name != "gelu_backward" else args[1]
-    form = ERF_OPS[name] if exp is None else GELU_BACKWARD_EXP.replace("{e}", exp)
-    return form.format(*args, e0=_erf(args[0], dt, erf_exp),
-                       e1=_erf(f"({x} * {c['cs']})", dt, erf_exp), **c)
-
-
-# gelu_backward with ``exp((-0.5 * x) * x)`` computed by numpy before the kernel (``{e}``)
-GELU_BACKWARD_EXP = "({0} * (({c05} * ({c1} + {e1})) + ({1} * ({e} * {cpdf}))))"
-
-
 def outside(body, ins, out_shape, weak=()):
-    """The exp/log/tanh numpy computes before the numba kernel, each read by the kernel as one
-    more full-shape operand (eager's bits: the same ufunc calls on the same values), formed
-    from a full-shape operand ``x`` of the group: ``{(id(node), role): (x, function)}``.
-
-    role "libm": where numba's C-library call is not numpy's ufunc here (``libm_exact``):
-    gelu_backward's ``exp((-0.5 * x) * x)`` and ``exp``/``log``/``tanh`` of ``x`` itself.
-    role "erf": a float64 erf's ``exp(-min(|u|, 6)^2)`` (``ops.error_function``), always
-    (``erf_exp``: u = x; ``gelu_erf_exp``: u = x * sqrt(1/2), GELU's argument)."""
+    """What numpy computes before the numba kernel, each read by the kernel as one more
+    full-shape operand (eager's bits: eager's own calls on the same values), from a
+    full-shape operand ``x`` of the group: ``{(id(node), role): (x, name)}`` for the needs
+    of the body's scalar forms (``Scalar.libm``, ``Scalar.erf``, a ``libm`` ufunc of the
+    operand itself). A need whose operand is not a group input is left out (``supported``
+    then refuses the group)."""
     ids = {id(a) for a in ins}
     found = {}
-
-    def take(m, role, x, fn):
-        if isinstance(x, Value) and id(x) in ids and x.dtype == m.outputs[0].dtype and \
-                operand_kind(x, out_shape, weak) == "full":
-            found[(id(m), role)] = (x, fn)
-
     for m in body:
-        if m.name in ERF_OPS and m.outputs[0].dtype == np.float64:
-            x = m.inputs[1] if m.name == "gelu_backward" else m.inputs[0]
-            take(m, "erf", x, "erf_exp" if m.name == "erf" else "gelu_erf_exp")
-        if m.name == "gelu_backward":
-            x, fn = m.inputs[1], "gelu_exp"
-        elif m.name in LIBM:
-            x, fn = m.inputs[0], m.name
-        else:
+        if lowering(m) is None or not accepts(m, weak):
             continue
-        if not libm_exact("exp" if fn == "gelu_exp" else fn, m.outputs[0].dtype):
-            take(m, "libm", x, fn)
+        try:
+            _, ctx = scalar_expr(m, [f"a{i}" for i in range(len(m.inputs))])
+        except Unsupported:
+            continue
+        for key, (k, name) in ctx.needs.items():
+            x = m.inputs[k]
+            if isinstance(x, Value) and id(x) in ids and x.dtype == m.outputs[0].dtype and \
+                    operand_kind(x, out_shape, weak) == "full":
+                found[key] = (x, name)
     return found
 
 
@@ -218,20 +337,18 @@ def erf_exp_argument(x, scale, out):
 """
 
 
-def outside_call(fn, x, buf):
-    """numpy's value of ``outside``'s ``fn`` of ``x`` into ``buf`` (the kernel's own array,
-    read by the kernel call that follows): eager's ufunc calls in eager's order."""
-    if fn == "gelu_exp":  # ops.nn.gelu_backward: exp(-0.5 * x * x)
-        np.multiply(-0.5, x, out=buf)
-        np.multiply(buf, x, out=buf)
-        return np.exp(buf, out=buf)
-    if fn in ("erf_exp", "gelu_erf_exp"):  # ops.error_function.erf64's exp(-a*a)
-        scale = _SQRT1_2 if fn == "gelu_erf_exp" else 1.0  # ops.nn.gelu's x * _SQRT1_2
-        # the argument (exact + - * and comparisons: any order of elements gives eager's
-        # bits) in one numba pass, then numpy's exp as eager calls it
-        load("erf_exp_argument", ERF_EXP_SOURCE)(x.reshape(-1), scale, buf.reshape(-1))
-        return np.exp(buf, out=buf)
-    return getattr(np, fn)(x, out=buf)
+def erf_exp(x, buf, scale=1.0):
+    """``ops.error_function.erf64``'s ``exp(-a*a)``, ``a = min(|x * scale|, 6)``, into
+    ``buf``: the argument (exact ``* abs min``: any order of elements gives eager's bits) in
+    one numba pass, then numpy's exp as eager calls it."""
+    load("erf_exp_argument", ERF_EXP_SOURCE)(x.reshape(-1), scale, buf.reshape(-1))
+    return np.exp(buf, out=buf)
+
+
+def outside_call(name, x, buf):
+    """numpy's value of ``outside``'s computation ``name`` of ``x`` into ``buf`` (the kernel's
+    own array, read by the kernel call that follows)."""
+    return _OUTSIDE[name](x, buf)
 
 
 _numba = None
@@ -257,45 +374,67 @@ def backend():
     return "numba" if _numba else "numpy"
 
 
-# numba's exp/log/tanh call the C library; numpy's ufuncs use their own SIMD code on some
-# CPUs (AVX512F: float64 exp and log; AVX2/AVX512: float32; SVML tanh), within an ulp of it
-# but not bitwise. A group using one of these where numpy's differs stays numpy's ufunc chain
+# numba's exp, log, tanh, sin, ... call the C library; numpy's ufuncs use their own SIMD code
+# on some CPUs (AVX512F: float64 exp and log; AVX2/AVX512: float32; SVML tanh), within an ulp
+# of it but not bitwise. A scalar form calling one of these (``Lowering.libm``) where numpy's
+# differs is computed by numpy before the kernel (``outside``) or stays numpy's ufunc chain
 # (eager's results); TAPEGRAD_COMPILE_LIBM=1 takes the C library's anyway (faster, an ulp).
-LIBM = {"exp": "np.exp", "log": "np.log", "tanh": "np.tanh"}
-_libm_same = {}  # dtype name -> {op name: numba's libm call equals numpy's ufunc here}
+_libm_same = {}  # (dtype name, function) -> numba's call equals numpy's ufunc here
 
 LIBM_PROBE = """import numpy as np
 from numba import njit
 
 
 @njit(error_model="numpy", cache=True)
-def libm_probe(x, e, lg, th):
+def libm_probe_{fn}(x, y, out):
     for i in range(x.size):
-        e[i] = np.exp(x[i])
-        lg[i] = np.log(abs(x[i]))
-        th[i] = np.tanh(x[i])
-    return e
+        out[i] = np.{fn}({args})
+    return out
 """
 
 
+def probe_values(dtype):
+    """The values ``libm_exact`` compares on: 4096 spread over the range where the functions
+    are used (|x| up to ~25), 2048 in [-1.2, 1.2] (the inverse trigonometric functions' domain),
+    2048 of magnitudes 1e-6..1e6 of both signs, and the special values."""
+    rng = np.random.default_rng(0)
+    parts = [rng.standard_normal(4096) * 6, rng.uniform(-1.2, 1.2, 2048),
+             10.0 ** rng.uniform(-6, 6, 2048) * rng.choice([-1.0, 1.0], 2048),
+             np.array([0.0, -0.0, 1.0, -1.0, 0.5, 2.0, np.inf, -np.inf, np.nan])]
+    return np.concatenate(parts).astype(dtype)
+
+
 def libm_exact(name, dtype):
-    """Whether numba's ``np.<name>`` (exp, log, tanh: the C library's) gives numpy's ufunc
-    results on this machine, probed once per dtype on 4096 values spread over the range where
-    the functions are used (any difference: numpy has its own SIMD loop here)."""
+    """Whether numba's ``np.<name>`` (a C-library call) gives numpy's ufunc ``name`` bit for
+    bit on this machine, probed once per dtype (``probe_values``; a binary function pairs
+    them with a shuffled copy): any difference means numpy has its own loop here."""
     if os.environ.get("TAPEGRAD_COMPILE_LIBM") == "1":
         return True
     dt = np.dtype(dtype)
-    same = _libm_same.get(dt.name)
+    same = _libm_same.get((dt.name, name))
     if same is None:
-        x = (np.random.default_rng(0).standard_normal(4096) * 6).astype(dt)
-        outs = [np.empty_like(x) for _ in range(3)]
-        load("libm_probe", LIBM_PROBE)(x, *outs)
-        with np.errstate(divide="ignore"):
-            ref = (np.exp(x), np.log(np.abs(x)), np.tanh(x))
-        same = _libm_same[dt.name] = {
-            n: bool(np.array_equal(o, r, equal_nan=True))
-            for n, o, r in zip(("exp", "log", "tanh"), outs, ref)}
-    return same[name]
+        uf = getattr(np, name)
+        x = probe_values(dt)
+        y = np.random.default_rng(1).permutation(x)
+        args = "x[i]" if uf.nin == 1 else "x[i], y[i]"
+        with np.errstate(all="ignore"):
+            ref = uf(x) if uf.nin == 1 else uf(x, y)
+            try:
+                got = load(f"libm_probe_{name}", LIBM_PROBE.format(fn=name, args=args))(
+                    x, y, np.empty_like(ref))
+            except Exception:  # noqa: BLE001 - numba has no scalar form of it: never exact
+                got = None
+        same = got is not None and got.dtype == ref.dtype and _same_bits(got, ref)
+        _libm_same[(dt.name, name)] = same
+    return same
+
+
+def _same_bits(a, b):
+    nan = np.isnan(a)
+    if not np.array_equal(nan, np.isnan(b)):
+        return False
+    u = f"u{a.dtype.itemsize}"
+    return bool(np.array_equal(a[~nan].view(u), b[~nan].view(u)))
 
 
 # Eager's products go to the BLAS (numpy's matmul). OpenBLAS rounds each element of a GEMM as
@@ -462,9 +601,9 @@ def operand_kind(a, out_shape, weak=(), mats=()):
 
 
 def supported(body, ins, out_shape, weak=(), contract=()):
-    """Whether numba can compile this group exactly: float/bool values, known ops, each op's
-    array operands of its result's dtype (so no mixed-precision promotion is implied); an
-    exp/log/tanh numba's C library would round otherwise only as ``outside`` computes it."""
+    """Whether numba can compile this group exactly: float/bool values, each op's scalar form
+    (``Op.lower``) accepting its call (``accepts``: params, operand and result dtypes), its
+    C-library calls numpy's here or computed by numpy before the kernel (``outside``)."""
     if not out_shape or any(d == 0 for d in out_shape):
         return False
     if contract and (len(out_shape) != 2 or any(
@@ -482,45 +621,22 @@ def supported(body, ins, out_shape, weak=(), contract=()):
     pre = outside(body, ins, out_shape, weak)
     for m in body:
         out = m.outputs[0]
-        if m.params and m.name != "to_dtype" and not (
-                m.name in ("gelu", "gelu_backward") and m.params == {"approximate": "none"}):
+        if out.shape not in ((), tuple(out_shape)) or out.dtype.kind not in "fb":
             return False
-        if m.name == "relu":
-            pass
-        elif m.name == "matmul":
+        if m.name == "matmul" and lowering(m) is None:  # a small matmul (passes.small_k_matmul)
             a, b = m.inputs
             if len(out_shape) != 2 or id(a) not in inputs or id(b) not in inputs or \
                     a.shape != (out_shape[0], b.shape[0]) or b.shape[1] != out_shape[1]:
                 return False
-        elif m.name == "to_dtype":
-            if out.dtype.kind not in "f" or m.inputs[0].dtype.kind not in "fb":
-                return False
-        elif m.name in ERF_OPS:
-            if out.dtype not in (np.float32, np.float64):
-                return False
-            if m.name == "gelu_backward" and not libm_exact("exp", out.dtype) and \
-                    (id(m), "libm") not in pre:
-                return False  # its exp(-x*x/2)
-            if out.dtype == np.float64 and (id(m), "erf") not in pre:
-                return False  # erf64's exp(-a*a): numpy's, from an operand
-        elif m.name not in BINARY and m.name not in UNARY:
+            continue
+        if not accepts(m, weak):
             return False
-        elif m.name in LIBM and not libm_exact(m.name, out.dtype) and \
-                (id(m), "libm") not in pre:
+        try:
+            _, ctx = scalar_expr(m, [f"a{i}" for i in range(len(m.inputs))])
+        except Unsupported:
             return False
-        if out.shape not in ((), tuple(out_shape)) or out.dtype.kind not in "fb":
-            return False
-        for a in m.inputs:
-            if isinstance(a, Value):
-                if a.dtype != out.dtype and id(a) not in weak and m.name not in (
-                        "to_dtype", "gt", "lt", "ge", "le", "eq", "ne"):
-                    return False  # a 0-d array of another dtype promotes (NumPy 2)
-            elif type(a) not in (int, float):
-                return False
-        if m.name in ("gt", "lt", "ge", "le", "eq", "ne"):
-            vs = [a for a in m.inputs if isinstance(a, Value)]
-            if len({a.dtype for a in vs}) > 1:
-                return False
+        if any(key not in pre for key in ctx.needs):
+            return False  # numpy's value of an operand that is not a group input
     return True
 
 
@@ -552,11 +668,13 @@ def numba_source(fname, body, ins, out_value, n_reduce, weak=(), contract=(), st
     flat = len(shape) == 1  # a 1-D result: one loop (else the operands come as (R, C))
     odt = _np_type(out_value.dtype)
     lines = ["import math", "import numpy as np", "from numba import njit", ""]
-    if any(m.name in ERF_OPS and m.outputs[0].dtype == np.float32 for m in body):
-        lines += ["", erf32_source()]
-    if any(m.name in ERF_OPS and m.outputs[0].dtype == np.float64 for m in body):
-        lines += ["", erf64_source()]
-    if contract or any(m.name == "matmul" for m in body):
+    helpers = set()  # the scalar forms' helper functions (Scalar.erf), defined first
+    for m in body:
+        if lowering(m) is not None:
+            helpers |= scalar_expr(m, [f"a{i}" for i in range(len(m.inputs))])[1].helpers
+    for h in sorted(helpers):
+        lines += ["", HELPERS[h]()]
+    if contract or any(m.name == "matmul" and lowering(m) is None for m in body):
         lines += ["", FMA]
     lines += ["", '@njit(error_model="numpy", cache=True)',
              f"def {fname}({', '.join(params)}):",
@@ -569,7 +687,7 @@ def numba_source(fname, body, ins, out_value, n_reduce, weak=(), contract=(), st
     # rows of a small matmul's right operand, taken once
     hoisted = {}
     for m in body:
-        if m.name == "matmul":
+        if m.name == "matmul" and lowering(m) is None:
             b = param[id(m.inputs[1])]
             for k in range(m.inputs[0].shape[1]):
                 nm = f"{b}_r{k}"
@@ -592,7 +710,7 @@ def numba_source(fname, body, ins, out_value, n_reduce, weak=(), contract=(), st
         lines.append("    for i in range(R):")
         row_scalars = {}
         for m in body:
-            if m.name == "matmul":
+            if m.name == "matmul" and lowering(m) is None:
                 a = param[id(m.inputs[0])]
                 for k in range(m.inputs[0].shape[1]):
                     row_scalars[f"{a}_{k}"] = f"{a}[i, {k}]"
@@ -616,12 +734,14 @@ def numba_source(fname, body, ins, out_value, n_reduce, weak=(), contract=(), st
             lines.append("        o = out0[i]")
         lines.append("        for j in range(C):")
         pad = " " * 12
+    pre_local = {key: local[id(v)] for key, v in pre.items()}
     for j, m in enumerate(body):
         out = m.outputs[0]
         dt = _np_type(out.dtype)
         vals = [a for a in m.inputs if isinstance(a, Value)]
-        # a Python number takes the array operand's dtype (NumPy 2's weak scalars)
-        peer = _np_type(vals[0].dtype) if vals else dt
+        # a Python number takes the array operands' dtype (NumPy 2's weak scalars): the
+        # result's, or the compared operands' for a bool result
+        peer = dt if out.dtype.kind == "f" or not vals else _np_type(vals[0].dtype)
 
         def arg(a):
             if isinstance(a, Value):
@@ -629,26 +749,13 @@ def numba_source(fname, body, ins, out_value, n_reduce, weak=(), contract=(), st
             return f"{peer}({float(a)!r})"
 
         args = [arg(a) for a in m.inputs]
-        if m.name == "matmul":  # a few multiply-adds: the BLAS's fma chain (FMA)
+        if m.name == "matmul" and lowering(m) is None:  # the BLAS's fma chain (FMA)
             a, b = (param[id(x)] for x in m.inputs)
             expr = f"{dt}(0.0)"
             for k in range(m.inputs[0].shape[1]):
                 expr = f"fma({a}_{k}, {b}_r{k}[j], {expr})"
-        elif m.name == "relu":
-            z = f"{dt}(0.0)"
-            expr = f"({args[0]} if (({args[0]} >= {z}) | ({args[0]} != {args[0]})) else {z})"
-        elif m.name == "to_dtype":
-            expr = f"{dt}({args[0]})"
-        elif (id(m), "libm") in pre and m.name in UNARY:  # numpy's exp/log/tanh, an operand
-            expr = local[id(pre[(id(m), "libm")])]
-        elif m.name in UNARY:
-            expr = UNARY[m.name].format(*args)
-        elif m.name in ERF_OPS:
-            libm, erf = (pre.get((id(m), role)) for role in ("libm", "erf"))
-            expr = _erf_expr(m.name, args, dt, None if libm is None else local[id(libm)],
-                             None if erf is None else local[id(erf)])
         else:
-            expr = BINARY[m.name].format(*args)
+            expr = scalar_expr(m, args, pre_local)[0]
         t = f"t{j}"
         lines.append(f"{pad}{t} = {expr}")
         local[id(out)] = t
@@ -670,6 +777,9 @@ def numba_source(fname, body, ins, out_value, n_reduce, weak=(), contract=(), st
             lines.append(f"    con{k}[{q}] = acc{k}_{q}")
     lines.append("    return out0")
     return "\n".join(lines) + "\n", kinds
+
+
+HELPERS = {"erf32": erf32_source, "erf64": erf64_source}  # Scalar's helper functions
 
 
 def load(fname, source):

@@ -590,7 +590,7 @@ def fuse_clip_optimizer_step(graph):
         for j, v in enumerate(clip.inputs):
             made_by = producer.get(id(v), (None, 0))[0]
             inplace.append(j in perm and made_by is not None and made_by.op is not None and
-                           made_by.impl is None and made_by.name in memory.FRESH and
+                           memory.is_fresh(made_by) and
                            readers.get(id(v)) == [clip] and id(v) not in seen and
                            v.dtype == clip.outputs[1 + j].dtype)
         impl, observe = _fused_parts(clip, step, perm)

@@ -31,11 +31,11 @@ from tapegrad.compiler.ir import Value
 
 RECYCLE = os.environ.get("TAPEGRAD_COMPILE_RECYCLE", "1") != "0"  # 0: measure without it
 
-# ops whose result is a new array that shares memory with no input
+# ops whose result is a new array that shares memory with no input; so is any op whose
+# forward is one numpy ufunc call (its lowering's ``ufunc``: ``fresh``)
 FRESH = frozenset({
-    "fused", "matmul", "linear", "sum", "mean", "cross_entropy_index", "add", "sub", "mul",
-    "div", "neg", "exp", "log", "tanh", "sqrt", "abs", "maximum", "minimum", "relu", "gt", "lt",
-    "ge", "le", "eq", "ne", "softmax", "log_softmax", "full", "ce_fused"})
+    "fused", "matmul", "linear", "sum", "mean", "cross_entropy_index", "softmax",
+    "log_softmax", "full", "ce_fused"})
 # nodes with their own numpy body and kernel whose outputs are new arrays either way (both
 # ``nn.utils._clip_arrays`` and kernels_optim's clip kernels return fresh clipped gradients;
 # the fused clip + optimizer step's other outputs, its parameters, are never stored as a
@@ -50,6 +50,17 @@ class Plan:
         self.slots = []  # (shape, dtype) per slot
         self.owned = set()  # id(Value): fresh this call, stored once -> no copy on write-back
         self.recycled = []  # (shape, dtype) of returned results whose last array is reused
+
+
+def is_fresh(n):
+    """Whether op node ``n`` returns a new array sharing memory with no input: its name is in
+    ``FRESH``, or its forward is one numpy ufunc call (its lowering's ``ufunc``)."""
+    if n.impl is not None:
+        return False
+    if n.name in FRESH:
+        return True
+    low = n.op.lowering if n.op is not None else None
+    return low is not None and low.ufunc is not None
 
 
 def small_matmul(n):
@@ -70,7 +81,7 @@ def plan(graph):
     for v in graph.consts:
         roots[id(v)] = frozenset([id(v)])
     for n in graph.nodes:
-        if n.name in FRESH and n.impl is None or n.name in ("fused", "full",
+        if is_fresh(n) or n.name in ("fused", "full",
                                                              "cross_entropy_fused"):
             for v in n.outputs:
                 roots[id(v)] = frozenset([id(v)])
@@ -132,8 +143,8 @@ def plan(graph):
             p.out[id(v)] = ("recycle", len(p.recycled))
             p.recycled.append((v.shape, v.dtype))
     for n in graph.nodes:
-        fresh = n.name in ("fused", "full", "cross_entropy_fused") or (
-            n.name in FRESH and n.impl is None) or n.name in FRESH_KERNELS
+        fresh = n.name in ("fused", "full", "cross_entropy_fused") or is_fresh(n) or \
+            n.name in FRESH_KERNELS
         for v in n.outputs:
             if fresh and stored.get(id(v)) == 1 and id(v) not in p.out:
                 p.owned.add(id(v))

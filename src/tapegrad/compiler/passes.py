@@ -11,20 +11,15 @@ import importlib
 import numpy as np
 
 from tapegrad.compiler.ir import Graph, Node, Value, call_node, evaluate
-from tapegrad.compiler.codegen import UFUNCS, UNARY_WITH_CONST
 from tapegrad.compiler import kernels
 from tapegrad.ops.registry import REGISTRY
 
-# ops whose output is the elementwise image of their (same-shaped or scalar) inputs
-POINTWISE = frozenset(set(UFUNCS) | set(UNARY_WITH_CONST) | {
-    "gt", "lt", "ge", "le", "eq", "ne", "to_dtype", "sigmoid", "where", "pow", "clamp",
-    "clamp_min", "clamp_max", "reciprocal", "rsqrt", "sign", "sin", "cos", "expm1", "log1p",
-    "erf", "softplus", "silu", "gelu", "gelu_backward", "square"})
 
-
-# kept as a one-node kernel even when nothing fuses with them: numba's erf loop beats
-# eager's (GELU between two linears in the char GPT)
-ALONE = frozenset({"erf", "gelu", "gelu_backward"})
+def fusible(n):
+    """Whether node ``n`` may join a pointwise group: its op has a scalar form (``Op.lower``,
+    the one place the compiler learns an op is pointwise) and it makes one non-scalar value."""
+    return (n.op is not None and n.op.lowering is not None and len(n.outputs) == 1
+            and n.outputs[0].shape != ())
 
 
 class PassCheckError(AssertionError):
@@ -179,16 +174,6 @@ def small_k_matmul(n):
             and a.dtype.kind == "f")
 
 
-def _erf64_argument(m):
-    """The Value a float64 erf (GELU, its gradient) of a numba kernel takes erf of: the
-    kernel reads numpy's ``exp`` of it computed before the kernel from an operand
-    (``kernels.outside``), so it is a group's input, never a value made inside the group."""
-    if m.name not in ("erf", "gelu", "gelu_backward") or m.outputs[0].dtype != np.float64 \
-            or kernels.backend() != "numba":
-        return None
-    return m.inputs[1] if m.name == "gelu_backward" else m.inputs[0]
-
-
 def fuse(graph):
     """Fusion of pointwise chains (and trees) into single kernels: a pointwise node whose only
     reader is the next pointwise node of the same shape joins that node's group, unless an
@@ -211,8 +196,7 @@ def fuse(graph):
         return r
 
     def pointwise(n):
-        return (n.op is not None and (n.name in POINTWISE or small_k_matmul(n))
-                and len(n.outputs) == 1 and n.outputs[0].shape != ())
+        return fusible(n) or (small_k_matmul(n) and n.outputs[0].shape != ())
 
     for n in graph.nodes:
         if not pointwise(n):
@@ -221,7 +205,7 @@ def fuse(graph):
         m = reader.get(id(out))
         if m is None or uses.get(id(out), 0) != 1 or not pointwise(m) or m.name == "matmul":
             continue  # a matmul reads whole rows and columns: only its own inputs feed it
-        if m.outputs[0].shape != out.shape or _erf64_argument(m) is out:
+        if m.outputs[0].shape != out.shape or any(a is out for a in kernels.group_inputs(m)):
             continue
         lo, hi = pos[id(n)], pos[id(m)]
         if any(lo < e < hi for e in effects):
@@ -251,7 +235,8 @@ def fuse(graph):
         reduce = epilogue.get(root(n), []) if body is not None else []
         con = contract.get(root(n), []) if body is not None else []
         if body is None or (len(body) == 1 and not reduce and not con and not (
-                body[0].name in ALONE and kernels.backend() == "numba")):
+                fusible(body[0]) and body[0].op.lowering.alone
+                and kernels.backend() == "numba")):
             nodes.append(n)
             continue
         if n is not body[-1]:
@@ -372,7 +357,7 @@ def split_linear(graph):
                 and len({a.dtype for a in ins}) == 1 and ins[0].dtype.kind == "f"
                 and uses.get(id(n.outputs[0])) == 1
                 and readers.get(id(n.outputs[0]), [None])[0] is not None
-                and readers[id(n.outputs[0])][0].name in POINTWISE):
+                and fusible(readers[id(n.outputs[0])][0])):
             x, w, b = ins
             out = n.outputs[0]
             wt = graph.new_value((w.shape[1], w.shape[0]), w.dtype)

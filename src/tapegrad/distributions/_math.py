@@ -47,6 +47,9 @@ def _gamma_reparam(alpha, sample):
     return sample.copy()
 
 
+_gamma_reparam.lower("({1})")  # the sample itself (a fresh copy in eager)
+
+
 @_gamma_reparam.grad
 def _(g, out, alpha, sample):
     alpha_data = alpha._data if isinstance(alpha, Tensor) else alpha

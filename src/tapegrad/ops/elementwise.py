@@ -38,6 +38,10 @@ def to_dtype(a, dtype):
     return a.astype(np_dtype(dtype), copy=False)
 
 
+to_dtype.lower("{dt}({0})", operands="any", kinds="fb",
+               accepts=lambda n: n.outputs[0].dtype.kind == "f")  # (numba casts as astype)
+
+
 @to_dtype.grad
 def _(g, out, a, dtype):
     return to_dtype(g, dtype=a.dtype)
@@ -50,9 +54,15 @@ def zeros_like_grad(a):
 
 
 # --- arithmetic -------------------------------------------------------------------------
+zeros_like_grad.lower("{dt}(0.0)")
+
+
 @op(flops=1, saves="none", elementwise=True, pointwise=True, linear=True)
 def add(a, b):
     return a + b
+
+
+add.lower("({0} + {1})", ufunc=("add",))
 
 
 @add.grad
@@ -63,6 +73,9 @@ def _(g, out, a, b):
 @op(flops=1, saves="none", elementwise=True, pointwise=True, linear=True)
 def sub(a, b):
     return a - b
+
+
+sub.lower("({0} - {1})", ufunc=("subtract",))
 
 
 @sub.grad
@@ -76,6 +89,9 @@ def mul(a, b):
     return a * b
 
 
+mul.lower("({0} * {1})", ufunc=("multiply",))
+
+
 @mul.grad
 def _(g, out, a, b, needs=(True, True)):
     return g * b if needs[0] else None, g * a if needs[1] else None
@@ -85,6 +101,9 @@ def _(g, out, a, b, needs=(True, True)):
     pointwise=True)
 def div_op(a, b):
     return a / b
+
+
+div_op.lower("({0} / {1})", ufunc=("true_divide",))
 
 
 @div_op.grad
@@ -110,6 +129,10 @@ def floor_div_op(a, b):
     return _floor_divide(a, b)
 
 
+floor_div_op.not_lowered("numpy's floor division (fmod, then corrections by the signs and "
+                         "a rounding step) and the integer divisor check: no scalar form")
+
+
 @floor_div_op.grad
 def _(g, out, a, b):
     return zeros_like_grad(g), zeros_like_grad(g)
@@ -120,6 +143,10 @@ def floor_divide(a, b):
     """As ``torch.floor_divide`` / ``a // b``: division rounded down. As in PyTorch it has no
     derivative; ``div(a, b, rounding_mode='floor')`` is the same with a zero gradient."""
     return _floor_divide(a, b)
+
+
+floor_divide.not_lowered("numpy's floor division (fmod, then corrections by the signs and "
+                         "a rounding step) and the integer divisor check: no scalar form")
 
 
 @floor_divide.grad
@@ -138,6 +165,10 @@ def trunc_divide(a, b):
     return q + ((xp.remainder(a, b) != 0) & ((a < 0) != (b < 0)))
 
 
+trunc_divide.not_lowered("floor division corrected by the remainder's sign, for integers: "
+                         "the fused loop takes float and bool values")
+
+
 @trunc_divide.grad
 def _(g, out, a, b):
     return zeros_like_grad(g), zeros_like_grad(g)
@@ -148,6 +179,10 @@ def remainder(a, b):
     """As ``torch.remainder`` / ``a % b``: the remainder takes the divisor's sign (Python's)."""
     _check_int_divisor("remainder", a, b)
     return xp.remainder(a, b)
+
+
+remainder.not_lowered("numpy's divmod (fmod, then the divisor's sign) and the integer "
+                      "divisor check: no scalar form")
 
 
 @remainder.grad
@@ -162,6 +197,9 @@ def fmod(a, b):
     return xp.fmod(a, b)
 
 
+fmod.lower("np.fmod({0}, {1})", ufunc=("fmod",), libm=("fmod",))
+
+
 @fmod.grad
 def _(g, out, a, b, needs=(True, True)):
     return g, (-g * trunc_divide(a, b) if needs[1] else None)
@@ -171,6 +209,9 @@ def _(g, out, a, b, needs=(True, True)):
 def neg(a):
     """As ``torch.neg`` / ``-a``."""
     return -a
+
+
+neg.lower("(-{0})", ufunc=("negative",))
 
 
 @neg.grad
@@ -197,6 +238,22 @@ def pow(a, b):
     if (a if hasattr(a, "dtype") else b).dtype.kind in "iub":
         return _int_pow(a, b)
     return a**b
+
+
+def _pow_scalar(ctx, a, b):
+    """``a ** b``'s scalar form: a Python-number exponent numpy computes without ``power``
+    (``ndarray.__pow__``'s fast path: 2 squares, 0.5 is sqrt, -1 divides, 1 and 0) is that
+    operation; else the C library's pow, where numba's is numpy's."""
+    base, e = ctx.node.inputs
+    if type(e) in (int, float) and type(base) not in (int, float):
+        fast = {2: f"({a} * {a})", 0.5: f"np.sqrt({a})", -1: f"({ctx.dt}(1.0) / {a})",
+                1: f"({a})", 0: ctx.const(1.0)}
+        if e in fast:
+            return fast[e]
+    return ctx.libm("power", f"{a}, {b}")
+
+
+pow.lower(_pow_scalar)
 
 
 @pow.grad
@@ -226,6 +283,13 @@ def maximum(a, b):
     return xp.maximum(a, b)
 
 
+# numpy's: a NaN wins, a tie gives the second operand (max(-0.0, 0.0) is 0.0, max(0.0, -0.0)
+# -0.0); ``|``, not ``or``: no branch, so LLVM vectorises the loop (2x)
+_MAX = "({0} if (({0} > {1}) | ({0} != {0})) else {1})"
+_MIN = "({0} if (({0} < {1}) | ({0} != {0})) else {1})"
+maximum.lower(_MAX, ufunc=("maximum",))
+
+
 @maximum.grad
 def _(g, out, a, b, needs=(True, True)):
     tie = where_op(a == b, g * 0.5, g)
@@ -239,6 +303,9 @@ def minimum(a, b):
     return xp.minimum(a, b)
 
 
+minimum.lower(_MIN, ufunc=("minimum",))
+
+
 @minimum.grad
 def _(g, out, a, b, needs=(True, True)):
     tie = where_op(a == b, g * 0.5, g)
@@ -249,6 +316,9 @@ def _(g, out, a, b, needs=(True, True)):
 @op(flops=2, elementwise=True, needs=True, name="clamp", pointwise=True)
 def clamp_op(a, lo, hi):
     return xp.minimum(xp.maximum(a, lo), hi)
+
+
+clamp_op.lower(lambda ctx, a, lo, hi: _MIN.format(_MAX.format(a, lo), hi))
 
 
 @clamp_op.grad
@@ -265,6 +335,9 @@ def clamp_min(a, lo):
     return xp.maximum(a, lo)
 
 
+clamp_min.lower(_MAX, ufunc=("maximum",))
+
+
 @clamp_min.grad
 def _(g, out, a, lo, needs=(True, True)):
     return (where_op(a >= lo, g, 0.0) if needs[0] else None,
@@ -275,6 +348,9 @@ def _(g, out, a, lo, needs=(True, True)):
 def clamp_max(a, hi):
     """As ``torch.clamp_max``: ``min(a, hi)``; the gradient goes to ``a`` where ``a <= hi``."""
     return xp.minimum(a, hi)
+
+
+clamp_max.lower(_MIN, ufunc=("minimum",))
 
 
 @clamp_max.grad
@@ -290,6 +366,9 @@ def exp(a):
     return xp.exp(_floating(a))
 
 
+exp.lower("np.exp({0})", ufunc=("exp",), libm=("exp",))
+
+
 @exp.grad
 def _(g, out, a):
     return g * out
@@ -299,6 +378,9 @@ def _(g, out, a):
 def expm1(a):
     """As ``torch.expm1``: ``exp(a) - 1``, accurate near 0."""
     return xp.expm1(_floating(a))
+
+
+expm1.lower("np.expm1({0})", ufunc=("expm1",), libm=("expm1",))
 
 
 @expm1.grad
@@ -312,6 +394,9 @@ def log(a):
     return xp.log(_floating(a))
 
 
+log.lower("np.log({0})", ufunc=("log",), libm=("log",))
+
+
 @log.grad
 def _(g, out, a):
     return g / a
@@ -323,6 +408,9 @@ def log1p(a):
     return xp.log1p(_floating(a))
 
 
+log1p.lower("np.log1p({0})", ufunc=("log1p",), libm=("log1p",))
+
+
 @log1p.grad
 def _(g, out, a):
     return g / (a + 1)
@@ -332,6 +420,9 @@ def _(g, out, a):
 def sqrt(a):
     """As ``torch.sqrt``."""
     return xp.sqrt(_floating(a))
+
+
+sqrt.lower("np.sqrt({0})", ufunc=("sqrt",))  # IEEE: correctly rounded
 
 
 @sqrt.grad
@@ -346,6 +437,9 @@ def rsqrt(a):
     return 1 / xp.sqrt(a)
 
 
+rsqrt.lower("({dt}(1.0) / np.sqrt({0}))")
+
+
 @rsqrt.grad
 def _(g, out, a):
     return -0.5 * g * out**3
@@ -355,6 +449,9 @@ def _(g, out, a):
 def reciprocal(a):
     """As ``torch.reciprocal``: ``1 / a``."""
     return 1 / _floating(a)
+
+
+reciprocal.lower("({dt}(1.0) / {0})")
 
 
 @reciprocal.grad
@@ -368,6 +465,9 @@ def sin(a):
     return xp.sin(_floating(a))
 
 
+sin.lower("np.sin({0})", ufunc=("sin",), libm=("sin",))
+
+
 @sin.grad
 def _(g, out, a):
     return g * cos(a)
@@ -377,6 +477,9 @@ def _(g, out, a):
 def cos(a):
     """As ``torch.cos``."""
     return xp.cos(_floating(a))
+
+
+cos.lower("np.cos({0})", ufunc=("cos",), libm=("cos",))
 
 
 @cos.grad
@@ -390,6 +493,9 @@ def tanh(a):
     return xp.tanh(_floating(a))
 
 
+tanh.lower("np.tanh({0})", ufunc=("tanh",), libm=("tanh",))
+
+
 @tanh.grad
 def _(g, out, a):
     return g * (1 - out * out)
@@ -401,6 +507,11 @@ def sigmoid(a):
     a = _floating(a)
     e = xp.exp(-xp.abs(a))  # split by sign so exp never overflows
     return xp.where(a >= 0, 1 / (1 + e), e / (1 + e)).astype(a.dtype, copy=False)
+
+
+# the forward's split by sign, for one element
+sigmoid.lower("(({dt}(1.0) / ({dt}(1.0) + np.exp(-abs({0})))) if {0} >= {dt}(0.0) "
+              "else (np.exp(-abs({0})) / ({dt}(1.0) + np.exp(-abs({0})))))", libm=("exp",))
 
 
 @sigmoid.grad
@@ -421,6 +532,11 @@ def erf(a):
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 
 
+# float32: a float64 polynomial rounded once (eager's but within 5.4e-14 of a rounding
+# midpoint: compiler/kernels.py); float64: erf64 operation for operation, bitwise
+erf.lower(lambda ctx, a: ctx.erf(a, 0), alone=True)
+
+
 @erf.grad
 def _(g, out, a):
     return g * (_TWO_OVER_SQRT_PI * exp(-(a * a)))
@@ -439,6 +555,9 @@ def relu(a):
     return xp.maximum(a, 0)
 
 
+relu.lower(_MAX.replace("{1}", "{dt}(0.0)"), ufunc=("maximum", 0))  # relu(-0.0) is 0.0
+
+
 @relu.grad
 def _(g, out, a):
     return g * (out > 0)
@@ -449,6 +568,9 @@ def abs(a):
     """As ``torch.abs``; the gradient at 0 is 0 (``sign``)."""
     _no_bool("abs", a)
     return xp.abs(a)
+
+
+abs.lower("abs({0})", ufunc=("absolute",))
 
 
 @abs.grad
@@ -466,6 +588,9 @@ def _zero_rule(g, out, a, **params):
     return zeros_like_grad(g)
 
 
+# numpy's: NaN stays NaN, -0.0 gives 0.0
+sign.lower("({dt}(1.0) if {0} > 0 else ({dt}(-1.0) if {0} < 0 else "
+           "({dt}(0.0) if {0} == 0 else {0})))", ufunc=("sign",))
 sign.grad(_zero_rule)
 
 
@@ -500,6 +625,11 @@ def round_op(a, decimals=0):
     return xp.rint(a / scale) * scale if decimals < 0 else xp.rint(a * scale) / scale
 
 
+floor.lower("np.floor({0})", ufunc=("floor",))
+ceil.lower("np.ceil({0})", ufunc=("ceil",))
+trunc.lower("np.trunc({0})", ufunc=("trunc",))
+round_op.lower("np.rint({0})", accepts=lambda n: n.params.get("decimals", 0) == 0)
+
 for _o in (floor, ceil, trunc, round_op):
     _o.grad(_zero_rule)
 
@@ -518,6 +648,13 @@ logical_not = _predicate("logical_not", xp.logical_not,
                          "As ``torch.logical_not``: bool, without grad.")
 
 
+isnan.lower("({0} != {0})", operands="same", kinds="fb")
+isinf.lower("(({0} == np.inf) | ({0} == -np.inf))", operands="same", kinds="fb")
+isfinite.lower("(({0} == {0}) & ({0} != np.inf) & ({0} != -np.inf))", operands="same",
+               kinds="fb")
+logical_not.lower("({0} == 0)", operands="same", kinds="fb")
+
+
 @op(flops=1, saves="none", differentiable=False, pointwise=True)
 def bitwise_not(a):
     """As ``torch.bitwise_not`` / ``~a``: on bool and integer tensors only."""
@@ -527,10 +664,15 @@ def bitwise_not(a):
     return xp.invert(a)
 
 
+bitwise_not.lower("({0} ^ True)", kinds="b")  # (bool: numba's loop takes no integers)
+
 # --- where, comparisons, logical and bitwise ops ----------------------------------------
 @op(flops=1, elementwise=True, needs=True, name="where", pointwise=True)
 def where_op(cond, a, b):
     return xp.where(cond, a, b)
+
+
+where_op.lower("({1} if {0} else {2})", operands=("bool", "out", "out"), kinds="fb")
 
 
 @where_op.grad
@@ -559,6 +701,10 @@ le = _compare("le", xp.less_equal)
 gt = _compare("gt", xp.greater)
 ge = _compare("ge", xp.greater_equal)
 
+for _o, _form, _uf in ((eq, "==", "equal"), (ne, "!=", "not_equal"), (lt, "<", "less"),
+                       (le, "<=", "less_equal"), (gt, ">", "greater"),
+                       (ge, ">=", "greater_equal")):
+    _o.lower(f"({{0}} {_form} {{1}})", operands="same", kinds="fb", ufunc=(_uf,))
 
 def _logical(name, fn):
     return _binary_predicate(name, fn, f"As ``torch.{name}``: bool result, without grad.")
@@ -568,6 +714,9 @@ logical_and = _logical("logical_and", xp.logical_and)
 logical_or = _logical("logical_or", xp.logical_or)
 logical_xor = _logical("logical_xor", xp.logical_xor)
 
+logical_and.lower("(({0} != 0) & ({1} != 0))", operands="same", kinds="fb")
+logical_or.lower("(({0} != 0) | ({1} != 0))", operands="same", kinds="fb")
+logical_xor.lower("(({0} != 0) != ({1} != 0))", operands="same", kinds="fb")
 
 def _bitwise(name, fn):
     def f(a, b):
@@ -584,6 +733,9 @@ def _bitwise(name, fn):
 bitwise_and = _bitwise("bitwise_and", xp.bitwise_and)
 bitwise_or = _bitwise("bitwise_or", xp.bitwise_or)
 bitwise_xor = _bitwise("bitwise_xor", xp.bitwise_xor)
+
+for _o, _form in ((bitwise_and, "&"), (bitwise_or, "|"), (bitwise_xor, "^")):
+    _o.lower(f"({{0}} {_form} {{1}})", kinds="b")  # (bool: numba's loop takes no integers)
 
 
 # --- PyTorch-signature functions (exported as tapegrad.X and Tensor.X) ------------------

@@ -37,6 +37,15 @@ exp2 = _unary("exp2", xp.exp2, "As ``torch.exp2``: ``2 ** x``.")
 deg2rad = _unary("deg2rad", lambda a: a * a.dtype.type(math.pi / 180), "As ``torch.deg2rad``.", 1)
 rad2deg = _unary("rad2deg", lambda a: a * a.dtype.type(180 / math.pi), "As ``torch.rad2deg``.", 1)
 
+# C-library functions: in a fused loop where numba's call is numpy's ufunc (probed), else
+# numpy's ufunc of the operand before the kernel (compiler/kernels.py)
+for _o, _fn in ((tan, "tan"), (asin, "arcsin"), (acos, "arccos"), (atan, "arctan"),
+                (sinh, "sinh"), (cosh, "cosh"), (asinh, "arcsinh"), (acosh, "arccosh"),
+                (atanh, "arctanh"), (log2, "log2"), (log10, "log10"), (exp2, "exp2")):
+    _o.lower(f"np.{_fn}({{0}})", ufunc=(_fn,), libm=(_fn,))
+deg2rad.lower(f"({{0}} * {{dt}}({math.pi / 180!r}))")  # the constant rounded to the dtype
+rad2deg.lower(f"({{0}} * {{dt}}({180 / math.pi!r}))")
+
 _LN2, _LN10 = math.log(2.0), math.log(10.0)
 
 tan.grad(lambda g, out, a: g * (1 + tan(a) * tan(a)))
@@ -63,6 +72,8 @@ def frac(a):
     return a - xp.trunc(a)
 
 
+frac.lower("({0} - np.trunc({0}))")
+
 @frac.grad
 def _(g, out, a):
     return g
@@ -74,6 +85,8 @@ def atan2(a, b):
     """As ``torch.atan2(input, other)``: the angle of the point (other, input)."""
     return xp.arctan2(a, b)
 
+
+atan2.lower("np.arctan2({0}, {1})", libm=("arctan2",))
 
 @atan2.grad
 def _(g, out, a, b, needs=(True, True)):
@@ -89,6 +102,8 @@ def hypot(a, b):
     return xp.hypot(a, b)
 
 
+hypot.lower("np.hypot({0}, {1})", ufunc=("hypot",), libm=("hypot",))
+
 @hypot.grad
 def _(g, out, a, b, needs=(True, True)):
     scale = g / out
@@ -101,6 +116,9 @@ def logaddexp(a, b):
     return xp.logaddexp(a, b)
 
 
+# numpy's own algorithm around C-library exp and log1p: probed as one function
+logaddexp.lower("np.logaddexp({0}, {1})", ufunc=("logaddexp",), libm=("logaddexp",))
+
 @logaddexp.grad
 def _(g, out, a, b, needs=(True, True)):
     wa = sigmoid(a - b)  # exp(a) / (exp(a) + exp(b))
@@ -112,6 +130,9 @@ def logaddexp2(a, b):
     """As ``torch.logaddexp2``: ``log2(2**a + 2**b)``."""
     return xp.logaddexp2(a, b)
 
+
+logaddexp2.lower("np.logaddexp2({0}, {1})", ufunc=("logaddexp2",),
+                 libm=("logaddexp2",))
 
 @logaddexp2.grad
 def _(g, out, a, b, needs=(True, True)):
@@ -126,6 +147,9 @@ def xlogy(a, b):
         out = a * xp.log(b)
     return xp.where((a == 0) & ~xp.isnan(b), out.dtype.type(0), out)  # a scalar: any device
 
+
+xlogy.lower("({dt}(0.0) if (({0} == 0) & ({1} == {1})) else {0} * np.log({1}))",
+            libm=("log",))
 
 @xlogy.grad
 def _(g, out, a, b, needs=(True, True)):
@@ -143,6 +167,8 @@ def heaviside(a, values):
     return xp.where(a == 0, values, a > 0).astype(a.dtype, copy=False)
 
 
+heaviside.lower("({1} if {0} == 0 else ({dt}(1.0) if {0} > 0 else {dt}(0.0)))")
+
 @heaviside.grad
 def _(g, out, a, values):
     raise RuntimeError("heaviside: the derivative is not implemented (as in PyTorch)")
@@ -153,6 +179,8 @@ def copysign(a, b):
     """As ``torch.copysign``: ``|a|`` with ``b``'s sign (a float result)."""
     return xp.copysign(a, b)
 
+
+copysign.lower("np.copysign({0}, {1})", ufunc=("copysign",), libm=("copysign",))
 
 @copysign.grad
 def _(g, out, a, b, needs=(True, True)):
@@ -206,6 +234,20 @@ def addcdiv(input, tensor1, tensor2, *, value=1):
 def nan_to_num_op(a, nan=0.0, posinf=None, neginf=None):
     return xp.nan_to_num(a, nan=nan, posinf=posinf, neginf=neginf)
 
+
+
+def _nan_to_num_scalar(ctx, a, nan=0.0, posinf=None, neginf=None):
+    """numpy's nan_to_num for one element: the replacements cast to the dtype, infinities
+    the dtype's largest finite values unless given."""
+    fi = xp.finfo(ctx.dtype)
+    big = ctx.const(fi.max if posinf is None else posinf)
+    small = ctx.const(fi.min if neginf is None else neginf)
+    return (f"({ctx.const(nan)} if {a} != {a} else ({big} if {a} == np.inf else "
+            f"({small} if {a} == -np.inf else {a})))")
+
+
+nan_to_num_op.lower(_nan_to_num_scalar, accepts=lambda n: all(
+    v is None or type(v) in (int, float) for v in n.params.values()))
 
 @nan_to_num_op.grad
 def _(g, out, a, nan=0.0, posinf=None, neginf=None):

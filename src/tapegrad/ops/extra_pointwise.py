@@ -13,6 +13,9 @@ def fmax(a, b):
     return xp.fmax(a, b)
 
 
+# numpy's: the other operand where one is NaN, the second on a tie (fmax(-0.0, 0.0) is 0.0)
+fmax.lower("({0} if (({0} > {1}) | ({1} != {1})) else {1})", ufunc=("fmax",))
+
 @fmax.grad
 def _(g, out, a, b, needs=(True, True)):
     to_a = (a >= b) | isnan(b)  # PyTorch's rule: ties go to a
@@ -25,6 +28,8 @@ def fmin(a, b):
     """As ``torch.fmin``: the smaller of ``a`` and ``b``, the other where one is NaN."""
     return xp.fmin(a, b)
 
+
+fmin.lower("({0} if (({0} < {1}) | ({1} != {1})) else {1})", ufunc=("fmin",))
 
 @fmin.grad
 def _(g, out, a, b, needs=(True, True)):
@@ -40,6 +45,8 @@ def signbit(a):
         return xp.zeros(a.shape, bool)
     return xp.signbit(a) if a.dtype.kind not in "iu" else a < 0
 
+
+signbit.lower("np.signbit({0})", operands="same", libm=("signbit",))
 
 def float_power(input, exponent):
     """As ``torch.float_power``: ``pow`` computed in float64 (the result is float64)."""
@@ -105,6 +112,9 @@ def _shift(name, left):
 
 bitwise_left_shift = _shift("bitwise_left_shift", True)
 bitwise_right_shift = _shift("bitwise_right_shift", False)
+
+for _o in (bitwise_left_shift, bitwise_right_shift):
+    _o.not_lowered("integer shifts: the fused loop takes float and bool values")
 
 __all__ = ["fmax", "fmin", "signbit", "float_power", "sgn", "rsub", "bitwise_left_shift",
            "bitwise_right_shift"]

@@ -118,6 +118,22 @@ def _(g, out, x, approximate="none"):
     return gelu_backward(g, x, approximate=approximate)
 
 
+def _exact_gelu(node):
+    """Whether a gelu/gelu_backward node is the exact (erf) form: the one with a scalar form."""
+    return set(node.params) <= {"approximate"} and node.params.get("approximate") in (
+        None, "none")
+
+
+def _gelu_scalar(ctx, x, approximate="none"):
+    """gelu's forward for one element, eager's operations in eager's order (erf: ctx.erf)."""
+    c = ctx.const
+    phi = ctx.erf(f"({x} * {c(_SQRT1_2)})", 0, _SQRT1_2, "gelu_erf_exp")
+    return f"(({x} * {c(0.5)}) * ({c(1.0)} + {phi}))"
+
+
+gelu.lower(_gelu_scalar, accepts=_exact_gelu, alone=True)
+
+
 def _gelu_d2(x, approximate):
     """gelu''(x), written with ops so that higher orders record."""
     if approximate == "tanh":
@@ -142,6 +158,25 @@ def gelu_backward(g, x, approximate="none"):
     return (g * (cdf + x * pdf)).astype(g.dtype, copy=False)  # bfloat16 * Python float
 
 
+def _gelu_exp(x, out):
+    """gelu_backward's ``exp(-0.5 * x * x)`` into ``out``: eager's ufunc calls in its order."""
+    xp.multiply(-0.5, x, out=out)
+    xp.multiply(out, x, out=out)
+    return xp.exp(out, out=out)
+
+
+def _gelu_backward_scalar(ctx, g, x, approximate="none"):
+    """gelu_backward's forward for one element, eager's operations in eager's order; its exp
+    numba's where that is numpy's, else numpy's before the kernel (``_gelu_exp``)."""
+    c = ctx.const
+    phi = ctx.erf(f"({x} * {c(_SQRT1_2)})", 1, _SQRT1_2, "gelu_erf_exp")
+    e = ctx.libm("exp", f"(({c(-0.5)} * {x}) * {x})", 1, "gelu_exp", _gelu_exp)
+    return f"({g} * (({c(0.5)} * ({c(1.0)} + {phi})) + ({x} * ({e} * {c(_INV_SQRT_2PI)}))))"
+
+
+gelu_backward.lower(_gelu_backward_scalar, accepts=_exact_gelu, alone=True)
+
+
 @gelu_backward.grad
 def _(gg, out, g, x, approximate="none"):
     return gelu_backward(gg, x, approximate=approximate), gg * g * _gelu_d2(x, approximate)
@@ -154,6 +189,17 @@ def softplus(x, beta=1.0, threshold=20.0):
     out = xp.where(bx > threshold, x, xp.log1p(xp.exp(xp.minimum(bx, threshold))) / beta)
     return out if out.dtype == x.dtype else out.astype(x.dtype)  # bfloat16 * float: float32
 
+
+
+def _softplus_scalar(ctx, x, beta=1.0, threshold=20.0):
+    """softplus for one element, eager's operations (numpy's minimum: NaN propagates)."""
+    bx, th = f"({x} * {ctx.const(beta)})", ctx.const(threshold)
+    low = f"({bx} if (({bx} < {th}) | ({bx} != {bx})) else {th})"  # a tie: the threshold
+    soft = f"{ctx.libm('log1p', ctx.libm('exp', low))} / {ctx.const(beta)}"
+    return f"({x} if {bx} > {th} else {soft})"
+
+
+softplus.lower(_softplus_scalar, params=("beta", "threshold"))
 
 @softplus.grad
 def _(g, out, x, beta=1.0, threshold=20.0):
@@ -168,6 +214,11 @@ def elu(x, alpha=1.0):
     return out if out.dtype == x.dtype else out.astype(x.dtype)  # bfloat16 * float: float32
 
 
+
+elu.lower("({0} if {0} > {dt}(0.0) else {alpha} * np.expm1("
+          "({0} if (({0} < {dt}(0.0)) | ({0} != {0})) else {dt}(0.0))))",  # min(-0.0, 0): 0.0
+          params=("alpha",), libm=("expm1",))
+
 @elu.grad
 def _(g, out, x, alpha=1.0):
     return where(x > 0, g, g * alpha * exp(x))
@@ -178,6 +229,16 @@ def hardtanh(x, min_val=-1.0, max_val=1.0):
     """``x`` clipped to [min_val, max_val] (``relu6`` is [0, 6])."""
     out = xp.clip(x, min_val, max_val)
     return out if out.dtype == x.dtype else out.astype(x.dtype)  # int * float bounds: float
+
+
+def _hardtanh_scalar(ctx, x, min_val=-1.0, max_val=1.0):
+    """numpy's clip for one element: NaN stays, a tie keeps ``x``."""
+    lo, hi = ctx.const(min_val), ctx.const(max_val)
+    m = f"({x} if (({x} >= {lo}) | ({x} != {x})) else {lo})"
+    return f"({m} if (({m} <= {hi}) | ({m} != {m})) else {hi})"
+
+
+hardtanh.lower(_hardtanh_scalar, params=("min_val", "max_val"))
 
 
 @hardtanh.grad
@@ -195,6 +256,10 @@ def log_sigmoid(x):
 @log_sigmoid.grad
 def _(g, out, x):
     return g * sigmoid(-x)
+
+
+log_sigmoid.lower("(({0} if (({0} < {dt}(0.0)) | ({0} != {0})) else {dt}(0.0)) - "
+                  "np.log1p(np.exp(-abs({0}))))", libm=("log1p", "exp"))
 
 
 @op(flops=2, saves="both", fused=True)

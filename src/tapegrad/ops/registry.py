@@ -22,6 +22,7 @@ from tapegrad.autograd.engine import Node, Meta, WATCH, watchers
 from tapegrad.backend import xp, DEVICE_TYPES, mixed_device_error
 from tapegrad.dtypes import FLOAT_NP
 from types import MethodType
+import inspect
 
 ndarray = xp.ndarray
 
@@ -39,7 +40,7 @@ class Op:
     __slots__ = ("name", "forward", "rule", "flops", "saves", "save_inputs", "save_out",
                  "elementwise", "float_only", "differentiable", "view", "fused", "needs",
                  "keep", "cost_rule", "pointwise", "linear", "jvp_rule", "batch_rule",
-                 "check", "__wrapped__")
+                 "check", "lowering", "unlowered", "__wrapped__")
 
     def __init__(self, forward, name, flops, saves, elementwise, float_only, differentiable,
                  view, fused, needs, uses=None, pointwise=False, linear=False, check=False):
@@ -78,6 +79,10 @@ class Op:
         # a run-time check of its input's values (raises on bad ones): a compiled graph keeps
         # its node even when nothing reads its result, as eager raises whatever follows
         self.check = check
+        # the compiler's fused loop: how one element is computed (``lower``), or why a
+        # pointwise op has no such form (``unlowered``: it runs as its own node)
+        self.lowering = None
+        self.unlowered = None
         self.__wrapped__ = forward
 
     @property
@@ -106,6 +111,27 @@ class Op:
         bytes_written)``, for ops whose FLOPs are not ``flops`` per output element."""
         self.cost_rule = rule
         return rule
+
+    def lower(self, scalar, **facts):
+        """Register the op's scalar form for the compiler's fused loops (``Lowering``: the
+        source of one element and the facts the passes read). Returns ``scalar``, so a
+        callable form can be registered as a decorator (``@gelu.lower``)."""
+        low = self.lowering = Lowering(self.name, scalar, **facts)
+        if low.params:  # the template's params take the forward's defaults when not passed
+            sig = inspect.signature(self.forward).parameters
+            missing = [k for k in low.params if k not in sig]
+            if missing:
+                raise ValueError(f"op {self.name}: lowering params {missing} are not "
+                                 "parameters of its forward")
+            low.defaults = tuple(sig[k].default for k in low.params)
+        self.unlowered = None
+        return scalar
+
+    def not_lowered(self, reason):
+        """Record why this pointwise op has no scalar form: the compiler runs it as its own
+        node (eager's forward), never inside a fused loop."""
+        self.lowering = None
+        self.unlowered = reason
 
     def cost(self, arrays, out, params=None):
         """``(flops, bytes_read, bytes_written)`` of one call: the numbers the profiler, the
@@ -140,6 +166,55 @@ class Op:
     def __get__(self, obj, objtype=None):
         # an op stored on a class (Tensor.__mul__ = mul) binds like a function
         return self if obj is None else MethodType(self, obj)
+
+
+class Lowering:
+    """How the compiler's fused loop computes one element of a pointwise op (``Op.lower``),
+    written as numba source over scalars, and the facts the fusion passes read. Only a form
+    that rounds as the op's eager forward does belongs here: compiled must equal eager bit
+    for bit (the C-library calls of ``libm`` are the one probed exception).
+
+    scalar: a template, ``{0}``, ``{1}``... the operands' scalar expressions, ``{dt}`` the
+    result's numpy type (``np.float32``: ``{dt}(0.5)`` a constant of it) and ``{name}`` each
+    numeric param in ``params`` as a constant of the result's dtype; or a callable
+    ``scalar(ctx, *operands, **params) -> source`` for forms that need the kernel's helpers
+    (``ctx.dt``, ``ctx.const(v)``, ``ctx.erf(...)``, ``ctx.libm(...)``: compiler/kernels.py).
+    ufunc: ``(name, *constants)`` when the forward is exactly ``np.<name>(*operands,
+    *constants)`` on float arrays of the result's dtype: numpy's fallback writes it into
+    buffers it owns (``out=``), and numpy computes it before the kernel where the loop's
+    C-library call would round otherwise (``libm``).
+    libm: the numpy functions the form calls whose numba versions are the C library's: the
+    loop calls them only where a one-time probe per dtype finds them equal to numpy's ufuncs.
+    operands: the dtypes of the array operands: "out" (the result's; the default), "same"
+    (one dtype, the result's may differ: comparisons), "any", or one entry per operand
+    ("bool" or "out"). kinds: the dtype kinds (numpy's ``kind``) the form is exact for, of
+    the operands and the result. params: the numeric params the template reads (any other
+    param keeps the node out of a loop). accepts: ``accepts(node) -> bool`` for a form
+    exact only for some calls. alone: a one-node kernel beats eager's call (erf's loop).
+    """
+
+    __slots__ = ("name", "scalar", "ufunc", "libm", "operands", "kinds", "params", "defaults",
+                 "accepts", "alone")
+
+    def __init__(self, name, scalar, ufunc=None, libm=(), operands="out", kinds="f",
+                 params=(), accepts=None, alone=False):
+        if not (isinstance(scalar, str) or callable(scalar)):
+            raise TypeError(f"op {name}: a lowering's scalar form is a template string or a "
+                            f"callable, got {type(scalar).__name__}")
+        self.name = name
+        self.scalar = scalar
+        self.ufunc = tuple(ufunc) if ufunc is not None else None
+        self.libm = tuple(libm)
+        self.operands = operands
+        self.kinds = kinds
+        self.params = tuple(params)
+        self.defaults = ()
+        self.accepts = accepts
+        self.alone = alone
+
+    def __repr__(self):
+        form = self.scalar if isinstance(self.scalar, str) else self.scalar.__name__
+        return f"<lowering of {self.name}: {form}>"
 
 
 def numel(a):
@@ -338,5 +413,5 @@ def _watched(o, args, params):
 
 
 # re-exported for ops modules
-__all__ = ["op", "Op", "REGISTRY", "dispatch", "xp", "Meta", "numel", "read_bytes",
+__all__ = ["op", "Op", "Lowering", "REGISTRY", "dispatch", "xp", "Meta", "numel", "read_bytes",
            "written_bytes", "per_input_element"]

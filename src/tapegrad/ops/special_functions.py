@@ -105,6 +105,20 @@ def logit_op(a, eps=None):
     return _unary(lambda x: _logit_array(x, eps), a)
 
 
+
+def _logit_scalar(ctx, a, eps=None):
+    """``log(a / (1 - a))``, ``a`` first clipped to [eps, 1 - eps] as numpy's clip does (NaN
+    stays, a tie keeps ``a``)."""
+    if eps is not None:
+        lo, hi = ctx.const(eps), ctx.const(1 - eps)
+        a = f"({a} if (({a} > {lo}) | ({a} != {a})) else {lo})"
+        a = f"({a} if (({a} < {hi}) | ({a} != {a})) else {hi})"
+    return ctx.libm("log", f"({a} / ({ctx.const(1.0)} - {a}))")
+
+
+logit_op.lower(_logit_scalar, params=("eps",), accepts=lambda n: set(n.params) <= {"eps"} and (
+    n.params.get("eps") is None or type(n.params["eps"]) in (int, float)))
+
 @logit_op.grad
 def _(g, out, a, eps=None):
     grad = g / (a * (1 - a))
@@ -121,6 +135,9 @@ def xlog1py(a, b):
     return xp.where((a == 0) & ~xp.isnan(b), xp.zeros((), out.dtype), out)
 
 
+xlog1py.lower("({dt}(0.0) if (({0} == 0) & ({1} == {1})) else {0} * np.log1p({1}))",
+              libm=("log1p",))
+
 @xlog1py.grad
 def _(g, out, a, b, needs=(True, True)):
     ga = g * xlog1py(a != 0, b) if needs[0] else None
@@ -132,6 +149,16 @@ def sinc(a):
     """As ``torch.sinc``: ``sin(pi a) / (pi a)``, 1 at 0."""
     return _unary(xp.sinc, a)
 
+
+
+def _sinc_scalar(ctx, a):
+    """numpy's sinc for one element: ``y = pi * a``, the dtype's eps where y is 0, sin(y)/y."""
+    y = f"({ctx.const(math.pi)} * {a})"
+    y = f"({y} if {y} != 0 else {ctx.const(xp.finfo(ctx.dtype).eps)})"
+    return f"({ctx.libm('sin', y)} / {y})"
+
+
+sinc.lower(_sinc_scalar)
 
 @sinc.grad
 def _(g, out, a):
@@ -150,6 +177,9 @@ def entr(a):
         return xp.where(x < 0, -xp.inf, out)
     return _unary(f, a)
 
+
+entr.lower("({dt}(-np.inf) if {0} < 0 else ({dt}(0.0) if {0} == 0 else (-{0}) * np.log({0})))",
+           libm=("log",))
 
 @entr.grad
 def _(g, out, a):
@@ -1110,3 +1140,13 @@ def igammac(input, other):
     """
     _igam_check("igammac", input, other)
     return igammac_op(input, other)
+
+
+# The rest compute in float64 with scipy's Cephes kernels, the C library, or numpy ports of
+# PyTorch's algorithms over whole arrays (masks, series, continued fractions) and round once:
+# no scalar form here, so each runs as its own node in a compiled graph (eager's forward).
+for _o in (erfc, ndtr, ndtri, log_ndtr, i0, i0e, i1, i1e, bessel_j0, bessel_j1):
+    _o.not_lowered("scipy's Cephes kernel (or the C library's erfc) in float64: no scalar form")
+for _o in (zeta, lgamma, digamma, polygamma_op, erfinv, igamma_op, igammac_op):
+    _o.not_lowered("a numpy port of PyTorch's algorithm over whole arrays (masks, series, "
+                   "continued fractions): no scalar form")
