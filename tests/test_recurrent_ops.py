@@ -221,7 +221,8 @@ def test_layer_op_errors_name_the_op_and_shapes():
     xw, h0, w_hh = (tapegrad.randn(3, 2, 8, dtype=tapegrad.float64),
                     tapegrad.randn(2, 2, dtype=tapegrad.float64),
                     tapegrad.randn(8, 2, dtype=tapegrad.float64))
-    with pytest.raises(RuntimeError, match=r"rnn_layer: shapes do not fit a GRU layer.*\(3, 2, 8\)"):
+    with pytest.raises(RuntimeError,
+                       match=r"rnn_layer: shapes do not fit a GRU layer.*\(3, 2, 8\)"):
         rnn_layer(xw, h0, None, w_hh, None, None, mode="GRU")
     with pytest.raises(RuntimeError, match="rnn_layer: c0 .* only for LSTM"):
         rnn_layer(xw[..., :2], h0, h0, w_hh[:2], None, None, mode="RNN_TANH")
