@@ -384,6 +384,7 @@ def _layer_backward(g, xw, h0, c0, w_hh, b_hh, w_hr, out, mode, reverse, flat=No
 def _cut(flat, inputs, needs):
     """Views of ``flat``'s consecutive pieces shaped as ``inputs`` (None where an input is
     None or its gradient is not wanted), through ops so ``create_graph`` records them."""
+    recorded = isinstance(flat, _registry.Tensor)  # else plain views (no op-call overhead)
     grads, at = [], 0
     for a, want in zip(inputs, needs):
         if a is None:
@@ -392,8 +393,13 @@ def _cut(flat, inputs, needs):
         size = 1
         for s in a.shape:
             size *= s
-        grads.append(reshape(getitem(flat, index=(slice(at, at + size),)), shape=tuple(a.shape))
-                     if want else None)
+        if not want:
+            grads.append(None)
+        elif recorded:
+            grads.append(reshape(getitem(flat, index=(slice(at, at + size),)),
+                                 shape=tuple(a.shape)))
+        else:
+            grads.append(flat[at:at + size].reshape(a.shape))
         at += size
     return grads
 
@@ -448,8 +454,10 @@ def rnn_cell_backward(g, x, h, c, w_ih, w_hh, b_ih, b_hh, out, mode):
     if g.shape != out.shape or g.dtype != out.dtype:
         raise _shape_error("rnn_cell_backward", "g must match the cell's output", (g, out))
     m = array_module(x)
+    if mode not in GATES:
+        raise ValueError(f"rnn_cell_backward: unknown mode {mode!r}")
+    # (the forward checked the shapes; dispatch names the op if a direct call's do not fit)
     xw = _cell_projection("rnn_cell_backward", x, w_ih, b_ih, w_hh)
-    _check_layer("rnn_cell_backward", xw[None], h, c, w_hh, b_hh, None, mode)
     flat = m.empty(sum(a.size for a in (x, h, c, w_ih, w_hh, b_ih, b_hh) if a is not None),
                    x.dtype)
     grads, at = [], 0
