@@ -180,18 +180,20 @@ def _layer_forward(xw, h0, c0, w_hh, b_hh, w_hr, mode, reverse):
             w_t, xwb = _lstm_operands(m, xw, w_hh, b_hh, H)
             gates = m.empty((batch, G), dt)
             ig = m.empty((batch, H), dt)
+            tg = m.empty((batch, H), dt)
             w_hr_t = None if w_hr is None else m.ascontiguousarray(w_hr.T)
             mh = None if w_hr is None else m.empty((batch, H), dt)
             i, f, o, g = (gates[:, k * H:(k + 1) * H] for k in range(4))
-            ifo = gates[:, :3 * H]
             for t in _order(steps, reverse):
                 m.matmul(h, w_t, out=gates)
                 gates += xwb[t]
-                _sigmoid_of_negated_(ifo)
-                m.tanh(g, out=g)
+                m.tanh(g, out=tg)
+                # over the whole contiguous buffer (g's quarter computed, unused): faster
+                # than over the strided i, f, o block
+                _sigmoid_of_negated_(gates)
                 ct = out[t, :, P:]
                 m.multiply(f, c, out=ct)
-                m.multiply(i, g, out=ig)
+                m.multiply(i, tg, out=ig)
                 ct += ig
                 ht = out[t, :, :P]
                 if w_hr is None:
@@ -282,8 +284,8 @@ def _layer_backward(g, xw, h0, c0, w_hh, b_hh, w_hr, out, mode, reverse, flat=No
             w_t, xwb = _lstm_operands(m, xw, w_hh, b_hh, H)
             a = m.matmul(hprev2, w_t).reshape(steps, batch, G)
             a += xwb
-            _sigmoid_of_negated_(a[..., :3 * H])
-            m.tanh(a[..., 3 * H:], out=a[..., 3 * H:])
+            ga = m.tanh(a[..., 3 * H:])
+            _sigmoid_of_negated_(a)  # (g's quarter computed, unused: contiguous is faster)
             o = a[..., 2 * H:3 * H]
             cseq = out[..., P:]
             cprev = _previous(c0, cseq, reverse)
@@ -295,7 +297,7 @@ def _layer_backward(g, xw, h0, c0, w_hh, b_hh, w_hr, out, mode, reverse, flat=No
                 dk, ak = d[..., k * H:(k + 1) * H], a[..., src * H:(src + 1) * H]
                 m.subtract(1, ak, out=dk)
                 dk *= ak
-            ga, dg = a[..., 3 * H:], d[..., 2 * H:3 * H]
+            dg = d[..., 2 * H:3 * H]
             m.multiply(ga, ga, out=dg)
             m.subtract(1, dg, out=dg)
             od = m.multiply(tc, tc)  # o (1 - tanh(c)^2): dc per unit of dm
@@ -321,7 +323,7 @@ def _layer_backward(g, xw, h0, c0, w_hh, b_hh, w_hr, out, mode, reverse, flat=No
                 dc += tmp
                 at_ = a[t]
                 gt = gxw[t]
-                m.multiply(dc, at_[:, 3 * H:], out=gt[:, :H])
+                m.multiply(dc, ga[t], out=gt[:, :H])
                 m.multiply(dc, cprev[t], out=gt[:, H:2 * H])
                 m.multiply(dc, at_[:, :H], out=gt[:, 2 * H:3 * H])
                 m.multiply(dmt, tc[t], out=gt[:, 3 * H:])
