@@ -290,22 +290,31 @@ def _layer_backward(g, xw, h0, c0, w_hh, b_hh, w_hr, out, mode, reverse, flat=No
             cseq = out[..., P:]
             cprev = _previous(c0, cseq, reverse)
             tc = m.tanh(cseq)
-            # each activation's derivative, all steps at once, in the gates' own order
-            # (i, f, g, o, as gxw): s (1 - s) for the sigmoids, 1 - g^2 for g
-            d = m.empty((steps, batch, G), dt)
-            for k, src in ((0, 0), (1, 1), (3, 2)):
-                dk, ak = d[..., k * H:(k + 1) * H], a[..., src * H:(src + 1) * H]
-                m.subtract(1, ak, out=dk)
-                dk *= ak
-            dg = d[..., 2 * H:3 * H]
-            m.multiply(ga, ga, out=dg)
-            m.subtract(1, dg, out=dg)
+            # per step, gate k's pre-activation gradient is dc (i, f, g) or dm (o) times a
+            # factor that does not depend on the gradients: the other operand of its product
+            # times its activation's derivative, s (1 - s) or 1 - tanh^2. All steps at once:
+            i, f = a[..., :H], a[..., H:2 * H]
+            fac = m.empty((steps, batch, 3, H), dt)  # i, f, g: (g, c_prev, i) * derivative
+            der = m.subtract(1, i)
+            der *= i
+            m.multiply(der, ga, out=fac[:, :, 0])
+            m.subtract(1, f, out=der)
+            der *= f
+            m.multiply(der, cprev, out=fac[:, :, 1])
+            m.multiply(ga, ga, out=der)
+            m.subtract(1, der, out=der)
+            m.multiply(der, i, out=fac[:, :, 2])
+            fac_o = m.subtract(1, o)  # o: tanh(c) * o (1 - o)
+            fac_o *= o
+            fac_o *= tc
             od = m.multiply(tc, tc)  # o (1 - tanh(c)^2): dc per unit of dm
             m.subtract(1, od, out=od)
             od *= o
             gh, gc = g[..., :P], g[..., P:]
+            gx4 = gxw.reshape(steps, batch, 4, H)  # a view: gxw is a contiguous slice of flat
             dc = gc0
             dc[...] = 0
+            dc3 = dc[:, None, :]
             dh = m.empty((batch, P), dt)
             dm = m.empty((batch, H), dt) if w_hr is not None else None
             tmp = m.empty((batch, H), dt)
@@ -321,15 +330,10 @@ def _layer_backward(g, xw, h0, c0, w_hh, b_hh, w_hr, out, mode, reverse, flat=No
                 m.multiply(dmt, od[t], out=tmp)
                 dc += gc[t]
                 dc += tmp
-                at_ = a[t]
-                gt = gxw[t]
-                m.multiply(dc, ga[t], out=gt[:, :H])
-                m.multiply(dc, cprev[t], out=gt[:, H:2 * H])
-                m.multiply(dc, at_[:, :H], out=gt[:, 2 * H:3 * H])
-                m.multiply(dmt, tc[t], out=gt[:, 3 * H:])
-                gt *= d[t]
-                dc *= at_[:, H:2 * H]
-                m.matmul(gt, w_hh, out=carry)
+                m.multiply(dc3, fac[t], out=gx4[t, :, :3])
+                m.multiply(dmt, fac_o[t], out=gx4[t, :, 3])
+                dc *= f[t]
+                m.matmul(gxw[t], w_hh, out=carry)
             ghw = gxw
             if w_hr is not None:
                 mh = m.multiply(o, tc)
