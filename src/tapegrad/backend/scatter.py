@@ -12,9 +12,9 @@ of ``a``'s dtype into a C-contiguous ``a``:
   by numba's loop (``scatter_kernels.scatter_rows``); without numba, each value's flat
   position in ``a`` (in chunks) and numpy's one-dimensional ``add.at``; with one value a
   row (after = before = 1), that one-dimensional ``add.at`` directly;
-* **grid** (one integer array per axis, broadcasting: gather's and scatter's keys): numba's
-  loop over the broadcast indices for up to three axes (``scatter_grid``), else the flat
-  positions and the one-dimensional ``add.at``;
+* **grid** (one integer array per axis, broadcasting: gather's and scatter's keys): each
+  value's flat position in ``a``, then numba's one-dimensional loop (``scatter_flat``), or
+  numpy's one-dimensional ``add.at`` without numba;
 * numpy's ``add.at`` itself for everything else (masks, slices with steps, mixed dtypes,
   values to cast, non-contiguous or read-only targets, small scatters) and whenever an
   index is out of range, so errors are numpy's own.
@@ -89,6 +89,15 @@ def add_at(a, key, values) -> None:
     np.add.at(a, key, values)
 
 
+def _writable(values, v):
+    """A C-contiguous writable array of ``v`` (``values`` broadcast): ``values`` itself when
+    it holds the same elements (``broadcast_to``'s views are read-only, a second array type
+    to numba), else a copy."""
+    x = values if values.size == v.size and values.flags.writeable else v
+    x = np.ascontiguousarray(x)
+    return x if x.flags.writeable else x.copy()
+
+
 def _grid_key(a, key):
     """Whether ``key`` is one integer array per axis of C-contiguous ``a``."""
     return type(key) is tuple and len(key) == a.ndim > 0 and a.flags.c_contiguous \
@@ -99,7 +108,7 @@ def _in_range(idx, n):
     return not idx.size or idx.min() >= -n and idx.max() < n
 
 
-def _add_rows(a, axis, idx, v):
+def _add_rows(a, axis, idx, values):
     """``a[(slice(None),) * axis + (idx,)] += v`` in add.at's order; False where numpy must
     do it (values that do not broadcast, an index out of range: numpy raises)."""
     before = math.prod(a.shape[:axis])
@@ -109,14 +118,14 @@ def _add_rows(a, axis, idx, v):
         if not _in_range(idx, n):
             return False
         try:
-            v = np.broadcast_to(v, idx.shape + a.shape[axis + 1:])
+            v = np.broadcast_to(values, idx.shape + a.shape[axis + 1:])
         except ValueError:
             return False
         np.add.at(a.reshape(-1), idx.reshape(-1), v.reshape(-1))
         return True
     shape = a.shape[:axis] + idx.shape + a.shape[axis + 1:]
     try:
-        v = np.broadcast_to(v, shape)
+        v = np.broadcast_to(values, shape)
     except ValueError:
         return False
     m = idx.size
@@ -127,7 +136,7 @@ def _add_rows(a, axis, idx, v):
         if k is not None:
             rows = np.ascontiguousarray(idx.reshape(-1), dtype=np.int64)
             return k.scatter_rows(a.reshape(before, n, after), rows,
-                                  np.ascontiguousarray(v).reshape(before, m, after))
+                                  _writable(values, v).reshape(before, m, after))
     if not _in_range(idx, n):
         return False
     rows = idx.reshape(-1).astype(np.int64, copy=False)
@@ -146,35 +155,36 @@ def _add_rows(a, axis, idx, v):
     return True
 
 
-def _add_grid(a, key, v):
+def _add_grid(a, key, values):
     """``add.at`` with one integer array per axis (gather's and scatter's keys) through flat
-    positions; False where numpy must do it."""
+    positions: numba's one-dimensional loop over them, else numpy's one-dimensional add.at;
+    False where numpy must do it."""
     try:
         shape = np.broadcast_shapes(*(i.shape for i in key))
-        v = np.broadcast_to(v, shape)
+        v = np.broadcast_to(values, shape)
     except ValueError:
         return False
-    if a.ndim <= 3 and a.dtype in _NUMBA_DTYPES:
-        k = kernels()
-        if k is not None:  # the indices broadcast in place (no position array)
-            lead = (1,) * (3 - a.ndim)
-            full = lead + shape
-            keys = [np.broadcast_to(np.zeros(len(full) * (1,), np.int64), full)
-                    for _ in lead] + [
-                np.broadcast_to(i.astype(np.int64, copy=False).reshape(lead + i.shape), full)
-                for i in key]
-            return k.scatter_grid(a.reshape(lead + a.shape), *keys, v.reshape(full))
     pos = None
     stride = 1
     for i, n in zip(reversed(key), reversed(a.shape)):
-        if not _in_range(i, n):
+        if not i.size:
+            return False  # (nothing to add: numpy's add.at costs nothing)
+        lo = i.min()
+        if lo < -n or i.max() >= n:
             return False
         i = i.astype(np.int64, copy=False)
-        i = np.where(i < 0, i + n, i)
+        if lo < 0:
+            i = np.where(i < 0, i + n, i)
         term = i * stride if stride != 1 else i
         pos = term if pos is None else pos + term
         stride *= n
-    np.add.at(a.reshape(-1), np.broadcast_to(pos, shape).reshape(-1), v.reshape(-1))
+    pos = np.broadcast_to(pos, shape).reshape(-1)
+    if a.dtype in _NUMBA_DTYPES:
+        k = kernels()
+        if k is not None:
+            return k.scatter_flat(a.reshape(-1), np.ascontiguousarray(pos),
+                                  _writable(values, v).reshape(-1))
+    np.add.at(a.reshape(-1), pos, v.reshape(-1))
     return True
 
 
@@ -190,7 +200,7 @@ def sum_rows(values, rows, n):
     if k is not None:
         out = np.zeros((1, n, width))
         if k.scatter_rows(out, np.ascontiguousarray(rows, dtype=np.int64),
-                          np.ascontiguousarray(values).reshape(1, rows.size, width)):
+                          _writable(values, values).reshape(1, rows.size, width)):
             return out.reshape((n,) + values.shape[1:])
     rows = np.where(rows < 0, rows + n, rows)
     flat = rows if width == 1 else (rows[:, None] * width + np.arange(width)).reshape(-1)

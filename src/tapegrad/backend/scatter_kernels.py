@@ -48,26 +48,12 @@ def sparse_rows(out, rows, cols, values, dense):
 
 
 @njit(cache=True, nogil=True)
-def scatter_grid(out, i0, i1, i2, values):
-    """``out[i0[p], i1[p], i2[p]] += values[p]`` for every position p of the (broadcast, 3-d)
-    index arrays in C order (numpy's ``add.at`` order), negative indices wrapping."""
-    n0, n1, n2 = out.shape
-    P, Q, R = values.shape
-    for p in range(P):
-        for q in range(Q):
-            for r in range(R):
-                a, b, c = i0[p, q, r], i1[p, q, r], i2[p, q, r]
-                if a < -n0 or a >= n0 or b < -n1 or b >= n1 or c < -n2 or c >= n2:
-                    return False
-    for p in range(P):
-        for q in range(Q):
-            for r in range(R):
-                a, b, c = i0[p, q, r], i1[p, q, r], i2[p, q, r]
-                if a < 0:
-                    a += n0
-                if b < 0:
-                    b += n1
-                if c < 0:
-                    c += n2
-                out[a, b, c] += values[p, q, r]
+def scatter_flat(out, pos, values):
+    """``out[pos[k]] += values[k]`` for k in order (one-dimensional ``add.at``'s order)."""
+    n = out.shape[0]
+    for k in range(pos.shape[0]):
+        if pos[k] < 0 or pos[k] >= n:
+            return False
+    for k in range(pos.shape[0]):
+        out[pos[k]] += values[k]
     return True
