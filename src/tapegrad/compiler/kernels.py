@@ -213,6 +213,20 @@ def accepts(node, weak=()):
     return not (rule == "same" and len({a.dtype for a in vals}) > 1)
 
 
+def compiles(node, weak=()):
+    """Whether ``node``'s scalar form can be part of a numba kernel on this machine: it takes
+    the call (``accepts``) and writes it, its C-library calls being numba's where they equal
+    numpy's, else values numpy computes before the kernel (then its operand must be a group
+    input, which ``supported`` checks per group)."""
+    if not accepts(node, weak):
+        return False
+    try:
+        scalar_expr(node, [f"a{i}" for i in range(len(node.inputs))])
+    except Unsupported:
+        return False
+    return True
+
+
 def group_inputs(node):
     """The operands of ``node`` numpy reads before its numba kernel on every machine (a
     float64 erf's argument: ``Scalar.erf``): a group input, never a value made inside it."""

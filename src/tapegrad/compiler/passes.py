@@ -15,11 +15,16 @@ from tapegrad.compiler import kernels
 from tapegrad.ops.registry import REGISTRY
 
 
-def fusible(n):
+def fusible(n, weak=()):
     """Whether node ``n`` may join a pointwise group: its op has a scalar form (``Op.lower``,
-    the one place the compiler learns an op is pointwise) and it makes one non-scalar value."""
-    return (n.op is not None and n.op.lowering is not None and len(n.outputs) == 1
-            and n.outputs[0].shape != ())
+    the one place the compiler learns an op is pointwise) and it makes one non-scalar value.
+    With numba, also a form that can compile here (``kernels.compiles``): one that cannot (a
+    C-library call numba rounds otherwise, no numpy ufunc to compute it before the kernel)
+    would turn its whole group into numpy calls, so it stays a node of its own."""
+    if not (n.op is not None and n.op.lowering is not None and len(n.outputs) == 1
+            and n.outputs[0].shape != ()):
+        return False
+    return kernels.backend() != "numba" or kernels.compiles(n, weak)
 
 
 class PassCheckError(AssertionError):
@@ -195,8 +200,10 @@ def fuse(graph):
             r = group[r]
         return r
 
+    weak = {id(v) for v, src in graph.inputs if src.kind == "hyper"}  # Python numbers
+
     def pointwise(n):
-        return fusible(n) or (small_k_matmul(n) and n.outputs[0].shape != ())
+        return fusible(n, weak) or (small_k_matmul(n) and n.outputs[0].shape != ())
 
     for n in graph.nodes:
         if not pointwise(n):
@@ -235,7 +242,7 @@ def fuse(graph):
         reduce = epilogue.get(root(n), []) if body is not None else []
         con = contract.get(root(n), []) if body is not None else []
         if body is None or (len(body) == 1 and not reduce and not con and not (
-                fusible(body[0]) and body[0].op.lowering.alone
+                fusible(body[0], weak) and body[0].op.lowering.alone
                 and kernels.backend() == "numba")):
             nodes.append(n)
             continue
