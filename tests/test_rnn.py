@@ -141,3 +141,38 @@ def test_projected_lstm_unbatched_and_second_order():
     m = tnn.LSTM(2, 3, proj_size=2).double()
     x = tapegrad.tensor(randn(3, 2, 2), requires_grad=True)
     assert tapegrad.autograd.gradgradcheck(lambda x: m(x)[0], [x])
+
+
+def test_layers_and_cells_stay_on_the_device():
+    # the default zero states are made on the input's device, and the fused ops reach the
+    # device's array module (tests/fake_device.py: a stand-in that rejects host arrays)
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "gpu"))
+    import fake_device
+
+    b = fake_device.install()
+    try:
+        for cls in ("LSTM", "GRU", "RNN"):
+            tapegrad.manual_seed(0)
+            m = getattr(tnn, cls)(3, 4, num_layers=2, bidirectional=True).double()
+            x = tapegrad.tensor(randn(5, 2, 3))
+            ref, _ = m(x)
+            ref.sum().backward()
+            want = m.weight_hh_l0.grad.numpy().copy()
+            m.zero_grad()
+            m = m.to("cuda")
+            out, _ = m(x.to("cuda"))
+            out.sum().backward()
+            assert type(out._data) is fake_device.FakeArray
+            np.testing.assert_array_equal(out.cpu().detach().numpy(), ref.detach().numpy())
+            np.testing.assert_array_equal(m.weight_hh_l0.grad.cpu().numpy(), want)
+        for cls in ("LSTMCell", "GRUCell", "RNNCell"):
+            cell = getattr(tnn, cls)(3, 4).double().to("cuda")
+            y = cell(tapegrad.tensor(randn(2, 3)).to("cuda"))
+            y = y[0] if isinstance(y, tuple) else y
+            y.sum().backward()
+            assert type(y._data) is type(cell.weight_ih.grad._data) is fake_device.FakeArray
+    finally:
+        fake_device.uninstall(b)

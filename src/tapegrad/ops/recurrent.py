@@ -125,18 +125,20 @@ def _check_layer(name, xw, h0, c0, w_hh, b_hh, w_hr, mode):
 def _sigmoid_(a):
     """``a = 1 / (1 + exp(-a))`` in place (as PyTorch's formula; exp overflowing to inf for
     very negative a gives the exact limit 0, so callers silence the overflow warning)."""
-    xp.negative(a, out=a)
-    xp.exp(a, out=a)
+    m = array_module(a)
+    m.negative(a, out=a)
+    m.exp(a, out=a)
     a += 1
-    xp.reciprocal(a, out=a)
+    m.reciprocal(a, out=a)
 
 
 def _sigmoid_of_negated_(a):
     """``a = 1 / (1 + exp(a))``: the sigmoid of ``-a`` in place, one pass fewer than
     ``_sigmoid_`` (the LSTM kernels negate the sigmoid gates' weights once instead)."""
-    xp.exp(a, out=a)
+    m = array_module(a)
+    m.exp(a, out=a)
     a += 1
-    xp.reciprocal(a, out=a)
+    m.reciprocal(a, out=a)
 
 
 def _lstm_operands(m, xw, w_hh, b_hh, H):
@@ -656,7 +658,7 @@ def _jvp_by_composition(reference, tangents, primals):
     with enable_grad():
         ps = _stand_ins(primals)
         y = reference(*ps)
-        u = T._make(xp.zeros(y.shape, y._data.dtype)).requires_grad_()
+        u = T._make(array_module(y._data).zeros(y.shape, y._data.dtype)).requires_grad_()
         vjps = grad(y, [ps[i] for i in used], u, create_graph=True, allow_unused=True,
                     materialize_grads=True)
         total = None

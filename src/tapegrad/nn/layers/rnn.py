@@ -170,7 +170,8 @@ class RNNBase(Module):
             raise RuntimeError(msg.format(expected, list(hx.shape)))
 
     def _zeros(self, input, size):
-        return tapegrad.zeros(self._hidden_shape(input, size), dtype=input.dtype)
+        return tapegrad.zeros(self._hidden_shape(input, size), dtype=input.dtype,
+                              device=input.device)
 
     # --- the computation --------------------------------------------------------------
     def _cell(self, xw, h, c, w_hh_t, b_hh, w_hr_t):
@@ -410,7 +411,8 @@ class RNNCellBase(Module):
         for i, h in enumerate(hidden):
             if h is None:
                 if zeros is None:
-                    zeros = tapegrad.zeros((batch, self.hidden_size), dtype=input.dtype)
+                    zeros = tapegrad.zeros((batch, self.hidden_size), dtype=input.dtype,
+                                           device=input.device)
                 hidden[i] = zeros
             elif h.shape[0] != batch:
                 raise RuntimeError(f"{name}: Input batch size {batch} doesn't match hidden{i} "
