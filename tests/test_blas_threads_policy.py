@@ -27,7 +27,7 @@ def documented_model(monkeypatch):
     """The constants docs/performance.md states, whatever the environment overrides."""
     for name, value in (("GEMM_FLOPS", {4: 103e9, 8: 51e9}), ("LEFT_BYTES", 6.5e9),
                         ("STREAM_BYTES", 10e9), ("TWO_THREAD_FLOPS", 1.8),
-                        ("TWO_THREAD_BYTES", 1.7), ("THREAD_COST", 150e-6)):
+                        ("TWO_THREAD_BYTES", 1.5), ("THREAD_COST", 150e-6)):
         monkeypatch.setattr(blas, name, value)
 
 
@@ -165,3 +165,17 @@ def test_threaded_products_deterministic_and_within_rounding(restore_threads):
     a, b = rng.standard_normal(sa), rng.standard_normal(sb)
     bound = 2 * sa[1] * np.finfo(np.float64).eps * (np.abs(a) @ np.abs(b))
     assert np.all(np.abs(one - two) <= bound)
+
+
+def test_sweep_table_tells_free_and_busy_batches_apart(documented_model):
+    # bench blas --sweep: per shape, batches [seconds per call, cores other processes used];
+    # one thread counts where the others left it its core, two threads split at FREE_CORES;
+    # the rule column is runs_serial's answer
+    from tapegrad.bench import blas as bench
+
+    one = {"256x512x512": [[1.3e-3, 1.0], [1.4e-3, 0.1], [9e-3, 1.8]]}
+    two = {"256x512x512": [[0.8e-3, 0.1], [0.7e-3, 0.3], [16e-3, 1.2]]}
+    (row,) = bench.sweep_rows({("float32", 1): [one], ("float32", 2): [two]}, ("float32",))
+    assert row[:2] == ["float32", "256x512x512"]
+    assert row[4:9] == ["1350", "750 (2)", "1.80x", "16000 (1)", "0.08x"]
+    assert row[-1] == "count"

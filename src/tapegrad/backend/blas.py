@@ -149,7 +149,7 @@ GEMM_FLOPS = {4: 103e9, 8: 51e9}     # one-thread GEMM flop/s, float32 and float
 LEFT_BYTES = 6.5e9                   # one-thread bytes/s of the left operand (packed)
 STREAM_BYTES = 10e9                  # one-thread bytes/s of the right operand and the output
 TWO_THREAD_FLOPS = 1.8               # two threads' arithmetic speed-up
-TWO_THREAD_BYTES = 1.7               # two threads' memory speed-up
+TWO_THREAD_BYTES = 1.5               # two threads' memory speed-up
 THREAD_COST = float(os.environ.get("TAPEGRAD_BLAS_THREAD_COST_US", "150")) * 1e-6
 # the fewest multiply-adds a product whose time is its arithmetic takes to two threads, at
 # float32 (the faster rate): below it such a product runs on one thread (a cheap bound for
@@ -161,7 +161,7 @@ _serial = [0, 0]  # matmuls inside the switch now, the thread count to restore a
 
 def _times(m, k, n, itemsize):
     """(arithmetic seconds, memory seconds) of an (m, k) @ (k, n) product on one thread."""
-    flops = 2 * m * k * n / GEMM_FLOPS.get(itemsize, GEMM_FLOPS[8])
+    flops = 2 * m * k * n / (GEMM_FLOPS[4] if itemsize == 4 else GEMM_FLOPS[8])
     memory = itemsize * (m * k / LEFT_BYTES + (k * n + m * n) / STREAM_BYTES)
     return flops, memory
 
@@ -179,11 +179,18 @@ def two_thread_seconds(m: int, k: int, n: int, itemsize: int) -> float:
 
 def runs_serial(m: int, k: int, n: int, itemsize: int) -> bool:
     """Whether an (m, k) @ (k, n) product of ``itemsize``-byte elements runs on one thread."""
-    if m * k * n <= OPENBLAS_SERIAL_WORK:
+    work = m * k * n
+    if work <= OPENBLAS_SERIAL_WORK:
         return False  # OpenBLAS's own decision: one thread already
-    flops, memory = _times(m, k, n, itemsize)
-    return max(flops / TWO_THREAD_FLOPS, memory / TWO_THREAD_BYTES) + THREAD_COST \
-        >= max(flops, memory)
+    # ``two_thread_seconds >= one_thread_seconds``, written out: this runs before every
+    # product above OpenBLAS's bound, some of them ~10 us long
+    flops = 2 * work / (GEMM_FLOPS[4] if itemsize == 4 else GEMM_FLOPS[8])
+    memory = itemsize * (m * k / LEFT_BYTES + (k * n + m * n) / STREAM_BYTES)
+    one = flops if flops > memory else memory
+    if one <= THREAD_COST:
+        return True
+    flops, memory = flops / TWO_THREAD_FLOPS, memory / TWO_THREAD_BYTES
+    return (flops if flops > memory else memory) + THREAD_COST >= one
 
 
 def matmul(a, b):

@@ -1,9 +1,25 @@
-"""BLAS-bound: one 1024-wide Linear layer, batch 1024, forward and backward.
+"""BLAS-bound: one 1024-wide Linear layer, batch 1024, forward and backward; and the BLAS
+thread rule's measurements.
 
 ``out = F.linear(x, W, b)`` then ``out.backward(g)`` with ``x``, ``W`` and ``b`` requiring
 grad: three (1024, 1024, 1024) matmuls, 6.4 GFLOP per step. Compared with PyTorch (same
 code) and with numpy doing the same three matmuls by hand, and reported as a fraction of
 numpy's own square-matmul rate (the BLAS peak tapegrad can reach).
+
+The thread rule (``tapegrad.backend.blas.runs_serial``: one BLAS thread or the count set, per
+product, by a cost model; docs/performance.md, "BLAS threads"):
+
+  --sweep        numpy's matmul at 1 and at 2 threads over a grid of (m, k, n), float32 and
+                 float64, each count in its own process, the processes alternating round by
+                 round; each shape in batches of >= 50 ms, each batch with the CPU load other
+                 processes put on the machine meanwhile (/proc/stat less this process's own
+                 time), so that the other core's free and busy moments are told apart;
+                 against the model's prediction and decision. ``--load`` adds a busy loop.
+  --step         the H=2048, batch 4096 spiral step (``bench scale``'s, float64 and float32)
+                 under the rule, at one thread, and with every product threaded, fresh
+                 processes in turn.
+  --elementwise  numpy's (one-thread) elementwise ops against ``backend.parallel``'s numba
+                 loops at one thread and at every core, by size.
 """
 import argparse
 import functools
@@ -169,7 +185,9 @@ SWEEP_SHAPES = ([(n, n, n) for n in (96, 128, 192, 256, 384, 512, 768, 1024)]
                 + [(m, k, 3) for m, k in ((1024, 512), (2048, 1024), (4096, 2048), (8192, 4096))]
                 + [(2, k, n) for k, n in ((1024, 512), (4096, 2048))])
 QUICK_SWEEP_SHAPES = [(128, 128, 128), (512, 512, 512), (1024, 2, 512)]
-CELL_SECONDS = 0.03  # one timed batch of calls of a shape
+CELL_SECONDS = 0.05  # one timed batch of calls of a shape (5 clock ticks of load per core)
+FREE_BATCHES, MAX_BATCHES = 3, 12
+FREE_CORES = 0.5  # others' load below which the second core counts as free
 
 
 def _cpu_jiffies():
@@ -208,8 +226,13 @@ def _own_cpu():
 
 
 def sweep_child(threads, dtype, quick=False):
-    """{"m x k x n": [seconds per call, cores others kept busy]} at ``threads`` BLAS threads
-    (numpy's own matmul: the thread count alone differs between the two processes)."""
+    """{"m x k x n": [[seconds per call, cores others kept busy], ...]} at ``threads`` BLAS
+    threads (numpy's own matmul: the thread count alone differs between the processes).
+
+    Each shape is timed in batches of >= CELL_SECONDS, each batch with the load other
+    processes put on the machine meanwhile, until FREE_BATCHES batches found the second
+    core free or MAX_BATCHES were taken: on a shared machine this catches the moments when
+    the other core is free as well as those when it is not."""
     tapegrad.set_num_threads(threads)
     out = {}
     for m, k, n in QUICK_SWEEP_SHAPES if quick else SWEEP_SHAPES:
@@ -217,17 +240,21 @@ def sweep_child(threads, dtype, quick=False):
         a = rng.standard_normal((m, k)).astype(dtype)
         b = rng.standard_normal((k, n)).astype(dtype)
         np.matmul(a, b)
-        t0 = time.perf_counter()
-        np.matmul(a, b)
-        reps = max(2, int(CELL_SECONDS / max(time.perf_counter() - t0, 1e-7)))
-        load = OthersLoad()
-        times = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            for _ in range(reps):
+        samples = []
+        while len(samples) < MAX_BATCHES \
+                and sum(c < FREE_CORES for _, c in samples) < FREE_BATCHES:
+            # a batch ends on time, not on a count calibrated beforehand: one product can
+            # take 100x longer when the other core turns busy
+            load = OthersLoad()
+            calls, t0 = 0, time.perf_counter()
+            while True:
                 np.matmul(a, b)
-            times.append((time.perf_counter() - t0) / reps)
-        out[f"{m}x{k}x{n}"] = [statistics.median(times), load.cores()]
+                calls += 1
+                elapsed = time.perf_counter() - t0
+                if elapsed >= CELL_SECONDS:
+                    break
+            samples.append([elapsed / calls, load.cores()])
+        out[f"{m}x{k}x{n}"] = samples
     return out
 
 
@@ -256,7 +283,8 @@ def sweep(args):
     H.out(f"== matmul at 1 and 2 BLAS threads ({blas.LIBRARY and blas.LIBRARY.path}) ==")
     H.out(f"{os.cpu_count()} CPUs {H.cpu_model()}; added load: "
           f"{'one busy loop' if args.load else 'none'}; {rounds} rounds, each count in its own "
-          f"process, alternating; per call: median of 3 batches of >= {CELL_SECONDS * 1e3:.0f} ms")
+          f"process, alternating; each shape in batches of >= {CELL_SECONDS * 1e3:.0f} ms until "
+          f"{FREE_BATCHES} found the other core free or {MAX_BATCHES} were taken")
     busy = _busy_loop(args.load)
     results = {}  # (dtype, threads) -> list of per-process dicts
     try:
@@ -277,25 +305,25 @@ def sweep(args):
     H.out(f"load average at the end: {_uptime()}")
     rows = sweep_rows(results, dtypes)
     H.out()
-    H.out(f"us per call, medians over the processes whose other processes kept under "
-          f"{FREE_CORES} of a core busy while the shape ran (free) or more (busy); speed-up = "
-          f"1-thread time / 2-thread time; model: backend.blas.one_thread_seconds and the rule "
-          f"(1: switched to one thread; count: the count set)")
+    H.out(f"us per call, medians over the batches of all rounds (in brackets: how many): one "
+          f"thread where other processes left it its core (used under {1 + FREE_CORES:g} "
+          f"cores), two threads where they used under {FREE_CORES:g} of a core (other core "
+          f"free) or more (busy); speed-up = 1-thread time / 2-thread time; model: "
+          f"backend.blas.one_thread_seconds, and the rule (1: switched to one thread; count: "
+          f"the count set)")
     H.out(H.table(rows, SWEEP_HEADERS))
     return rows
 
 
-FREE_CORES = 0.5  # others' load below which the second core counts as free
-SWEEP_HEADERS = ["dtype", "m x k x n", "MFLOP", "MB", "free: 1 thread", "2 threads",
-                 "speed-up", "busy: 1 thread", "2 threads", "speed-up", "others' cores",
-                 "model 1 thread", "model speed-up", "rule"]
+SWEEP_HEADERS = ["dtype", "m x k x n", "MFLOP", "MB", "1 thread", "2 threads, other core free",
+                 "speed-up", "2 threads, other core busy", "speed-up", "model 1 thread",
+                 "model speed-up", "rule"]
 
 
-def _split(samples):
-    free = [t for t, c in samples if c < FREE_CORES]
-    busy = [t for t, c in samples if not c < FREE_CORES]
-    return (statistics.median(free) if free else None,
-            statistics.median(busy) if busy else None)
+def _median(samples, keep):
+    """(median seconds, count) of the batches whose others' load passes ``keep``."""
+    times = [t for t, c in samples if keep(c)]
+    return (statistics.median(times) if times else None), len(times)
 
 
 def sweep_rows(results, dtypes):
@@ -313,16 +341,20 @@ def sweep_rows(results, dtypes):
         itemsize = np.dtype(dtype).itemsize
         for key in results[(dtype, 1)][0]:
             m, k, n = map(int, key.split("x"))
-            one = [run[key] for run in results[(dtype, 1)]]
-            two = [run[key] for run in results[(dtype, 2)]]
-            (f1, b1), (f2, b2) = _split(one), _split(two)
-            others = statistics.median(c for _, c in one + two)
+            one = [x for run in results[(dtype, 1)] for x in run[key]]
+            two = [x for run in results[(dtype, 2)] for x in run[key]]
+            # one thread is undisturbed while the others leave it its core; two threads have
+            # the second core free while the others use under FREE_CORES of one
+            t1, _ = _median(one, lambda c: c < 1 + FREE_CORES)
+            free, n_free = _median(two, lambda c: c < FREE_CORES)
+            busy, n_busy = _median(two, lambda c: not c < FREE_CORES)
             p1 = blas.one_thread_seconds(m, k, n, itemsize)
             p2 = blas.two_thread_seconds(m, k, n, itemsize)
             rows.append([dtype, key, f"{2 * m * k * n / 1e6:.1f}",
-                         f"{(m * k + k * n + m * n) * itemsize / 1e6:.1f}",
-                         us(f1), us(f2), ratio(f1, f2), us(b1), us(b2), ratio(b1, b2),
-                         f"{others:.2f}", us(p1), ratio(p1, p2),
+                         f"{(m * k + k * n + m * n) * itemsize / 1e6:.1f}", us(t1),
+                         f"{us(free)} ({n_free})", ratio(t1, free),
+                         f"{us(busy)} ({n_busy})", ratio(t1, busy),
+                         us(p1), ratio(p1, p2),
                          "1" if blas.runs_serial(m, k, n, itemsize) else "count"])
     return rows
 

@@ -229,6 +229,7 @@ def worker(args):
             best = harness.best(tcases)
             res["PyTorch eager"], res["torch_threads"] = harness.median(best), best.torch_threads
         res["spread"] = max(harness.spread(c) for c in cases)
+        res["medians"] = {c.label: harness.median(c) for c in cases}  # every count timed
     print("RESULT " + json.dumps(res))
     sys.stdout.flush()
     return 0
