@@ -175,7 +175,7 @@ def leaky_relu(input, negative_slope=0.01, inplace=False):
     """As ``F.leaky_relu``: ``x`` where ``x > 0``, else ``negative_slope * x``."""
     if inplace:
         return _in_place(input, "leaky_relu_", lambda t: leaky_relu(t, negative_slope))
-    return where(input > 0, input, input * negative_slope)
+    return N.leaky_relu(input, negative_slope=negative_slope)
 
 
 def gelu(input, approximate="none"):
@@ -190,7 +190,7 @@ def silu(input, inplace=False):
     """As ``F.silu``: ``x * sigmoid(x)``."""
     if inplace:
         return _in_place(input, "silu_", silu)
-    return input * _sigmoid(input)
+    return N.silu(input)
 
 
 def tanh(input):
@@ -1116,10 +1116,7 @@ def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
             raise RuntimeError(f"group_norm: Expected {name} to be a vector of size equal to "
                                f"the number of channels in input, but got {name} of shape "
                                f"{_shape(p)} and input of shape {_shape(input)}")
-    grouped = _reshape(input, (n, num_groups, -1) if input.numel() else (n, num_groups, 0))
-    out = _reshape(N.layer_norm(grouped, None, None, axes=(2,), eps=eps, param_shape=()),
-                   input.shape)
-    return _per_channel_affine(out, weight, bias, (1, c) + (1,) * (input.ndim - 2))
+    return N.group_norm(input, weight, bias, groups=num_groups, eps=eps)
 
 
 # --- convolution -------------------------------------------------------------------------

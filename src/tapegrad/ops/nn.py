@@ -12,8 +12,10 @@ from tapegrad.backend import reduce_axis, array_module, add_at
 from tapegrad.ops.registry import op, xp
 from tapegrad.ops import registry as _registry
 from tapegrad.ops.elementwise import exp, log, sqrt, tanh, sigmoid, erf, where_op as where
-from tapegrad.ops.elementwise import np_dtype, to_dtype, eq, ne, gt
-from tapegrad.ops.movement import reshape_op as reshape, sum_to
+from tapegrad.ops.elementwise import mul, add
+from tapegrad.ops.elementwise import np_dtype, to_dtype, eq, ne, gt, select, _floating
+from tapegrad.ops.movement import reshape_op as reshape, sum_to, broadcast_to_op as broadcast_to
+from tapegrad.ops.movement import permute_op as permute
 from tapegrad.ops.reduce import sum_op
 from tapegrad.ops.linalg import matmul, blas_matmul
 from tapegrad.ops.indexing import recorder
@@ -243,8 +245,162 @@ hardtanh.lower(_hardtanh_scalar, params=("min_val", "max_val"))
 
 @hardtanh.grad
 def _(g, out, x, min_val=-1.0, max_val=1.0):
-    # strictly inside only, as PyTorch's hardtanh_backward (clamp's rule passes on the bounds)
-    return where((x > min_val) & (x < max_val), g, 0.0)
+    return hardtanh_backward(g, x, min_val=min_val, max_val=max_val)
+
+
+@op(flops=3, fused=True, pointwise=True)
+def hardtanh_backward(g, x, min_val=-1.0, max_val=1.0):
+    """``g`` where ``min_val < x < max_val``, else 0: zero on the bounds (clamp's rule passes
+    on them) and where ``x`` is NaN (as PyTorch's vectorised loop; its scalar tail, used for
+    the last few elements, passes ``g`` there)."""
+    inside = x > min_val
+    inside &= x < max_val
+    return select(inside, g, 0.0)
+
+
+hardtanh_backward.lower("({0} if (({1} > {min_val}) & ({1} < {max_val})) else {dt}(0.0))",
+                        params=("min_val", "max_val"))
+
+
+@hardtanh_backward.grad
+def _(gg, out, g, x, min_val=-1.0, max_val=1.0):
+    # a mask of x: no gradient reaches x (it is piecewise constant in x)
+    return hardtanh_backward(gg, x, min_val=min_val, max_val=max_val), None
+
+
+def _reduced_float(x):
+    """float16/bfloat16 (bfloat16's numpy kind is "V"): computed in float32 and rounded once,
+    as PyTorch's CPU kernels compute reduced floats."""
+    return x.dtype.kind != "f" or x.dtype.itemsize < 4
+
+
+@op(flops=5, float_only=True, fused=True, pointwise=True)
+def silu(x):
+    """``x * sigmoid(x)`` as PyTorch's kernel writes it, ``x / (1 + exp(-x))``: one op, four
+    passes in one buffer, and the rule reads only ``x``."""
+    x = _floating(x)
+    if _reduced_float(x):
+        return silu.forward(x.astype(xp.float32)).astype(x.dtype)
+    e = xp.negative(x, out=xp.empty_like(x))
+    with xp.errstate(over="ignore", invalid="ignore"):  # exp(inf): -inf / inf is NaN there too
+        xp.exp(e, out=e)
+        e += 1
+        return xp.divide(x, e, out=e)
+
+
+# float32/float64: the forward's passes for one element (float16/bfloat16 go through float32)
+silu.lower("({0} / (np.exp(-{0}) + {dt}(1.0)))", libm=("exp",),
+           accepts=lambda n: n.outputs[0].dtype.itemsize >= 4)
+
+
+@silu.grad
+def _(g, out, x):
+    return silu_backward(g, x)
+
+
+@op(flops=9, fused=True, pointwise=True, needs=True)
+def silu_backward(g, x):
+    """``g * s * (1 + x * (1 - s))`` with ``s = sigmoid(x)``: silu's gradient (PyTorch's
+    formula), an op so that its own gradient is silu''."""
+    if _reduced_float(x):
+        return silu_backward.forward(g.astype(xp.float32), x.astype(xp.float32)).astype(g.dtype)
+    s = sigmoid.forward(x)
+    d = xp.subtract(1, s)
+    with xp.errstate(invalid="ignore"):  # x = +-inf: inf * 0 is NaN, as in PyTorch
+        d *= x
+        d += 1
+        d *= s
+        return _times(d, g)
+
+
+def _silu_backward_scalar(ctx, g, x):
+    """silu_backward for one element, the forward's operations in order."""
+    one = ctx.const(1.0)
+    s = f"({one} / ({ctx.libm('exp', f'-{x}')} + {one}))"
+    return f"(((({one} - {s}) * {x} + {one}) * {s}) * {g})"
+
+
+silu_backward.lower(_silu_backward_scalar, accepts=lambda n: n.outputs[0].dtype.itemsize >= 4)
+
+
+def _times(fresh, g):
+    """``fresh * g``, in ``fresh``'s buffer where the product has its dtype and shape."""
+    fs, gs = fresh.shape, g.shape
+    if fresh.dtype != g.dtype or len(gs) > len(fs) or any(
+            d != 1 and d != f for d, f in zip(gs[::-1], fs[::-1])):
+        return fresh * g
+    fresh *= g
+    return fresh
+
+
+@silu_backward.grad
+def _(gg, out, g, x, needs=(True, True)):
+    gg_g = silu_backward(gg, x) if needs[0] else None
+    gx = None
+    if needs[1]:  # silu'' = s (1 - s) (2 + x (1 - 2 s))
+        s = sigmoid(x)
+        gx = gg * g * (s * (1 - s) * (2 + x * (1 - 2 * s)))
+    return gg_g, gx
+
+
+@op(flops=2, fused=True, pointwise=True)
+def leaky_relu(x, negative_slope=0.01):
+    """``x`` where ``x > 0``, else ``negative_slope * x`` (PyTorch's values, NaN and inf
+    included)."""
+    s = negative_slope
+    x = _floating(x)
+    if x.dtype.kind == "f" and 0 < s <= 1:
+        # max(x, s x) picks x above 0 and s x below: two passes, no branch per element
+        out = xp.multiply(x, s, out=xp.empty_like(x))
+        return xp.maximum(out, x, out=out)
+    with xp.errstate(invalid="ignore"):  # a slope of 0 times inf: NaN, as in PyTorch
+        out = xp.where(x > 0, x, x * s)
+    return out if out.dtype == x.dtype else out.astype(x.dtype)  # bfloat16 * float: float32
+
+
+def _leaky_relu_scalar(ctx, x, negative_slope=0.01):
+    """leaky_relu for one element, as the forward computes it: numpy's maximum of ``s x``
+    and ``x`` (NaN propagates) for a slope in (0, 1], else the where."""
+    sx = f"({x} * {ctx.const(negative_slope)})"
+    if 0 < negative_slope <= 1:
+        return f"({sx} if (({sx} > {x}) | ({sx} != {sx})) else {x})"
+    return f"({x} if {x} > {ctx.const(0.0)} else {sx})"
+
+
+leaky_relu.lower(_leaky_relu_scalar, params=("negative_slope",))
+
+
+@leaky_relu.grad
+def _(g, out, x, negative_slope=0.01):
+    return leaky_relu_backward(g, x, negative_slope=negative_slope)
+
+
+@op(flops=2, fused=True, pointwise=True)
+def leaky_relu_backward(g, x, negative_slope=0.01):
+    """``g`` where ``x > 0``, else ``g * negative_slope``: ``g`` times a factor of 1 or the
+    slope (exact: ``g * 1`` is ``g``), so no branch per element."""
+    s = negative_slope
+    if g.dtype.kind == "f" and math.isfinite(s):
+        dt = g.dtype.type
+        up = x > 0
+        if 0 <= s <= 1:
+            f = xp.maximum(up, dt(s), dtype=g.dtype)  # True: 1, False: the slope
+        else:
+            f = xp.multiply(~up, dt(s), dtype=g.dtype)  # 0 or s; + up: 1 or s, exactly
+            f += up
+        return _times(f, g)
+    return xp.where(x > 0, g, (g * s).astype(g.dtype, copy=False))  # (bfloat16 * float: f32)
+
+
+# g times 1 (exactly g) or the slope, as the forward's factor
+leaky_relu_backward.lower("({0} * ({dt}(1.0) if {1} > {dt}(0.0) else {negative_slope}))",
+                          params=("negative_slope",))
+
+
+@leaky_relu_backward.grad
+def _(gg, out, g, x, negative_slope=0.01):
+    # a mask of x times g: no gradient reaches x (it is piecewise constant in x)
+    return leaky_relu_backward(gg, x, negative_slope=negative_slope), None
 
 
 @op(flops=10, float_only=True, fused=True, pointwise=True)
@@ -617,8 +773,206 @@ def _norm_op(name, doc):
 
 
 layer_norm = _norm_op("layer_norm", "Standardise over the trailing ``axes``, then scale/shift.")
-batch_norm = _norm_op("batch_norm", "Standardise each channel with batch statistics, then "
-                                    "scale/shift per channel.")
+
+
+def _channel_sum(a, axes):
+    """Sums of ``a`` over ``axes``, kept. For (N, C, ...) over all but C: the batch dim first
+    (a contiguous pass adding whole planes), then each channel's plane (numpy's pairwise sum
+    over contiguous memory), 2-3x faster than one reduction over (0, 2, ...)."""
+    nd = len(a.shape)
+    if nd > 2 and axes == (0,) + tuple(range(2, nd)):
+        return sum_op(sum_op(a, dims=(0,), keepdim=True), dims=axes[1:], keepdim=True)
+    return sum_op(a, dims=axes, keepdim=True)
+
+
+def _count(x, axes):
+    n = 1
+    for a in axes:
+        n *= x.shape[a]
+    return max(n, 1)  # an empty batch: its statistics reach no gradient, so no 0 / 0 for them
+
+
+@op(flops=6, needs=True, fused=True)
+def batch_norm(x, w=None, b=None, *, axes, eps, param_shape):
+    """Standardise each channel of ``x`` (N, C, ...) with its batch mean and biased variance
+    over ``axes`` (two passes: the variance of the centred values, as PyTorch's), then
+    scale/shift per channel: six passes over ``x``, 1 / std and the weight folded into one
+    per-channel factor."""
+    if x.size == 0 or _reduced_float(x):
+        return _norm_forward(x, w, b, axes=axes, eps=eps, param_shape=param_shape)
+    n = _count(x, axes)
+    xc = x - _channel_sum(x, axes) / n
+    scale = 1 / xp.sqrt(_channel_sum(xc * xc, axes) / n + eps)
+    if w is not None:
+        scale = scale * w.reshape(param_shape)
+    out = _times(xc, scale)
+    if b is not None:
+        b = b.reshape(param_shape)
+        if out.dtype == xp.result_type(out, b) and out.ndim >= b.ndim:
+            out += b
+        else:
+            out = out + b
+    return out
+
+
+@batch_norm.grad
+def _(g, out, x, w=None, b=None, *, axes, eps, param_shape, needs=(True,) * 3):
+    # with xc = x - mean, r = 1 / std and the per-channel sums S(g), S(g xc):
+    # gx = (g - S(g) / n - xc r^2 S(g xc) / n) r w, gw = S(g xc) r, gb = S(g)
+    n = _count(x, axes)
+    xc = x - _channel_sum(x, axes) / n
+    r = 1 / sqrt(_channel_sum(xc * xc, axes) / n + eps)
+    gx = gw = gb = None
+    sg = _channel_sum(g, axes) if needs[0] or (b is not None and needs[2]) else None
+    sgx = _channel_sum(g * xc, axes) if needs[0] or (w is not None and needs[1]) else None
+    if needs[0]:
+        k = r * reshape(w, shape=param_shape) if w is not None else r
+        gx = (g - sg / n - xc * (sgx * (r * r) / n)) * k
+    if w is not None and needs[1]:
+        gw = reshape(_sum_to(sgx * r, param_shape), shape=w.shape)
+    if b is not None and needs[2]:
+        gb = reshape(_sum_to(sg, param_shape), shape=b.shape)
+    return gx, gw, gb
+
+
+batch_norm.jvp(_norm_jvp)
+
+
+def _per_channel(v, n, groups, cg):
+    """A per-group value (N, G, 1) as per-channel (N, C, 1)."""
+    return reshape(broadcast_to(v, shape=(n, groups, cg)), shape=(n, groups * cg, 1))
+
+
+@op(flops=6, needs=True, fused=True)
+def group_norm(x, w=None, b=None, *, groups, eps):
+    """Standardise each group of channels of each sample of ``x`` (N, C, ...) (biased
+    variance of the centred values), then scale/shift per channel: six passes, 1 / std and
+    the weight folded into one per-(sample, channel) factor."""
+    if x.size == 0:
+        return x.copy()
+    if _reduced_float(x):  # in float32, rounded once (PyTorch's CPU kernels)
+        f = xp.float32
+        return group_norm.forward(x.astype(f), None if w is None else w.astype(f),
+                                  None if b is None else b.astype(f), groups=groups,
+                                  eps=eps).astype(x.dtype)
+    n, c = x.shape[:2]
+    xr = x.reshape(n, groups, -1)
+    m = xr.shape[2]
+    xc = xr - reduce_axis(xp.add, xr, 2, keepdims=True) / m
+    scale = 1 / xp.sqrt(reduce_axis(xp.add, xc * xc, 2, keepdims=True) / m + eps)
+    out = xc.reshape(n, c, -1)
+    if w is not None:
+        scale = (scale * w.reshape(1, groups, c // groups)).reshape(n, c, 1)
+    out = _times(out if w is not None else xc, scale).reshape(n, c, -1)
+    if b is not None:
+        b = b.reshape(1, c, 1)
+        if out.dtype == xp.result_type(out, b):
+            out += b
+        else:
+            out = out + b
+    return out.reshape(x.shape)
+
+
+@group_norm.grad
+def _(g, out, x, w=None, b=None, *, groups, eps, needs=(True,) * 3):
+    # per group (sums S over a group's elements, m of them; xc = x - mean, r = 1 / std):
+    # gx = (g w - S(g w) / m - xc r^2 S(g w xc) / m) r; the group sums come from the
+    # per-channel sums S_c(g), S_c(g xc) (N, C), so g w xc is never formed
+    n, c = x.shape[:2]
+    cg = c // groups
+    xr = reshape(x, shape=(n, groups, -1))
+    m = xr.shape[2]
+    xc = xr - sum_op(xr, dims=(2,), keepdim=True) / m
+    r = 1 / sqrt(sum_op(xc * xc, dims=(2,), keepdim=True) / m + eps)  # (N, G, 1)
+    gc = reshape(g, shape=(n, c, -1))
+    xcc = reshape(xc, shape=(n, c, -1))
+    sg = sum_op(gc, dims=(2,))  # (N, C)
+    sgx = sum_op(gc * xcc, dims=(2,))
+    gx = gw = gb = None
+    if needs[0]:
+        wg = reshape(w, shape=(1, groups, cg)) if w is not None else None
+
+        def group_sum(s):  # (N, C) per-channel sums, weighted, to (N, G, 1) group sums
+            s = reshape(s, shape=(n, groups, cg))
+            return sum_op(s * wg if wg is not None else s, dims=(2,), keepdim=True)
+
+        k1 = _per_channel(r, n, groups, cg)
+        if w is not None:
+            k1 = k1 * reshape(w, shape=(1, c, 1))
+        k2 = _per_channel(group_sum(sgx) * (r * r * r) / m, n, groups, cg)
+        k3 = _per_channel(group_sum(sg) * r / m, n, groups, cg)
+        gx = reshape(gc * k1 - xcc * k2 - k3, shape=x.shape)
+    if w is not None and needs[1]:
+        gw = sum_op(sgx * reshape(_per_channel(r, n, groups, cg), shape=(n, c)), dims=(0,))
+    if b is not None and needs[2]:
+        gb = sum_op(sg, dims=(0,))
+    return gx, gw, gb
+
+
+@group_norm.jvp
+def _(t, out, x, w=None, b=None, *, groups, eps):
+    # d xhat = r (dxc - xhat mean(xhat dxc)) per group, dxc = tx - mean(tx); then per channel
+    # d out = d xhat w + xhat tw + tb
+    n, c = x.shape[:2]
+    tx = t[0]
+    tw = t[1] if len(t) > 1 else None
+    tb = t[2] if len(t) > 2 else None
+    r_out = None
+    if tx is not None or tw is not None:
+        xr = reshape(x, shape=(n, groups, -1))
+        m = xr.shape[2]
+        xc = xr - sum_op(xr, dims=(2,), keepdim=True) / m
+        xhat = xc * (1 / sqrt(sum_op(xc * xc, dims=(2,), keepdim=True) / m + eps))
+    if tx is not None:
+        txr = reshape(tx, shape=(n, groups, -1))
+        dxc = txr - sum_op(txr, dims=(2,), keepdim=True) / m
+        d = (dxc - xhat * (sum_op(xhat * dxc, dims=(2,), keepdim=True) / m)) * (
+            1 / sqrt(sum_op(xc * xc, dims=(2,), keepdim=True) / m + eps))
+        r_out = reshape(d, shape=(n, c, -1))
+        if w is not None:
+            r_out = r_out * reshape(w, shape=(1, c, 1))
+    if tw is not None:
+        rw = reshape(xhat, shape=(n, c, -1)) * reshape(tw, shape=(1, c, 1))
+        r_out = rw if r_out is None else r_out + rw
+    if tb is not None:
+        rb = reshape(tb, shape=(1, c, 1))
+        r_out = rb if r_out is None else r_out + rb
+    if r_out is None:
+        return None
+    if tuple(r_out.shape) != (n, c, math.prod(x.shape[2:])):
+        r_out = broadcast_to(r_out, shape=(n, c, math.prod(x.shape[2:])))
+    return reshape(r_out, shape=tuple(x.shape))
+
+
+@group_norm.batch
+def _(args, bdims, groups, eps):
+    # each sample is standardised alone: vmap's batch joins the sample dim (N); per-example
+    # weights or biases scale/shift the standardised values after, as (B, 1, C, 1, ...)
+    if bdims[0] is None:  # one input for the whole batch: the loop over the batch
+        return NotImplemented
+    x = _to_front(args[0], bdims[0])
+    shape = tuple(x.shape)
+    params = list(args[1:]) + [None] * (3 - len(args))
+    batched = any(d is not None for d in bdims[1:])
+    out = group_norm(reshape(x, shape=(shape[0] * shape[1],) + shape[2:]),
+                     *(() if batched else params), groups=groups, eps=eps)
+    out = reshape(out, shape=shape)
+    if batched:
+        for p, d, combine in ((params[0], bdims[1], mul),
+                              (params[1], bdims[2] if len(bdims) > 2 else None, add)):
+            if p is None:
+                continue
+            p = _to_front(p, d) if d is not None else reshape(p, shape=(1,) + tuple(p.shape))
+            lead = tuple(p.shape)[0]
+            out = combine(out, reshape(p, shape=(lead, 1, shape[2]) + (1,) * (len(shape) - 3)))
+    return out, 0
+
+
+def _to_front(a, k):
+    """``a`` with its dim ``k`` moved to the front."""
+    if k == 0:
+        return a
+    return permute(a, dims=(k,) + tuple(i for i in range(len(a.shape)) if i != k))
 
 
 # --- embedding ---------------------------------------------------------------------------
