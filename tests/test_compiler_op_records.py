@@ -172,6 +172,7 @@ CASES = {
     "fmin": [((None, 0.0), {}), ((None, -0.0), {})],
     "elu": [((None,), {"alpha": 0.5})],
     "ge": [((None, 0.0), {})],
+    "where": [((None, -np.inf, None), {}), ((None, None, np.nan), {})],
     # (ops/nn.py's: used once their records have scalar forms)
     "hardtanh": [((None,), {"min_val": -0.0, "max_val": 0.5}), ((None,), {"min_val": 0.0})],
     "hardtanh_backward": [((None, None), {"min_val": -0.5, "max_val": 0.0})],

@@ -78,12 +78,7 @@ class Scalar:
         self.helpers = set()  # numba functions the kernel module defines first
 
     def const(self, v):
-        v = float(v)
-        if v != v:
-            return f"{self.dt}(np.nan)"
-        if v in (float("inf"), float("-inf")):
-            return f"{self.dt}({'-' if v < 0 else ''}np.inf)"
-        return f"{self.dt}({v!r})"
+        return constant(self.dt, v)
 
     def libm(self, fn, expr, operand=None, name=None, compute=None):
         """numba's ``np.<fn>(expr)`` where it is numpy's ufunc here (``libm_exact``); else
@@ -155,6 +150,17 @@ class _ErfExp:
 
 
 _OUTSIDE["erf_exp"] = _ErfExp(1.0)
+
+
+def constant(dt, v):
+    """numba source of the number ``v`` as a scalar of the numpy type ``dt`` (``np.float32``),
+    infinities and NaN included."""
+    v = float(v)
+    if v != v:
+        return f"{dt}(np.nan)"
+    if v in (float("inf"), float("-inf")):
+        return f"{dt}({'-' if v < 0 else ''}np.inf)"
+    return f"{dt}({v!r})"
 
 
 def lowering(node):
@@ -758,9 +764,7 @@ def numba_source(fname, body, ins, out_value, n_reduce, weak=(), contract=(), st
         peer = dt if out.dtype.kind == "f" or not vals else _np_type(vals[0].dtype)
 
         def arg(a):
-            if isinstance(a, Value):
-                return local[id(a)]
-            return f"{peer}({float(a)!r})"
+            return local[id(a)] if isinstance(a, Value) else constant(peer, a)
 
         args = [arg(a) for a in m.inputs]
         if m.name == "matmul" and lowering(m) is None:  # the BLAS's fma chain (FMA)

@@ -187,8 +187,8 @@ class Lowering:
     loop calls them only where a one-time probe per dtype finds them equal to numpy's ufuncs.
     operands: the dtypes of the array operands: "out" (the result's; the default), "same"
     (one dtype, the result's may differ: comparisons), "any", or one entry per operand
-    ("bool" or "out"). kinds: the dtype kinds (numpy's ``kind``) the form is exact for, of
-    the operands and the result. params: the numeric params the template reads (any other
+    ("bool", "out" or "any"). kinds: the dtype kinds (numpy's ``kind``) the form is exact
+    for, of the operands and the result. params: the numeric params the template reads (any other
     param keeps the node out of a loop). accepts: ``accepts(node) -> bool`` for a form
     exact only for some calls. alone: a one-node kernel beats eager's call (erf's loop).
     """
