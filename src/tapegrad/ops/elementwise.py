@@ -503,15 +503,24 @@ def _(g, out, a):
 
 @op(flops=4, saves="out", float_only=True, pointwise=True)
 def sigmoid(a):
-    """As ``torch.sigmoid``: ``1 / (1 + exp(-a))``, without overflow."""
+    """As ``torch.sigmoid``: ``1 / (1 + exp(-a))``, PyTorch's formula and limits (an
+    ``exp(-a)`` that overflows to inf gives 0, as there)."""
     a = _floating(a)
-    e = xp.exp(-xp.abs(a))  # split by sign so exp never overflows
+    if a.dtype.kind == "f" and a.dtype.itemsize >= 4 and type(a) is xp.ndarray:
+        # four passes in one buffer: no per-element branch (numpy's where costs a mispredicted
+        # branch per element on mixed signs, 5-10x an exp)
+        e = xp.negative(a, out=xp.empty_like(a))
+        with xp.errstate(over="ignore"):
+            xp.exp(e, out=e)
+        e += 1
+        return xp.divide(1, e, out=e)
+    e = xp.exp(-xp.abs(a))  # float16, bfloat16: split by sign so exp never overflows
     return xp.where(a >= 0, 1 / (1 + e), e / (1 + e)).astype(a.dtype, copy=False)
 
 
-# the forward's split by sign, for one element
-sigmoid.lower("(({dt}(1.0) / ({dt}(1.0) + np.exp(-abs({0})))) if {0} >= {dt}(0.0) "
-              "else (np.exp(-abs({0})) / ({dt}(1.0) + np.exp(-abs({0})))))", libm=("exp",))
+# float32/float64: the forward's four passes for one element (float16/bfloat16 split by sign)
+sigmoid.lower("({dt}(1.0) / (np.exp(-{0}) + {dt}(1.0)))", libm=("exp",),
+              accepts=lambda n: not n.params and n.outputs[0].dtype.itemsize >= 4)
 
 
 @sigmoid.grad
@@ -667,9 +676,57 @@ def bitwise_not(a):
 bitwise_not.lower("({0} ^ True)", kinds="b")  # (bool: numba's loop takes no integers)
 
 # --- where, comparisons, logical and bitwise ops ----------------------------------------
+_INT_OF_SIZE = {4: xp.int32, 8: xp.int64}
+# below this many elements numpy's where (one call) beats select's four passes
+_SELECT_MIN = 8192
+
+
+def _bits(v, dt):
+    """``v`` (an array of dtype ``dt`` or a Python number) viewed as same-size integers; None
+    if a number does not fit ``dt`` (numpy's where then decides)."""
+    if type(v) is xp.ndarray:
+        return v.view(_INT_OF_SIZE[dt.itemsize]) if v.dtype == dt else None
+    if type(v) in (bool, int, float):  # (a numpy scalar is no weak number: numpy decides)
+        with xp.errstate(over="ignore"):
+            s = dt.type(v)
+        if math.isinf(s) and not math.isinf(v):
+            return None
+        return xp.asarray(s).view(_INT_OF_SIZE[dt.itemsize])
+    return None
+
+
+def select(cond, a, b):
+    """``xp.where(cond, a, b)`` without a branch per element: numpy's where branches on each
+    condition, so a mask of mixed values costs a mispredicted branch per element (10-20x a
+    multiply at 131k float32). For float32/float64 operands the result's bits are
+    ``b ^ ((a ^ b) & M)`` with ``M`` all ones where ``cond`` holds: the same bits, NaNs,
+    infinities and signed zeros included."""
+    ref = a if type(a) is xp.ndarray else b
+    if (type(cond) is not xp.ndarray or type(ref) is not xp.ndarray
+            or ref.dtype.kind != "f" or ref.dtype.itemsize not in _INT_OF_SIZE
+            or max(cond.size, ref.size) < _SELECT_MIN):
+        return xp.where(cond, a, b)
+    dt = ref.dtype
+    ai, bi = _bits(a, dt), _bits(b, dt)
+    if ai is None or bi is None:
+        return xp.where(cond, a, b)
+    shape = xp.broadcast_shapes(cond.shape, ai.shape, bi.shape)
+    m = (cond if cond.dtype.kind == "b" else cond != 0).astype(ai.dtype)
+    mine = m.shape == shape  # m is a fresh buffer of the result's shape: write into it
+    if bi.ndim == 0 and not bi:  # b is +0.0: a's bits where cond, else none
+        xp.negative(m, out=m)
+        return xp.bitwise_and(ai, m, out=m if mine else None).view(dt)
+    if ai.ndim == 0 and not ai:  # a is +0.0: b's bits where cond fails
+        m -= 1
+        return xp.bitwise_and(bi, m, out=m if mine else None).view(dt)
+    xp.negative(m, out=m)
+    d = xp.bitwise_and(xp.bitwise_xor(ai, bi), m, out=m if mine else None)
+    return xp.bitwise_xor(d, bi, out=d if d.shape == shape else None).view(dt)
+
+
 @op(flops=1, elementwise=True, needs=True, name="where", pointwise=True)
 def where_op(cond, a, b):
-    return xp.where(cond, a, b)
+    return select(cond, a, b)
 
 
 # numpy's where takes any condition by its truth (NaN is true, as in numba's ``if``)
