@@ -24,7 +24,6 @@ from tapegrad.ops.linalg import blas_matmul
 from tapegrad.ops.registry import op, xp
 
 _sliding = xp.lib.stride_tricks.sliding_window_view
-_strided = xp.lib.stride_tricks.as_strided
 _numel = _registry.numel
 _contraction = _registry.contraction_cost
 
@@ -54,7 +53,7 @@ def _depthwise_loops(a, b, channels, groups):
     performance.md, "Convolution kernels")."""
     global _loops
     if groups == 1 or channels != (groups, groups) or a.dtype != b.dtype or \
-            a.dtype.char not in "fd" or not isinstance(a, xp.ndarray):
+            a.dtype.char not in "fd" or array_module(a) is not xp:  # host arrays only
         return None
     if _loops is None:
         try:
@@ -97,12 +96,11 @@ def _columns(x, kernel, stride, padding, dilation, groups, out_size=None):
     ow = (w + pl + pr - (kw - 1) * dw - 1) // sw + 1
     if out_size is not None:
         oh, ow = min(oh, out_size[0]), min(ow, out_size[1])
-    cg = c // groups
-    s_n, s_h, s_w, s_c = buf.strides
-    win = _strided(buf, (n, oh, ow, groups, kh, kw, cg),
-                   (s_n, s_h * sh, s_w * sw, s_c * cg, s_h * dh, s_w * dw, s_c), writeable=False)
+    win = _sliding(buf, ((kh - 1) * dh + 1, (kw - 1) * dw + 1), axis=(1, 2))
+    win = win[:, :oh * sh:sh, :ow * sw:sw, :, ::dh, ::dw]  # (N, OH, OW, C, KH, KW)
+    win = win.reshape(n, oh, ow, groups, c // groups, kh, kw).transpose(0, 1, 2, 3, 5, 6, 4)
     # every size spelled out: numpy cannot infer a -1 from an empty batch
-    return win.reshape(n * oh * ow, groups, kh * kw * cg), (oh, ow)
+    return win.reshape(n * oh * ow, groups, kh * kw * (c // groups)), (oh, ow)
 
 
 def _tap_major(w, groups):
