@@ -178,3 +178,38 @@ def test_module_step_depthwise_numba_and_numpy_agree(dtype, monkeypatch):
     tol = 1e-12 if dtype == tapegrad.float64 else 1e-5
     for a, b in zip(*results):
         np.testing.assert_allclose(a, b, rtol=tol, atol=tol * max(1.0, np.abs(b).max()))
+
+
+DEVICE_ROWS = [
+    (dict(padding=1, stride=2), [(2, 3, 5, 5), (4, 3, 3, 3)]),  # gemm, strided col2im
+    (dict(padding=1), [(2, 2, 5, 5), (8, 2, 3, 3)]),  # unit stride, C <= O/4: col2im
+    (dict(stride=2), [(2, 4, 5, 5), (3, 4, 1, 1)]),  # 1x1
+    (dict(padding=1, groups=3), [(2, 3, 5, 5), (3, 1, 3, 3)]),  # depthwise
+    (dict(stride=2), [(2, 4, 6, 6), (4, 2, 2, 2), "transpose"]),  # tiling
+]
+
+
+@pytest.mark.parametrize("kw,specs", DEVICE_ROWS,
+                         ids=["gemm", "col2im", "1x1", "depthwise", "tile"])
+def test_every_path_keeps_device_arrays_on_their_device(kw, specs, loops):
+    """Run on the stand-in device (tests/fake_device.py): a path that builds a host array
+    for device data (a numba loop, ``as_strided``) fails here."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "gpu"))
+    import battery
+    import fake_device
+
+    if specs[-1] == "transpose":
+        def fn(T, x, w):
+            return T.nn.functional.conv_transpose2d(x, w, **kw)
+        specs = specs[:-1]
+    else:
+        def fn(T, x, w):
+            return T.nn.functional.conv2d(x, w, **kw)
+    b = fake_device.install()
+    try:
+        assert battery.run(fn, specs, "cuda") is not False
+    finally:
+        fake_device.uninstall(b)

@@ -84,7 +84,7 @@ def _columns(x, kernel, stride, padding, dilation, groups, out_size=None):
 
     The input is copied once into a zero-padded (N, H, W, C) buffer; each patch row is then
     runs of contiguous channels (a whole kernel row of them, KW*C values, when groups == 1
-    and the columns are not dilated), 3-6x faster to copy than the (C, KH, KW) order whose
+    and the columns are not dilated), 2-6x faster to copy than the (C, KH, KW) order whose
     innermost run is KW values C apart.
     """
     n, c, h, w = x.shape
