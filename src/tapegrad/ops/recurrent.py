@@ -465,7 +465,6 @@ def rnn_cell_backward(g, x, h, c, w_ih, w_hh, b_ih, b_hh, out, mode):
     if mode not in GATES:
         raise ValueError(f"rnn_cell_backward: unknown mode {mode!r}")
     # (the forward checked the shapes; dispatch names the op if a direct call's do not fit)
-    xw = _cell_projection("rnn_cell_backward", x, w_ih, b_ih, w_hh)
     flat = m.empty(sum(a.size for a in (x, h, c, w_ih, w_hh, b_ih, b_hh) if a is not None),
                    x.dtype)
     grads, at = [], 0
@@ -474,8 +473,10 @@ def rnn_cell_backward(g, x, h, c, w_ih, w_hh, b_ih, b_hh, out, mode):
         at += 0 if a is None else a.size
     gx, gh, gc, gw_ih, gw_hh, gb_ih, gb_hh = grads
     H = w_hh.shape[1]
-    with xp.errstate(over="ignore"):
-        _, saved = _cell_activations(xw, h, c, w_hh, b_hh, mode)
+    if mode in ("LSTM", "GRU"):  # the gates, again (an RNN cell's derivative is its output's)
+        xw = _cell_projection("rnn_cell_backward", x, w_ih, b_ih, w_hh)
+        with xp.errstate(over="ignore"):
+            _, saved = _cell_activations(xw, h, c, w_hh, b_hh, mode, state=False)
     if mode == "LSTM":
         s, tg = saved  # the gates' sigmoids (g's quarter unused) and tanh of g's
         i, f, o = s[:, :H], s[:, H:2 * H], s[:, 3 * H:]
@@ -536,10 +537,11 @@ def rnn_cell_backward(g, x, h, c, w_ih, w_hh, b_ih, b_hh, out, mode):
     return flat
 
 
-def _cell_activations(xw, h, c, w_hh, b_hh, mode):
+def _cell_activations(xw, h, c, w_hh, b_hh, mode, state=True):
     """One step from ``xw`` (consumed: its buffer is reused): ``(out, saved)``, ``saved``
-    what the cell's backward reads besides the output. The gates are added as PyTorch's cells
-    add them, ``(x W_ih^T + b_ih) + (h W_hh^T + b_hh)``."""
+    what the cell's backward reads besides the output (``out`` None without ``state``: the
+    backward has it). The gates are added as PyTorch's cells add them,
+    ``(x W_ih^T + b_ih) + (h W_hh^T + b_hh)``."""
     m = array_module(xw)
     H = w_hh.shape[1]
     hw = m.matmul(h, w_hh.T)
@@ -550,6 +552,8 @@ def _cell_activations(xw, h, c, w_hh, b_hh, mode):
         gates += hw
         tg = m.tanh(gates[:, 2 * H:3 * H])
         _sigmoid_(gates)  # one pass for i, f and o (g's quarter: computed, unused)
+        if not state:
+            return None, (gates, tg)
         out = m.empty((xw.shape[0], 2 * H), xw.dtype)
         hn, cn = out[:, :H], out[:, H:]
         m.multiply(gates[:, H:2 * H], c, out=cn)
@@ -565,6 +569,8 @@ def _cell_activations(xw, h, c, w_hh, b_hh, mode):
         n = m.multiply(rz[:, :H], hn)
         n += xw[:, 2 * H:]
         m.tanh(n, out=n)
+        if not state:
+            return None, (rz, n, hn)
         out = m.subtract(h, n)
         out *= rz[:, H:]
         out += n
