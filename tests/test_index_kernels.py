@@ -337,3 +337,30 @@ def test_index_tensor_key_is_the_general_paths(dtype):
                 index_key(x, index)
             errors.append(str(info.value))
         assert errors[0] == errors[1] and "dimension 0 with size 6" in errors[0]
+
+
+def test_take_is_fancy_indexing():
+    """``scatter.take`` (numpy's take for one index array along one axis): fancy indexing's
+    values, shape, a fresh C-contiguous copy, and its IndexError; other keys are declined."""
+    rng = np.random.default_rng(9)
+    a = rng.standard_normal((6, 5, 4))
+    for key in [(rng.integers(-6, 6, 20), Ellipsis), (rng.integers(-6, 6, (3, 4)),),
+                (slice(None), rng.integers(0, 5, 7).astype(np.int32)),
+                (slice(None), slice(None), rng.integers(-4, 4, (2, 2)), Ellipsis),
+                (np.zeros(0, np.int64),)]:
+        for x in (a, np.asfortranarray(a), a[::-1]):
+            got = scatter.take(x, key)
+            want = x[key]
+            assert got.shape == want.shape and got.flags.c_contiguous
+            assert not np.shares_memory(got, x)
+            np.testing.assert_array_equal(got, want)
+    for key in [(np.array([6]),), (slice(None), np.array([-6]))]:
+        errors = []
+        for fn in (lambda: a[key], lambda: scatter.take(a, key)):
+            with pytest.raises(IndexError) as info:
+                fn()
+            errors.append(str(info.value))
+        assert errors[0] == errors[1]
+    for key in [(np.array(2),), (np.array([1], np.uint64),), (rng.random(6) < 0.5,),
+                (slice(1, None), np.array([1])), (np.array([1]), np.array([2])), 3]:
+        assert scatter.take(a, key) is None

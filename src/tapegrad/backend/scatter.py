@@ -54,9 +54,26 @@ def kernels():
 
 
 def _rows_key(a, key):
-    """``(axis, idx)`` when ``key`` picks whole slices of C-contiguous ``a`` along ``axis`` by
-    the integer array ``idx`` (full slices before it; Ellipsis or full slices after), else
-    None."""
+    """``_axis_key`` for a C-contiguous ``a`` (which the scatter loops write through)."""
+    return _axis_key(a, key) if a.flags.c_contiguous else None
+
+
+def take(a, key):
+    """``a[key]`` by ``numpy.take`` when ``key`` picks whole slices along one axis by one
+    signed integer array of at least one dim (``x[idx]``, ``index_select``), else None: the
+    same copy and the same IndexError as fancy indexing, 4-7x faster on rows (numpy's take
+    copies row by row; fancy indexing goes through its general iterator)."""
+    if type(a) is not np.ndarray:
+        return None
+    found = _axis_key(a, key)
+    if found is None or found[1].dtype.kind != "i" or not found[1].ndim:
+        return None
+    return np.take(a, found[1], axis=found[0])
+
+
+def _axis_key(a, key):
+    """``(axis, idx)`` when ``key`` picks whole slices of ``a`` along ``axis`` by the integer
+    array ``idx`` (full slices before it; Ellipsis or full slices after), else None."""
     if type(key) is not tuple:
         key = (key,)
     axis, ellipsis = None, 0
@@ -67,8 +84,7 @@ def _rows_key(a, key):
             ellipsis += 1
         elif type(item) is not slice or item != _ALL:
             return None
-    if axis is None or ellipsis > 1 or len(key) - ellipsis > a.ndim \
-            or not a.flags.c_contiguous:
+    if axis is None or ellipsis > 1 or len(key) - ellipsis > a.ndim:
         return None
     return axis, key[axis]
 
@@ -115,6 +131,8 @@ def _add_rows(a, axis, idx, values):
     n = a.shape[axis]
     after = math.prod(a.shape[axis + 1:])
     if before == 1 and after == 1:  # one index a value: numpy's fast one-dimensional add.at
+        if a.ndim == 1 and idx.ndim == 1:
+            return False  # (already that case)
         if not _in_range(idx, n):
             return False
         try:
