@@ -64,6 +64,13 @@ def _depthwise_loops(a, b, channels, groups):
     return _loops or None
 
 
+def _scratch(size, kernel, out_size, stride, padding, dilation):
+    """(HP, WP) of a padded image that holds the input and every window of the output (the
+    numba loops index it unchecked)."""
+    return tuple(max(s + lo + hi, (o - 1) * st + (k - 1) * d + 1) for s, k, o, st, (lo, hi), d
+                 in zip(size, kernel, out_size, stride, padding, dilation))
+
+
 def _pointwise(kernel, padding, groups):
     """A 1x1 kernel with no padding and one group: a plain product per example, no im2col."""
     return groups == 1 and tuple(kernel) == (1, 1) and not any(p for pair in padding for p in pair)
@@ -160,14 +167,14 @@ def conv2d(x, w, stride, padding, dilation, groups, out_size=None):
         return out.reshape(x.shape[0], w.shape[0], oh, ow)
     loops = _depthwise_loops(x, w, (x.shape[1], w.shape[0]), groups)
     if loops is not None:
-        (sh, sw), ((pt, pb), (pl, pr)), (dh, dw) = stride, padding, dilation
-        (h, wd), (kh, kw) = x.shape[2:], w.shape[2:]
-        oh = (h + pt + pb - (kh - 1) * dh - 1) // sh + 1
-        ow = (wd + pl + pr - (kw - 1) * dw - 1) // sw + 1
+        out = [(s + lo + hi - (k - 1) * d - 1) // st + 1 for s, k, st, (lo, hi), d
+               in zip(x.shape[2:], w.shape[2:], stride, padding, dilation)]
         if out_size is not None:
-            oh, ow = min(oh, out_size[0]), min(ow, out_size[1])
-        return loops.depthwise(xp.ascontiguousarray(x), xp.ascontiguousarray(w), sh, sw,
-                               pt, pl, h + pt + pb, wd + pl + pr, dh, dw, oh, ow)
+            out = [min(o, m) for o, m in zip(out, out_size)]
+        hp, wp = _scratch(x.shape[2:], w.shape[2:], out, stride, padding, dilation)
+        return loops.depthwise(xp.ascontiguousarray(x), xp.ascontiguousarray(w), stride[0],
+                               stride[1], padding[0][0], padding[1][0], hp, wp, dilation[0],
+                               dilation[1], out[0], out[1])
     return _correlate(x, w, stride, padding, dilation, groups, out_size)
 
 
@@ -227,10 +234,10 @@ def conv2d_input(g, w, size, stride, padding, dilation, groups):
         return out
     loops = _depthwise_loops(g, w, (w.shape[1] * groups, w.shape[0]), groups)
     if loops is not None:
-        (sh, sw), ((pt, pb), (pl, pr)), (dh, dw) = stride, padding, dilation
+        hp, wp = _scratch(size, w.shape[2:], g.shape[2:], stride, padding, dilation)
         return loops.depthwise_input(xp.ascontiguousarray(g), xp.ascontiguousarray(w),
-                                     size[0], size[1], sh, sw, pt, pl, size[0] + pt + pb,
-                                     size[1] + pl + pr, dh, dw)
+                                     size[0], size[1], stride[0], stride[1], padding[0][0],
+                                     padding[1][0], hp, wp, dilation[0], dilation[1])
     n, o, oh, ow = g.shape
     _, cg, kh, kw = w.shape
     if _by_correlation(stride, cg * groups, o):
@@ -304,11 +311,10 @@ def conv2d_weight(x, g, kernel, stride, padding, dilation, groups):
         return gw.reshape(o, c, 1, 1)
     loops = _depthwise_loops(x, g, (x.shape[1], g.shape[1]), groups)
     if loops is not None:
-        (sh, sw), ((pt, pb), (pl, pr)), (dh, dw) = stride, padding, dilation
-        h, wd = x.shape[2:]
+        hp, wp = _scratch(x.shape[2:], kernel, g.shape[2:], stride, padding, dilation)
         return loops.depthwise_weight(xp.ascontiguousarray(x), xp.ascontiguousarray(g),
-                                      kernel[0], kernel[1], sh, sw, pt, pl, h + pt + pb,
-                                      wd + pl + pr, dh, dw)
+                                      kernel[0], kernel[1], stride[0], stride[1], padding[0][0],
+                                      padding[1][0], hp, wp, dilation[0], dilation[1])
     o = g.shape[1]
     og = o // groups
     cg = x.shape[1] // groups
