@@ -17,18 +17,19 @@ loaded through ``kernels.load`` (numba's disk cache keeps the machine code):
   eager's order (its GEMM writes columns channels outermost, (N*OH*OW, C*KH*KW), as
   eager's does). Where eager takes the input gradient as the correlation of the gradient
   with the flipped kernel (``ops.convolution._by_correlation``), so does the kernel
-  (patches of the gradient, no col2im). ``conv2d_weight``
-  takes the patches its graph's ``conv2d`` of the same array built in the same call
-  (``_SHARED``) instead of building them again. Unpadded 1x1 kernels are declined: eager's
-  per-example product, with no im2col, is faster than these kernels there.
+  (patches of the gradient, no col2im). ``conv2d_weight`` takes the patches its graph's
+  ``conv2d`` of the same array built in the same call (``_SHARED``) instead of building
+  them again. Unpadded 1x1 kernels are declined: eager's per-example product, with no
+  im2col, is faster than these kernels there.
 - ``sum_to`` of a C-contiguous (N, C, H, W) gradient onto a (1, C, 1, 1) bias: numpy's
   pairwise sum of each plane, unrolled for the plane's size, added per channel in numpy's
   order (bitwise); a strided gradient takes the node's own op.
 - ``max_pool2d_indices``: each window's maximum and its index in one pass (the first
   maximum; a NaN wins, and of several the last, as in PyTorch; a padded position reads as
   -inf; a window of only -inf keeps its first in-bounds position: eager's indices exactly,
-  ceil mode included), and the maximum itself, which the graph's ``max_pool2d`` of the same arrays
-  then returns instead of gathering again (``_SHARED``; other inputs are gathered);
+  ceil mode included), and the maximum itself, which the graph's ``max_pool2d`` of the
+  same arrays then returns instead of gathering again (``_SHARED``; other inputs are
+  gathered);
   ``max_pool2d_backward`` the scatter-add, in eager's order.
 
 Precision: the pooling kernels are bitwise eager. The convolutions hand BLAS the operands
