@@ -94,8 +94,8 @@ _ALL = slice(None)
 
 def add_at(a, key, values) -> None:
     """``numpy.add.at(a, key, values)``: repeated indices add, in index order, bit for bit."""
-    if type(values) is np.ndarray and values.size >= MIN_VALUES and values.dtype == a.dtype \
-            and a.flags.writeable:
+    if type(values) is np.ndarray and values.size >= MIN_VALUES and type(a) is np.ndarray \
+            and values.dtype == a.dtype and a.flags.writeable:
         rows = _rows_key(a, key)
         if rows is not None:
             if _add_rows(a, rows[0], rows[1], values):
