@@ -71,6 +71,13 @@ def _keys(rng, shape):
         "grid": (rng.integers(0, n0, (40, n1, 1)), rng.integers(-n1, n1, (1, n1, 1)),
                  rng.integers(0, n2, (40, 1, n2)).astype(np.uint32)),
         "rows_int32": (rng.integers(0, n0, 300).astype(np.int32), Ellipsis),
+        # gather/scatter keys along one axis (aranges on the others), negatives wrapping
+        "along0": (rng.integers(-n0, n0, (80, n1, n2)), np.arange(n1)[None, :, None],
+                   np.arange(n2)[None, None, :]),
+        "along1": (np.arange(n0)[:, None, None], rng.integers(-n1, n1, (n0, 20, n2)),
+                   np.arange(n2)[None, None, :]),
+        "along2": (np.arange(n0)[:, None, None], np.arange(n1)[None, :, None],
+                   rng.integers(0, n2, (n0, n1, 3)).astype(np.int32)),
     }
 
 

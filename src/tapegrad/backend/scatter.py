@@ -12,9 +12,11 @@ of ``a``'s dtype into a C-contiguous ``a``:
   by numba's loop (``scatter_kernels.scatter_rows``); without numba, each value's flat
   position in ``a`` (in chunks) and numpy's one-dimensional ``add.at``; with one value a
   row (after = before = 1), that one-dimensional ``add.at`` directly;
-* **grid** (one integer array per axis, broadcasting: gather's and scatter's keys): each
-  value's flat position in ``a``, then numba's one-dimensional loop (``scatter_flat``), or
-  numpy's one-dimensional ``add.at`` without numba;
+* **grid** (one integer array per axis, broadcasting: gather's and scatter's keys): along
+  one axis (the others' arrays are aranges, as ``gather``/``scatter_add`` build them) numba's
+  loop over the (before, indices, after) blocks (``scatter_axis``); otherwise each value's
+  flat position in ``a``, then numba's one-dimensional loop (``scatter_flat``); without
+  numba, the flat positions and numpy's one-dimensional ``add.at``;
 * numpy's ``add.at`` itself for everything else (masks, slices with steps, mixed dtypes,
   values to cast, non-contiguous or read-only targets, small scatters) and whenever an
   index is out of range, so errors are numpy's own.
@@ -120,6 +122,29 @@ def _grid_key(a, key):
         and all(type(i) is np.ndarray and i.dtype.kind in "iu" for i in key)
 
 
+def _one_axis(a, key, shape):
+    """The axis d when ``key`` (broadcasting to ``shape``) is gather's and scatter's grid
+    along d: for every other axis k, ``key[k]`` is arange(a.shape[k]) laid along axis k and
+    ``shape[k] == a.shape[k]``; else None."""
+    ndim = a.ndim
+    if len(shape) != ndim:
+        return None
+    others = [k for k, i in enumerate(key) if not _arange_along(i, k, a.shape[k], ndim)]
+    if len(others) > 1:
+        return None
+    d = others[0] if others else 0
+    if any(shape[k] != a.shape[k] for k in range(ndim) if k != d):
+        return None
+    return d
+
+
+def _arange_along(i, k, n, ndim):
+    if i.ndim != ndim or i.size != n or (n > 1 and i.shape[k] != n):
+        return False
+    flat = i.reshape(-1)
+    return flat[0] == 0 and (n == 1 or flat[-1] == n - 1 and np.array_equal(flat, np.arange(n)))
+
+
 def _in_range(idx, n):
     return not idx.size or idx.min() >= -n and idx.max() < n
 
@@ -182,6 +207,18 @@ def _add_grid(a, key, values):
         v = np.broadcast_to(values, shape)
     except ValueError:
         return False
+    if not math.prod(shape):
+        return False  # nothing to add: numpy's add.at decides what an empty key means
+    if a.dtype in _NUMBA_DTYPES:
+        along = _one_axis(a, key, shape)
+        k = kernels() if along is not None else None
+        if k is not None:
+            d = along
+            before, after = math.prod(a.shape[:d]), math.prod(a.shape[d + 1:])
+            idx = np.ascontiguousarray(np.broadcast_to(key[d], shape), dtype=np.int64)
+            return k.scatter_axis(a.reshape(before, a.shape[d], after),
+                                  idx.reshape(before, shape[d], after),
+                                  _writable(values, v).reshape(before, shape[d], after))
     pos = None
     stride = 1
     for i, n in zip(reversed(key), reversed(a.shape)):

@@ -57,3 +57,28 @@ def scatter_flat(out, pos, values):
     for k in range(pos.shape[0]):
         out[pos[k]] += values[k]
     return True
+
+
+@njit(cache=True, nogil=True)
+def scatter_axis(out, idx, values):
+    """``out[p, idx[p, i, q], q] += values[p, i, q]`` for (p, i, q) in C order (numpy's
+    ``add.at`` order for a gather/scatter key along the middle axis), negative indices
+    wrapping."""
+    n = out.shape[1]
+    P, M, Q = idx.shape
+    for p in range(P):
+        for i in range(M):
+            for q in range(Q):
+                if idx[p, i, q] < -n or idx[p, i, q] >= n:
+                    return False
+    for p in range(P):
+        for i in range(M):
+            r = idx[p, i]
+            v = values[p, i]
+            o = out[p]
+            for q in range(Q):
+                j = r[q]
+                if j < 0:
+                    j += n
+                o[j, q] += v[q]
+    return True
