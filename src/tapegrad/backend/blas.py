@@ -186,11 +186,10 @@ def runs_serial(m: int, k: int, n: int, itemsize: int) -> bool:
     # product above OpenBLAS's bound, some of them ~10 us long
     flops = 2 * work / (GEMM_FLOPS[4] if itemsize == 4 else GEMM_FLOPS[8])
     memory = itemsize * (m * k / LEFT_BYTES + (k * n + m * n) / STREAM_BYTES)
-    one = flops if flops > memory else memory
+    one = max(flops, memory)
     if one <= THREAD_COST:
         return True
-    flops, memory = flops / TWO_THREAD_FLOPS, memory / TWO_THREAD_BYTES
-    return (flops if flops > memory else memory) + THREAD_COST >= one
+    return max(flops / TWO_THREAD_FLOPS, memory / TWO_THREAD_BYTES) + THREAD_COST >= one
 
 
 def matmul(a, b):

@@ -18,8 +18,9 @@ product, by a cost model; docs/performance.md, "BLAS threads"):
   --step         the H=2048, batch 4096 spiral step (``bench scale``'s, float64 and float32)
                  under the rule, at one thread, and with every product threaded, fresh
                  processes in turn.
-  --elementwise  numpy's (one-thread) elementwise ops against ``backend.parallel``'s numba
-                 loops at one thread and at every core, by size.
+  --elementwise  numpy's (one-thread) elementwise ops against numba loops (``prange``) at
+                 one thread and at every core, by size, the latter split by whether the
+                 other core was free (needs numba).
 """
 import argparse
 import functools
@@ -134,8 +135,8 @@ def main(argv=None):
                    help="the H=2048, batch 4096 spiral step at the default count under the thread "
                         "rule, at one thread, and with every product threaded, fresh processes")
     p.add_argument("--elementwise", action="store_true",
-                   help="numpy's one-thread elementwise ops against backend.parallel's two-thread "
-                        "loops, by size")
+                   help="numpy's one-thread elementwise ops against numba loops on one and on "
+                        "every core, by size")
     p.add_argument("--json", default=None, metavar="PATH",
                    help="--sweep: also write the raw timings to PATH")
     p.add_argument("--child", nargs=2, metavar=("THREADS", "DTYPE"), help=argparse.SUPPRESS)
@@ -147,12 +148,10 @@ def main(argv=None):
     if args.step_child is not None:
         print(json.dumps(step_child(args.step_child)))
         return 0
-    if args.sweep:
-        return sweep(args)
-    if args.step:
-        return step(args)
-    if args.elementwise:
-        return elementwise(args)
+    for on, run in ((args.sweep, sweep), (args.step, step), (args.elementwise, elementwise)):
+        if on:
+            run(args)
+            return 0
     if args.rounds is None:
         args.rounds = 9
     torch = None if args.no_torch else H.import_torch()
@@ -188,6 +187,9 @@ QUICK_SWEEP_SHAPES = [(128, 128, 128), (512, 512, 512), (1024, 2, 512)]
 CELL_SECONDS = 0.05  # one timed batch of calls of a shape (5 clock ticks of load per core)
 FREE_BATCHES, MAX_BATCHES = 3, 12
 FREE_CORES = 0.5  # others' load below which the second core counts as free
+# others' load below which one thread had its core to itself: the other core's worth, plus
+# about half a clock tick of the batch's counting error
+OWN_CORE = 1.1
 
 
 def _cpu_jiffies():
@@ -306,7 +308,7 @@ def sweep(args):
     rows = sweep_rows(results, dtypes)
     H.out()
     H.out(f"us per call, medians over the batches of all rounds (in brackets: how many): one "
-          f"thread where other processes left it its core (used under {1 + FREE_CORES:g} "
+          f"thread where other processes left it its core (used under {OWN_CORE:g} "
           f"cores), two threads where they used under {FREE_CORES:g} of a core (other core "
           f"free) or more (busy); speed-up = 1-thread time / 2-thread time; model: "
           f"backend.blas.one_thread_seconds, and the rule (1: switched to one thread; count: "
@@ -345,7 +347,7 @@ def sweep_rows(results, dtypes):
             two = [x for run in results[(dtype, 2)] for x in run[key]]
             # one thread is undisturbed while the others leave it its core; two threads have
             # the second core free while the others use under FREE_CORES of one
-            t1, _ = _median(one, lambda c: c < 1 + FREE_CORES)
+            t1, _ = _median(one, lambda c: c < OWN_CORE)
             free, n_free = _median(two, lambda c: c < FREE_CORES)
             busy, n_busy = _median(two, lambda c: not c < FREE_CORES)
             p1 = blas.one_thread_seconds(m, k, n, itemsize)
@@ -426,32 +428,69 @@ def step(args):
     return rows
 
 
-# --- large elementwise work: numpy's one thread against backend.parallel's loops -------------
+# --- large elementwise work: numpy's one thread against numba loops on every core -----------
+class _Loops:
+    """A scalar function of one or three arguments as numba loops over flat arrays, on one
+    thread (``range``) and on every core (``prange``), beside ``numpy_fn``, the same function
+    in numpy: what a parallel elementwise backend would run."""
+
+    def __init__(self, scalar, numpy_fn, nin):
+        import numba
+
+        self.numpy_fn, self.nin = numpy_fn, nin
+        f = numba.njit(inline="always")(scalar)
+        self.loops = []
+        for parallel, rng in ((True, numba.prange), (False, range)):
+            if nin == 1:
+                def loop(out, a, rng=rng):
+                    for i in rng(out.size):
+                        out[i] = f(a[i])
+            else:
+                def loop(out, a, b, c, rng=rng):
+                    for i in rng(out.size):
+                        out[i] = f(a[i], b[i], c[i])
+            self.loops.append(numba.njit(parallel=parallel)(loop))
+
+    def parallel(self, *arrays, out, threads=True):
+        self.loops[0 if threads else 1](out.reshape(-1), *(a.reshape(-1) for a in arrays))
+        return out
+
+
 def _elementwise_ops():
     import math
 
-    from tapegrad.backend.parallel import Elementwise
-
     return {
-        "a * b + c": Elementwise(lambda a, b, c: a * b + c, lambda a, b, c: a * b + c, 3),
-        "relu": Elementwise(lambda x: x if x > 0 else 0.0 * x, lambda x: np.maximum(x, 0), 1),
-        "silu": Elementwise(lambda x: x / (1.0 + math.exp(-x)),
-                            lambda x: x / (1.0 + np.exp(-x)), 1),
-        "tanh": Elementwise(lambda x: math.tanh(x), np.tanh, 1),
+        "a * b + c": _Loops(lambda a, b, c: a * b + c, lambda a, b, c: a * b + c, 3),
+        "relu": _Loops(lambda x: x if x > 0 else 0.0 * x, lambda x: np.maximum(x, 0), 1),
+        "silu": _Loops(lambda x: x / (1.0 + math.exp(-x)), lambda x: x / (1.0 + np.exp(-x)), 1),
+        "tanh": _Loops(lambda x: math.tanh(x), np.tanh, 1),
     }
 
 
-ELEMENTWISE_SIZES = [1 << p for p in (14, 16, 18, 20, 22, 24)]
+ELEMENTWISE_SIZES = [1 << p for p in (16, 18, 20, 22, 24)]
+
+
+def _timed_batch(fn):
+    """[seconds per call, cores other processes used] of a batch of >= CELL_SECONDS."""
+    load = OthersLoad()
+    calls, t0 = 0, time.perf_counter()
+    while True:
+        fn()
+        calls += 1
+        elapsed = time.perf_counter() - t0
+        if elapsed >= CELL_SECONDS:
+            return [elapsed / calls, load.cores()]
 
 
 def elementwise(args):
-    """us per call of each op by size: numpy, numba's loop on one thread, on every core."""
+    """us per call of each op by size: numpy, numba's loop on one thread, on every core (the
+    last split by whether the other core was free), rounds in turn until FREE_BATCHES rounds
+    found the other core free or MAX_BATCHES were taken."""
     import numba
 
-    rounds = args.rounds or (3 if args.quick else 7)
-    sizes = ELEMENTWISE_SIZES[:3] if args.quick else ELEMENTWISE_SIZES
+    sizes = ELEMENTWISE_SIZES[:2] if args.quick else ELEMENTWISE_SIZES
     dtypes = ("float32", "float64") if args.dtype == "both" else (args.dtype,)
-    H.out(f"== elementwise: numpy (one thread) vs backend.parallel's numba loops (1 and "
+    H.out(f"== elementwise: numpy (one thread) vs numba loops (1 and "
           f"{numba.get_num_threads()} threads) ==")
     H.out(f"load average at the start: {_uptime()}")
     busy = _busy_loop(args.load)
@@ -463,30 +502,44 @@ def elementwise(args):
                     rng = np.random.default_rng(0)
                     arrays = [rng.standard_normal(size).astype(dtype) for _ in range(op.nin)]
                     out = np.empty_like(arrays[0])
-                    fns = {"numpy": lambda: op.numpy_fn(*arrays),
-                           "numba 1": lambda: op.parallel(*arrays, out=out, threads=False),
-                           "numba all": lambda: op.parallel(*arrays, out=out)}
-                    cases = [H.Case(k, f) for k, f in fns.items()]
-                    load = OthersLoad()
-                    H.interleave(cases, None, rounds=rounds, min_time=0.01)
-                    t = {c.label: H.median(c) for c in cases}
-                    rows.append([dtype, name, f"{size:,}",
-                                 f"{t['numpy'] * 1e6:.0f}", f"{t['numba 1'] * 1e6:.0f}",
-                                 f"{t['numba all'] * 1e6:.0f}",
-                                 f"{t['numpy'] / t['numba all']:.2f}x",
-                                 f"{t['numba 1'] / t['numba all']:.2f}x",
-                                 f"{load.cores():.2f}"])
+                    fns = {"numpy": lambda op=op, a=arrays: op.numpy_fn(*a),
+                           "numba 1": lambda op=op, a=arrays, o=out: op.parallel(
+                               *a, out=o, threads=False),
+                           "numba all": lambda op=op, a=arrays, o=out: op.parallel(*a, out=o)}
+                    for fn in fns.values():
+                        fn()
+                    samples = {k: [] for k in fns}
+                    while len(samples["numba all"]) < MAX_BATCHES and sum(
+                            c < FREE_CORES for _, c in samples["numba all"]) < FREE_BATCHES:
+                        for k, fn in fns.items():
+                            samples[k].append(_timed_batch(fn))
+                    t_np, _ = _median(samples["numpy"], lambda c: c < OWN_CORE)
+                    t_1, _ = _median(samples["numba 1"], lambda c: c < OWN_CORE)
+                    free, n_free = _median(samples["numba all"], lambda c: c < FREE_CORES)
+                    hit, n_busy = _median(samples["numba all"], lambda c: not c < FREE_CORES)
+
+                    def us(t):
+                        return "-" if t is None else f"{t * 1e6:.0f}"
+
+                    def ratio(a, b):
+                        return "-" if a is None or b is None else f"{a / b:.2f}x"
+
+                    rows.append([dtype, name, f"{size:,}", us(t_np), us(t_1),
+                                 f"{us(free)} ({n_free})", ratio(t_np, free),
+                                 f"{us(hit)} ({n_busy})", ratio(t_np, hit)])
                     H.out("  " + "  ".join(rows[-1]))
     finally:
         _stop(busy)
     H.out(f"load average at the end: {_uptime()}; numba threading layer "
           f"{numba.threading_layer()}")
     H.out()
-    H.out(f"us per call, medians of {rounds} interleaved rounds; added load: "
+    H.out(f"us per call, medians over batches of >= {CELL_SECONDS * 1e3:.0f} ms: numpy and the "
+          f"one-thread loop where others left them their core, the loop on every core where "
+          f"the others used under {FREE_CORES:g} of a core (free) or more (busy); added load: "
           f"{'one busy loop' if args.load else 'none'}")
     H.out(H.table(rows, ["dtype", "op", "elements", "numpy us", "numba 1 thread us",
-                         "numba all threads us", "vs numpy", "vs numba 1 thread",
-                         "others' cores"]))
+                         "numba all threads, free", "vs numpy", "numba all threads, busy",
+                         "vs numpy"]))
     return rows
 
 if __name__ == "__main__":
