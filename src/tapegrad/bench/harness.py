@@ -7,7 +7,9 @@ numpy's BLAS through threadpoolctl (it never touches PyTorch's MKL/OpenMP), PyTo
 ``torch.set_num_threads``. PyTorch is reported at its best: each of its timings is taken at
 one thread and at the full thread count, interleaved, and the faster median is kept (with the
 thread count that won printed), so a ratio never flatters tapegrad by catching PyTorch's
-OpenMP workers asleep.
+OpenMP workers asleep. A case can set numpy's BLAS count for itself as well
+(``Case.blas_threads``, ``blas_cases``): ``bench suite`` times tapegrad so, at its default
+count and at one, as it times PyTorch.
 """
 import contextlib
 import gc
@@ -150,14 +152,14 @@ def interleave(cases, threads, rounds=15, min_time=0.005, warmup=1):
     ``min_time`` seconds) and records the mean per call; medians over rounds are reported.
     """
     for case in cases:
-        with _torch_threads(threads, case):
+        with _case_threads(threads, case):
             for _ in range(warmup):
                 case.fn()
             case.number = _calibrate(case.fn, min_time) if min_time else 1
     for _ in range(rounds):
         gc.collect()  # once per round; the garbage collector stays on while timing
         for case in cases:
-            with _torch_threads(threads, case):
+            with _case_threads(threads, case):
                 fn, number = case.fn, case.number
                 t0 = time.perf_counter()
                 for _ in range(number):
@@ -167,7 +169,7 @@ def interleave(cases, threads, rounds=15, min_time=0.005, warmup=1):
 
 
 @contextlib.contextmanager
-def _torch_threads(threads, case):
+def _case_threads(threads, case):
     """The case's PyTorch and numpy BLAS thread counts while it runs."""
     with contextlib.ExitStack() as stack:
         if case.torch_threads is not None:
