@@ -128,6 +128,15 @@ def test_add_at_duplicates_add_in_index_order(path):
     assert got[2, 0] == np.float32(1.0) and got[0, 0] == 5  # ((1e8 + 1) + 1) - 1e8 + 1
 
 
+def test_add_at_uint64_indices_as_numpy_reads_them(path):
+    # numpy casts uint64 indices to intp: 2**64 - 1 is -1, the last row
+    a = np.zeros((60, 40))
+    huge = np.array([0] * 2000 + [2 ** 64 - 1], np.uint64)
+    _same_as_add_at(a, (huge,), np.ones((2001, 40)))
+    _same_as_add_at(a, (np.arange(60)[:, None], huge[None, :] % np.uint64(40)),
+                    np.ones((60, 2001)))
+
+
 def test_add_at_empty_and_zero_sized(path):
     rng = np.random.default_rng(1)
     a = rng.standard_normal((200, 40))

@@ -80,7 +80,7 @@ def _axis_key(a, key):
         key = (key,)
     axis, ellipsis = None, 0
     for k, item in enumerate(key):
-        if type(item) is np.ndarray and item.dtype.kind in "iu" and axis is None:
+        if type(item) is np.ndarray and _index_dtype(item.dtype) and axis is None:
             axis = k
         elif item is Ellipsis and axis is not None:
             ellipsis += 1
@@ -92,6 +92,12 @@ def _axis_key(a, key):
 
 
 _ALL = slice(None)
+
+
+def _index_dtype(dt):
+    # integer indices the loops read as int64 exactly (numpy reads uint64 above 2**63 as
+    # negative intp, wrapping: add.at keeps that case)
+    return dt.kind == "i" or dt.kind == "u" and dt.itemsize < 8
 
 
 def add_at(a, key, values) -> None:
@@ -119,7 +125,7 @@ def _writable(values, v):
 def _grid_key(a, key):
     """Whether ``key`` is one integer array per axis of C-contiguous ``a``."""
     return type(key) is tuple and len(key) == a.ndim > 0 and a.flags.c_contiguous \
-        and all(type(i) is np.ndarray and i.dtype.kind in "iu" for i in key)
+        and all(type(i) is np.ndarray and _index_dtype(i.dtype) for i in key)
 
 
 def _one_axis(a, key, shape):
