@@ -205,9 +205,10 @@ def _add_rows(a, axis, idx, values):
 
 
 def _add_grid(a, key, values):
-    """``add.at`` with one integer array per axis (gather's and scatter's keys) through flat
-    positions: numba's one-dimensional loop over them, else numpy's one-dimensional add.at;
-    False where numpy must do it."""
+    """``add.at`` with one integer array per axis (gather's and scatter's keys): along one
+    axis (``_one_axis``) numba's block loop; else through flat positions, numba's
+    one-dimensional loop over them or numpy's one-dimensional add.at; False where numpy
+    must do it."""
     try:
         shape = np.broadcast_shapes(*(i.shape for i in key))
         v = np.broadcast_to(values, shape)
