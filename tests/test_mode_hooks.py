@@ -32,6 +32,9 @@ class Observing(DispatchMode):
         self.log.append(("effect", name))
         return call(*args)
 
+    def index_grid(self, key, d):
+        self.log.append(("grid", d, tuple(a.shape for a in key)))
+
 
 def _model():
     tapegrad.manual_seed(0)
@@ -70,6 +73,15 @@ def test_a_mode_observes_factories_steps_and_zero_grad():
                         ("step", "SGD"), ("effect", "StepLR.step"), ("zero", "SGD"),
                         ("zero", "Linear")]
     assert float(z.sum()) == 0.0 and opt.param_groups[0]["lr"] == 0.05
+
+
+def test_gather_and_scatter_keys_are_observed():
+    x = tapegrad.arange(12.0).reshape(3, 4)
+    idx = tapegrad.tensor([[0, 2], [1, 3], [3, 0]])
+    with Observing() as mode:
+        y = tapegrad.gather(x, 1, idx)
+    assert mode.log == [("grid", 1, ((3, 1), (3, 2)))]
+    assert y.tolist() == [[0.0, 2.0], [5.0, 7.0], [11.0, 8.0]]
 
 
 def test_the_observed_calls_still_do_their_work():

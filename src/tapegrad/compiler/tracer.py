@@ -32,7 +32,6 @@ from tapegrad.autograd import engine
 from tapegrad.autograd.engine import DispatchMode
 from tapegrad.autograd.grad_mode import state as grad_state
 from tapegrad.compiler.ir import Graph, Input, Node, Value
-from tapegrad.ops import registry
 from tapegrad.ops.registry import REGISTRY, dispatch, _prepare_elementwise
 from tapegrad.tensor import Tensor
 
@@ -640,6 +639,16 @@ class Tracer(CompilerMode):
     def constant(self, t):
         """``t`` (made outside ops from shapes and params only) is a constant of the graph."""
         self.static[id(t._data)] = (t, t._version[0])
+
+    def index_grid(self, key, d):
+        """The hook point of ``indexing._grid`` (the advanced-index key of gather, scatter,
+        take_along_dim...): its ``arange`` components (all but ``d``) are made from shapes
+        only, so they are constants of the graph; the index itself stays the traced tensor's
+        array (an input of the node)."""
+        if not self.broken:
+            for k, a in enumerate(key):
+                if k != d:
+                    self.constant(Tensor._make(a))
 
     def made_from_shapes(self, t):
         """The hook point of the factories (``creation.FROM_SHAPES``) and of backward's
@@ -1477,51 +1486,8 @@ def unflatten(tree, leaves):
 
 
 # --- optimizer.step() and backward() come to the tracer ----------------------------------
-def _static_grid(fn):
-    """``indexing._grid`` (the advanced-index key of gather/scatter/take_along_dim...): its
-    ``arange`` components are made from shapes only, so under a tracer they are constants of
-    the graph; the index itself stays the traced tensor's array (an input of the node)."""
-    def grid(idx, d):
-        key = fn(idx, d)
-        if engine.WATCH and grad_state.modes:
-            tr = active()
-            if tr is not None and not tr.broken:
-                for k, a in enumerate(key):
-                    if k != d:
-                        tr.constant(Tensor._make(a))
-        return key
-
-    grid.__name__ = fn.__name__
-    grid.__doc__ = fn.__doc__
-    grid.__wrapped__ = fn
-    grid._compiler_hook = True
-    return grid
-
-
-def _install_grid():
-    import sys
-
-    from tapegrad.ops import indexing
-
-    original = indexing._grid
-    if getattr(original, "_compiler_hook", False):
-        return
-    wrapped = _static_grid(original)
-    for name, mod in list(sys.modules.items()):  # the ops modules that imported it by name
-        if name.startswith("tapegrad.") and getattr(mod, "_grid", None) is original:
-            mod._grid = wrapped
-
-
-def _install():
-    """Hook ``indexing._grid`` (the index keys of gather/scatter) once. Every other library
-    call the tracer observes (factories, optimizer and scheduler steps, ``zero_grad``) asks
-    the thread's mode stack at its own hook point (``engine.observer``)."""
-    _install_grid()
-
-
 def trace_call(fn, args, kwargs=None, fullgraph=False, joint=False, split_reads=False):
     """Run ``fn(*args, **kwargs)`` under a Tracer: ``(result, graph or None, tracer)``."""
-    _install()
     tr = Tracer(args)
     tr.kwargs = kwargs or {}  # (entries.Entry names the tensors passed so by keyword)
     tr.fullgraph = fullgraph
@@ -1554,6 +1520,3 @@ def trace(fn, *args, **kwargs):
     return graph
 
 
-# at import (tapegrad imports the compiler), so that an ``optimizer.step`` a scheduler wrapped
-# earlier, and names bound to the creation functions, already lead to the hooks
-_install()

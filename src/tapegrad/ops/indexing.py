@@ -9,6 +9,7 @@ import math
 import operator
 import warnings
 
+from tapegrad.autograd import engine as _engine
 from tapegrad.autograd.grad_mode import state as grad_state
 from tapegrad.ops.registry import op, xp
 from tapegrad.backend import array_module, add_at, sum_rows
@@ -304,8 +305,13 @@ def _out_of_bounds(idx, n):
 def _grid(idx, d):
     """The advanced-index key that picks ``a[..., idx[i, j, k], ...]`` along dim ``d``."""
     nd, m = idx.ndim, array_module(idx)
-    return tuple(idx if k == d else m.arange(n).reshape((1,) * k + (n,) + (1,) * (nd - k - 1))
-                 for k, n in enumerate(idx.shape))
+    key = tuple(idx if k == d else m.arange(n).reshape((1,) * k + (n,) + (1,) * (nd - k - 1))
+                for k, n in enumerate(idx.shape))
+    if _engine.WATCH:  # the aranges depend on shapes only: a mode (the compiler's tracer)
+        mode = _engine.observer("index_grid")  # keeps them as constants of its graph
+        if mode is not None:
+            mode.index_grid(key, d)
+    return key
 
 
 def _check_index_shape(input, d, idx, name):
