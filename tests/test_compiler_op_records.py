@@ -83,11 +83,6 @@ def _name_tables(path, names):
     return found
 
 
-# tracer.TRACEABLE_RULES: the audit of gradient rules found value-independent (which rules
-# trace as ops), kept in the tracer until the rules carry it
-_NOT_POINTWISE_KNOWLEDGE = {("tracer.py", "TRACEABLE_RULES")}
-
-
 def test_no_table_of_pointwise_op_names_in_the_compiler():
     """Nothing in compiler/ lists pointwise ops by name: what the compiler knows about them
     is on their records."""
@@ -97,15 +92,7 @@ def test_no_table_of_pointwise_op_names_in_the_compiler():
         if not f.endswith(".py"):
             continue
         path = os.path.join(COMPILER, f)
-        tree = ast.parse(open(path).read())
-        allowed = set()
-        for n in ast.walk(tree):
-            if isinstance(n, ast.Assign) and any(
-                    isinstance(t, ast.Name) and (f, t.id) in _NOT_POINTWISE_KNOWLEDGE
-                    for t in n.targets):
-                allowed.update(range(n.lineno, n.end_lineno + 1))
-        bad += [(f, line, hits) for line, hits in _name_tables(path, names)
-                if line not in allowed]
+        bad += [(f, line, hits) for line, hits in _name_tables(path, names)]
     assert bad == []
 
 
@@ -250,3 +237,55 @@ def test_every_scalar_form_is_the_eager_forward_bit_for_bit(_numba, dtype, name,
     assert _same_bits(got, want), name
     if here and not low.libm and not callable(low.scalar):
         assert src.count("@njit(error_model") == 1, name  # the loop, not numpy's calls
+
+
+def _cube_like_op(name, traces):
+    """A fresh op x**3 whose rule (3 x^2 g) is made of ops; ``traces`` marks it audited."""
+    o = op(name=name, pointwise=True)(lambda x: x * x * x)
+    o.not_lowered("a test op")
+
+    @o.grad(traces=traces)
+    def _(g, out, x):
+        return g * x * x * 3.0
+
+    return o
+
+
+@pytest.mark.parametrize("traces", [True, False])
+def test_the_rule_s_record_decides_whether_it_traces_as_ops(traces):
+    """``@op.grad(traces=True)`` on the record makes the compiler's tracer record the rule's
+    ops; a rule without it is one ``vjp_<op>`` node calling the rule on arrays. Either way
+    the compiled gradient equals eager's."""
+    from tapegrad.ops.registry import dispatch
+
+    o = _cube_like_op(f"cube_traces_{traces}", traces)
+    try:
+        x = tg.tensor(np.linspace(-2.0, 2.0, 7), requires_grad=True)
+
+        def step(x):
+            y = dispatch(o, (x,), {})
+            y.sum().backward()
+            return y
+
+        g = tg.compiler.trace(step, x)
+        names = [n.name for n in g.nodes]
+        assert (f"vjp_{o.name}" in names) is not traces
+        x.grad = None
+        step(x)
+        want = x.grad.numpy().copy()
+        f = tg.compile(step)
+        for _ in range(2):
+            x.grad = None
+            f(x)
+        assert np.array_equal(x.grad.numpy(), want)
+    finally:
+        REGISTRY.pop(o.name, None)
+
+
+def test_the_audited_rules_are_on_their_records():
+    """The core families' rules are marked traceable on their records (the tracer keeps no
+    list of names)."""
+    for name in ("add", "mul", "matmul", "linear", "layer_norm", "softmax", "conv2d",
+                 "max_pool2d", "index", "cat", "batch_norm", "group_norm", "embedding"):
+        assert REGISTRY[name].rule_traces, name
+    assert not REGISTRY["cumsum"].rule_traces  # not audited: a vjp node

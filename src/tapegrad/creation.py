@@ -155,7 +155,7 @@ def copy_op(a, src):
     return xp.array(xp.broadcast_to(src, a.shape), dtype=a.dtype, copy=True)
 
 
-@copy_op.grad
+@copy_op.grad(traces=True)
 def _(g, out, a, src, needs=(True, True)):
     if not needs[1]:
         return None, None

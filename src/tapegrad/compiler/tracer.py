@@ -6,7 +6,7 @@ inserts and the ops inside composites, comes to ``interpret``, which runs it eag
 shapes and dtypes are known and the call's side effects happen exactly once) and records a
 Node. ``loss.backward()`` under the tracer runs the engine with ``create_graph``, so the
 gradient rules execute as ops on Tensors and are recorded too: the joint graph is traced,
-never re-derived. A rule not audited as value-independent (``TRACEABLE_RULES``) or one that
+never re-derived. A rule not audited as value-independent (``Op.rule_traces``) or one that
 meets a value computed outside ops becomes one ``vjp`` node that calls the rule on arrays at
 run time, exactly as eager backward does. ``optimizer.step()`` becomes one effect node that
 runs the optimizer's own update on the live parameters and state at run time (so the LR a
@@ -36,24 +36,6 @@ from tapegrad.ops.registry import REGISTRY, dispatch, _prepare_elementwise
 from tapegrad.tensor import Tensor
 
 _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-# Gradient rules read by hand and found value-independent: they use only shapes, params and
-# registered ops, never a Python value computed from tensor data. Others run as vjp nodes.
-TRACEABLE_RULES = frozenset({
-    "add", "sub", "mul", "div", "neg", "matmul", "linear", "relu", "broadcast_to", "sum_to",
-    "sum", "mean", "to_dtype", "reshape", "exp", "log", "tanh", "sigmoid", "softmax",
-    "log_softmax", "sqrt", "where", "gelu", "layer_norm", "embedding",
-    # audited as ops of their inputs, shapes and params only (an array-valued param or a
-    # raw-array constant, e.g. an advanced index, dropout's keep mask, embedding's padding
-    # row, still makes the rule a vjp node through ``dirty``)
-    "conv2d", "conv2d_input", "conv2d_weight", "max_pool2d", "max_pool2d_backward",
-    "avg_pool2d", "avg_pool2d_backward", "scaled_dot_product_attention", "getitem", "index",
-    "index_backward", "index_put", "permute", "cat", "stack", "repeat", "flip", "roll",
-    "tril", "triu", "constant_pad_nd", "cross_entropy_index", "cross_entropy_index_backward",
-    "nll_loss", "softmax_cross_entropy", "batch_norm", "embedding_backward", "gelu_backward",
-    # the functionalised in-place writes (``x[1:3] = v`` in grad mode: copy, copy_slices)
-    "copy", "copy_slices",
-})
 
 
 class GraphBreak(Exception):
@@ -266,7 +248,7 @@ class _RuleProxy:
         tr, op = self._tracer, self._op
         if tr.broken:
             return op.rule(g, out, *saved, **params)
-        if op.name in TRACEABLE_RULES:
+        if op.rule_traces:
             outer = tr.dirty
             tr.dirty = False
             tr.rule_depth += 1

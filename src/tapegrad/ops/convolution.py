@@ -178,7 +178,7 @@ def conv2d(x, w, stride, padding, dilation, groups, out_size=None):
     return _correlate(x, w, stride, padding, dilation, groups, out_size)
 
 
-@conv2d.grad
+@conv2d.grad(traces=True)
 def _(g, out, x, w, stride, padding, dilation, groups, out_size=None, needs=(True, True)):
     p = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
     gx = conv2d_input(g, w, size=x.shape[2:], **p) if needs[0] else None
@@ -280,7 +280,7 @@ def _tile(cols, size, stride, padding, dilation):
     return array_module(img).ascontiguousarray(img)
 
 
-@conv2d_input.grad
+@conv2d_input.grad(traces=True)
 def _(gg, out, g, w, size, stride, padding, dilation, groups, needs=(True, True)):
     p = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
     dg = conv2d(gg, w, out_size=g.shape[2:], **p) if needs[0] else None
@@ -325,7 +325,7 @@ def conv2d_weight(x, g, kernel, stride, padding, dilation, groups):
     return array_module(gw).ascontiguousarray(gw)
 
 
-@conv2d_weight.grad
+@conv2d_weight.grad(traces=True)
 def _(gg, out, x, g, kernel, stride, padding, dilation, groups, needs=(True, True)):
     p = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
     dx = conv2d_input(g, gg, size=x.shape[2:], **p) if needs[0] else None

@@ -42,7 +42,7 @@ to_dtype.lower("{dt}({0})", operands="any", kinds="fb",
                accepts=lambda n: n.outputs[0].dtype.kind == "f")  # (numba casts as astype)
 
 
-@to_dtype.grad
+@to_dtype.grad(traces=True)
 def _(g, out, a, dtype):
     return to_dtype(g, dtype=a.dtype)
 
@@ -65,7 +65,7 @@ def add(a, b):
 add.lower("({0} + {1})", ufunc=("add",))
 
 
-@add.grad
+@add.grad(traces=True)
 def _(g, out, a, b):
     return g, g
 
@@ -78,7 +78,7 @@ def sub(a, b):
 sub.lower("({0} - {1})", ufunc=("subtract",))
 
 
-@sub.grad
+@sub.grad(traces=True)
 def _(g, out, a, b):
     return g, -g
 
@@ -92,7 +92,7 @@ def mul(a, b):
 mul.lower("({0} * {1})", ufunc=("multiply",))
 
 
-@mul.grad
+@mul.grad(traces=True)
 def _(g, out, a, b, needs=(True, True)):
     return g * b if needs[0] else None, g * a if needs[1] else None
 
@@ -106,7 +106,7 @@ def div_op(a, b):
 div_op.lower("({0} / {1})", ufunc=("true_divide",))
 
 
-@div_op.grad
+@div_op.grad(traces=True)
 def _(g, out, a, b, needs=(True, True)):
     gb = g / b
     return gb if needs[0] else None, -gb * a / b if needs[1] else None
@@ -214,7 +214,7 @@ def neg(a):
 neg.lower("(-{0})", ufunc=("negative",))
 
 
-@neg.grad
+@neg.grad(traces=True)
 def _(g, out, a):
     return -g
 
@@ -369,7 +369,7 @@ def exp(a):
 exp.lower("np.exp({0})", ufunc=("exp",), libm=("exp",))
 
 
-@exp.grad
+@exp.grad(traces=True)
 def _(g, out, a):
     return g * out
 
@@ -397,7 +397,7 @@ def log(a):
 log.lower("np.log({0})", ufunc=("log",), libm=("log",))
 
 
-@log.grad
+@log.grad(traces=True)
 def _(g, out, a):
     return g / a
 
@@ -425,7 +425,7 @@ def sqrt(a):
 sqrt.lower("np.sqrt({0})", ufunc=("sqrt",))  # IEEE: correctly rounded
 
 
-@sqrt.grad
+@sqrt.grad(traces=True)
 def _(g, out, a):
     return g / (2 * out)
 
@@ -496,7 +496,7 @@ def tanh(a):
 tanh.lower("np.tanh({0})", ufunc=("tanh",), libm=("tanh",))
 
 
-@tanh.grad
+@tanh.grad(traces=True)
 def _(g, out, a):
     return g * (1 - out * out)
 
@@ -523,7 +523,7 @@ sigmoid.lower("({dt}(1.0) / (np.exp(-{0}) + {dt}(1.0)))", libm=("exp",),
               accepts=lambda n: not n.params and n.outputs[0].dtype.itemsize >= 4)
 
 
-@sigmoid.grad
+@sigmoid.grad(traces=True)
 def _(g, out, a):
     return g * out * (1 - out)
 
@@ -567,7 +567,7 @@ def relu(a):
 relu.lower(_MAX.replace("{1}", "{dt}(0.0)"), ufunc=("maximum", 0))  # relu(-0.0) is 0.0
 
 
-@relu.grad
+@relu.grad(traces=True)
 def _(g, out, a):
     return g * (out > 0)
 
@@ -733,7 +733,7 @@ def where_op(cond, a, b):
 where_op.lower("({1} if {0} else {2})", operands=("any", "out", "out"), kinds="fb")
 
 
-@where_op.grad
+@where_op.grad(traces=True)
 def _(g, out, cond, a, b, needs=(False, True, True)):
     return (None, where_op(cond, g, 0.0) if needs[1] else None,
             where_op(cond, 0.0, g) if needs[2] else None)

@@ -27,7 +27,7 @@ def getitem(a, index):
     return a[index]
 
 
-@getitem.grad
+@getitem.grad(traces=True)
 def _(g, out, a, index):
     return index_backward(g, shape=a.shape, index=index, accumulate=False)
 
@@ -39,7 +39,7 @@ def index_op(a, index, accumulate=True):
     return a[index] if taken is None else taken
 
 
-@index_op.grad
+@index_op.grad(traces=True)
 def _(g, out, a, index, accumulate=True):
     return index_backward(g, shape=a.shape, index=index, accumulate=accumulate)
 
@@ -68,7 +68,7 @@ def _add_rows(g, shape, rows):
     return out.astype(g.dtype, copy=False).reshape(shape)
 
 
-@index_backward.grad
+@index_backward.grad(traces=True)
 def _(g, out, a, shape, index, accumulate=True):
     return _take(g, index, accumulate)
 
@@ -92,7 +92,7 @@ def index_put_op(a, v, index, accumulate=False, basic=False):
     return out
 
 
-@index_put_op.grad
+@index_put_op.grad(traces=True)
 def _(g, out, a, v, index, accumulate=False, basic=False, needs=(True, True)):
     ga = gv = None
     if needs[0]:

@@ -39,7 +39,7 @@ def broadcast_to_op(a, shape):
     return xp.broadcast_to(a, shape)
 
 
-@broadcast_to_op.grad
+@broadcast_to_op.grad(traces=True)
 def _(g, out, a, shape):
     return sum_to(g, shape=a.shape)
 
@@ -57,7 +57,7 @@ def sum_to(a, shape):
     return s.reshape(shape) if lead else s
 
 
-@sum_to.grad
+@sum_to.grad(traces=True)
 def _(g, out, a, shape):
     return broadcast_to_op(g, shape=a.shape)
 
@@ -74,7 +74,7 @@ def reshape_op(a, shape):
                            f"{a.size}") from None
 
 
-@reshape_op.grad
+@reshape_op.grad(traces=True)
 def _(g, out, a, shape):
     return reshape_op(g, shape=a.shape)
 
@@ -84,7 +84,7 @@ def permute_op(a, dims):
     return a.transpose(dims)
 
 
-@permute_op.grad
+@permute_op.grad(traces=True)
 def _(g, out, a, dims):
     return permute_op(g, dims=tuple(int(i) for i in xp.argsort(dims)))
 
@@ -115,7 +115,7 @@ def copy_slices(a, v, chain, inplace=False):
     return out
 
 
-@copy_slices.grad
+@copy_slices.grad(traces=True)
 def _(g, out, a, v, chain, inplace=False, needs=(True, True)):
     ga = copy_slices(g, 0, chain=chain) if needs[0] else None
     gv = replay_view(g, chain) if needs[1] else None
@@ -137,7 +137,7 @@ def cat_op(arrays, dim):
     return xp.concatenate(arrays, axis=dim)
 
 
-@cat_op.grad
+@cat_op.grad(traces=True)
 def _(g, out, *inputs, dim, needs=None):
     grads, start, lead = [], 0, (slice(None),) * dim
     for i, a in enumerate(inputs):
@@ -153,7 +153,7 @@ def stack_op(arrays, dim):
     return xp.stack(arrays, axis=dim)
 
 
-@stack_op.grad
+@stack_op.grad(traces=True)
 def _(g, out, *inputs, dim, needs=None):
     lead = (slice(None),) * dim
     return tuple(_I.getitem(g, index=lead + (i, Ellipsis)) if needs is None or needs[i] else None
@@ -165,7 +165,7 @@ def repeat_op(a, sizes):
     return xp.tile(a, sizes)
 
 
-@repeat_op.grad
+@repeat_op.grad(traces=True)
 def _(g, out, a, sizes):
     # view g as (r0, n0, r1, n1, ...) and sum over the repeats: the only un-broadcast rule
     shape = (1,) * (len(sizes) - len(a.shape)) + tuple(a.shape)
@@ -179,7 +179,7 @@ def flip_op(a, dims):
     return xp.flip(a, dims).copy()  # PyTorch's flip copies: writes must not reach the input
 
 
-@flip_op.grad
+@flip_op.grad(traces=True)
 def _(g, out, a, dims):
     return flip_op(g, dims=dims)
 
@@ -189,7 +189,7 @@ def roll_op(a, shifts, dims):
     return xp.roll(a, shifts, dims)
 
 
-@roll_op.grad
+@roll_op.grad(traces=True)
 def _(g, out, a, shifts, dims):
     return roll_op(g, shifts=tuple(-s for s in shifts), dims=dims)
 
@@ -199,7 +199,7 @@ def tril_op(a, diagonal=0):
     return xp.tril(a, diagonal)
 
 
-@tril_op.grad
+@tril_op.grad(traces=True)
 def _(g, out, a, diagonal=0):
     return tril_op(g, diagonal=diagonal)
 
@@ -209,7 +209,7 @@ def triu_op(a, diagonal=0):
     return xp.triu(a, diagonal)
 
 
-@triu_op.grad
+@triu_op.grad(traces=True)
 def _(g, out, a, diagonal=0):
     return triu_op(g, diagonal=diagonal)
 
@@ -234,7 +234,7 @@ def constant_pad(a, widths, value=0):
     return out
 
 
-@constant_pad.grad
+@constant_pad.grad(traces=True)
 def _(g, out, a, widths, value=0):
     return constant_pad(g, widths=tuple((-lo, -hi) for lo, hi in widths), value=0)
 

@@ -46,7 +46,7 @@ def linear(x, w, b=None):
     return out
 
 
-@linear.grad
+@linear.grad(traces=True)
 def _(g, out, x, w, b=None, needs=(True, True, True)):
     gx = matmul(g, w) if needs[0] else None
     gw = gb = None
@@ -115,7 +115,7 @@ def gelu(x, approximate="none"):
     return out.astype(x.dtype, copy=False)  # numpy makes bfloat16 * Python float a float32
 
 
-@gelu.grad
+@gelu.grad(traces=True)
 def _(g, out, x, approximate="none"):
     return gelu_backward(g, x, approximate=approximate)
 
@@ -179,7 +179,7 @@ def _gelu_backward_scalar(ctx, g, x, approximate="none"):
 gelu_backward.lower(_gelu_backward_scalar, accepts=_exact_gelu, alone=True)
 
 
-@gelu_backward.grad
+@gelu_backward.grad(traces=True)
 def _(gg, out, g, x, approximate="none"):
     return gelu_backward(gg, x, approximate=approximate), gg * g * _gelu_d2(x, approximate)
 
@@ -446,7 +446,7 @@ def softmax(x, dim):
     return e / reduce_axis(xp.add, e, dim, keepdims=True)
 
 
-@softmax.grad
+@softmax.grad(traces=True)
 def _(g, out, x, dim):
     return out * (g - sum_op(g * out, dims=(dim,), keepdim=True))
 
@@ -465,7 +465,7 @@ def log_softmax(x, dim):
     return s - xp.log(reduce_axis(xp.add, xp.exp(s), dim, keepdims=True))
 
 
-@log_softmax.grad
+@log_softmax.grad(traces=True)
 def _(g, out, x, dim):
     return g - exp(out) * sum_op(g, dims=(dim,), keepdim=True)
 
@@ -490,7 +490,7 @@ def softmax_cross_entropy(x, q, dim):
     return -_weighted_sum(q, log_softmax.forward(x, dim), dim)
 
 
-@softmax_cross_entropy.grad
+@softmax_cross_entropy.grad(traces=True)
 def _(g, out, x, q, dim, needs=(True, True)):
     logp = log_softmax(x, dim=dim)
     ge = _keep(g, x.shape, (dim,))
@@ -537,7 +537,7 @@ def cross_entropy_index(x, t, ignore_index=-100, mean=True):
     return total / count if count else xp.full((), xp.nan, x.dtype)  # all ignored: nan
 
 
-@cross_entropy_index.grad
+@cross_entropy_index.grad(traces=True)
 def _(g, out, x, t, ignore_index=-100, mean=True):
     return cross_entropy_index_backward(g, x, t, ignore_index=ignore_index, mean=mean), None
 
@@ -600,7 +600,7 @@ def cross_entropy_index_backward(g, x, t, ignore_index=-100, mean=True):
     return out
 
 
-@cross_entropy_index_backward.grad
+@cross_entropy_index_backward.grad(traces=True)
 def _(gg, out, g, x, t, ignore_index=-100, mean=True):
     target, keep, scale = _ce_target(x, t, ignore_index, mean)
     p = softmax(x, dim=1)
@@ -639,7 +639,7 @@ def nll_loss(x, q, dim):
     return -_weighted_sum(q, x, dim)
 
 
-@nll_loss.grad
+@nll_loss.grad(traces=True)
 def _(g, out, x, q, dim, needs=(True, True)):
     ge = _keep(g, x.shape, (dim,))
     return (-ge * q if needs[0] else None), (-ge * x if needs[1] else None)
@@ -767,7 +767,7 @@ def _norm_op(name, doc):
 
     forward.__doc__ = doc
     o = op(flops=8, needs=True, fused=True, name=name)(forward)
-    o.grad(_norm_rule)
+    o.grad(_norm_rule, traces=True)
     o.jvp(_norm_jvp)
     return o
 
@@ -815,7 +815,7 @@ def batch_norm(x, w=None, b=None, *, axes, eps, param_shape):
     return out
 
 
-@batch_norm.grad
+@batch_norm.grad(traces=True)
 def _(g, out, x, w=None, b=None, *, axes, eps, param_shape, needs=(True,) * 3):
     # with xc = x - mean, r = 1 / std and the per-channel sums S(g), S(g xc):
     # gx = (g - S(g) / n - xc r^2 S(g xc) / n) r w, gw = S(g xc) r, gb = S(g)
@@ -873,7 +873,7 @@ def group_norm(x, w=None, b=None, *, groups, eps):
     return out.reshape(x.shape)
 
 
-@group_norm.grad
+@group_norm.grad(traces=True)
 def _(g, out, x, w=None, b=None, *, groups, eps, needs=(True,) * 3):
     # per group (sums S over a group's elements, m of them; xc = x - mean, r = 1 / std):
     # gx = (g w - S(g w) / m - xc r^2 S(g w xc) / m) r; the group sums come from the
@@ -983,7 +983,7 @@ def embedding(w, idx, padding_idx=None, scale=None):
     return w[idx]
 
 
-@embedding.grad
+@embedding.grad(traces=True)
 def _(g, out, w, idx, padding_idx=None, scale=None):
     return embedding_backward(g, idx, num_weights=w.shape[0], padding_idx=padding_idx,
                               scale=scale), None
@@ -1007,7 +1007,7 @@ def embedding_backward(g, idx, num_weights, padding_idx=None, scale=None):
     return out
 
 
-@embedding_backward.grad
+@embedding_backward.grad(traces=True)
 def _(gg, out, g, idx, num_weights, padding_idx=None, scale=None):
     if padding_idx is not None:
         keep = xp.ones((num_weights, 1), dtype=gg.dtype)
@@ -1032,7 +1032,7 @@ def scaled_dot_product_attention(q, k, v, bias=None, scale=1.0, keep=None):
     return blas_matmul(p, v)
 
 
-@scaled_dot_product_attention.grad
+@scaled_dot_product_attention.grad(traces=True)
 def _(g, out, q, k, v, bias=None, scale=1.0, keep=None, needs=(True,) * 4):
     if np_dtype(q.dtype).kind != "f":  # keeps bfloat16 (a Python float would not); a float
         scale = xp.asarray(scale, np_dtype(q.dtype))  # stays a literal (traceable, same bits)

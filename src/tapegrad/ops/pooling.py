@@ -79,7 +79,7 @@ def max_pool2d(x, idx):
     return xp.take_along_axis(flat, idx.reshape(n, c, oh * ow), axis=2).reshape(idx.shape)
 
 
-@max_pool2d.grad
+@max_pool2d.grad(traces=True)
 def _(g, out, x, idx):
     return max_pool2d_backward(g, idx, size=x.shape), None
 
@@ -95,7 +95,7 @@ def max_pool2d_backward(g, idx, size):
     return out.reshape(size)
 
 
-@max_pool2d_backward.grad
+@max_pool2d_backward.grad(traces=True)
 def _(gg, out, g, idx, size):
     return max_pool2d(gg, idx), None
 
@@ -131,7 +131,7 @@ def avg_pool2d(x, kernel, stride, padding, out_size, count_include_pad=True,
     return win.sum(axis=(-2, -1)) / div
 
 
-@avg_pool2d.grad
+@avg_pool2d.grad(traces=True)
 def _(g, out, x, **p):
     return avg_pool2d_backward(g, size=x.shape[2:], **p)
 
@@ -152,6 +152,6 @@ def avg_pool2d_backward(g, size, kernel, stride, padding, out_size, count_includ
     return _col2im(share, size, kernel, stride, pads, (1, 1))
 
 
-@avg_pool2d_backward.grad
+@avg_pool2d_backward.grad(traces=True)
 def _(gg, out, g, size, **p):
     return avg_pool2d(gg, **p)

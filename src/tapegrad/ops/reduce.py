@@ -67,7 +67,7 @@ def sum_op(a, dims, keepdim=False, dtype=None):
     return a.sum(axis=dims, keepdims=keepdim, dtype=dtype)
 
 
-@sum_op.grad
+@sum_op.grad(traces=True)
 def _(g, out, a, dims, keepdim=False, dtype=None):
     return broadcast_to(_cast_back(_kept(g, a.shape, dims, keepdim), a), shape=a.shape)
 
@@ -81,7 +81,7 @@ def mean_op(a, dims, keepdim=False, dtype=None):
     return a.mean(axis=dims, keepdims=keepdim, dtype=dtype)
 
 
-@mean_op.grad
+@mean_op.grad(traces=True)
 def _(g, out, a, dims, keepdim=False, dtype=None):
     g = _cast_back(_kept(g, a.shape, dims, keepdim), a)
     n = _count(a.shape, dims)

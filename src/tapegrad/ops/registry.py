@@ -40,7 +40,7 @@ class Op:
     __slots__ = ("name", "forward", "rule", "flops", "saves", "save_inputs", "save_out",
                  "elementwise", "float_only", "differentiable", "view", "fused", "needs",
                  "keep", "cost_rule", "pointwise", "linear", "jvp_rule", "batch_rule",
-                 "check", "lowering", "unlowered", "__wrapped__")
+                 "check", "lowering", "unlowered", "rule_traces", "__wrapped__")
 
     def __init__(self, forward, name, flops, saves, elementwise, float_only, differentiable,
                  view, fused, needs, uses=None, pointwise=False, linear=False, check=False):
@@ -49,6 +49,7 @@ class Op:
         self.name = name or forward.__name__
         self.forward = forward
         self.rule = None
+        self.rule_traces = False  # the rule is audited to trace as ops (``grad(traces=True)``)
         self.flops = flops  # per output element; the roofline's numerator
         self.saves = saves
         self.save_inputs = saves in ("inputs", "both")
@@ -89,9 +90,15 @@ class Op:
     def __doc__(self):
         return self.forward.__doc__
 
-    def grad(self, rule):
-        """Register the gradient rule ``rule(g, out, *inputs, **params) -> grads``."""
+    def grad(self, rule=None, *, traces=False):
+        """Register the gradient rule ``rule(g, out, *inputs, **params) -> grads``
+        (``@x.grad``, or ``@x.grad(traces=True)``). ``traces``: the rule is audited to be
+        made of ops over its inputs, shapes and params only, so the compiler's tracer records
+        it as graph nodes; otherwise a compiled graph calls it as one opaque ``vjp`` node."""
+        if rule is None:
+            return lambda r: self.grad(r, traces=traces)
         self.rule = rule
+        self.rule_traces = traces
         return rule
 
     def jvp(self, rule):
