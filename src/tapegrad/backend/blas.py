@@ -149,7 +149,7 @@ GEMM_FLOPS = {4: 103e9, 8: 51e9}     # one-thread GEMM flop/s, float32 and float
 LEFT_BYTES = 6.5e9                   # one-thread bytes/s of the left operand (packed)
 STREAM_BYTES = 10e9                  # one-thread bytes/s of the right operand and the output
 TWO_THREAD_FLOPS = 1.8               # two threads' arithmetic speed-up
-TWO_THREAD_BYTES = 1.5               # two threads' memory speed-up
+TWO_THREAD_BYTES = 1.7               # two threads' memory speed-up
 THREAD_COST = float(os.environ.get("TAPEGRAD_BLAS_THREAD_COST_US", "150")) * 1e-6
 # the fewest multiply-adds a product whose time is its arithmetic takes to two threads, at
 # float32 (the faster rate): below it such a product runs on one thread (a cheap bound for
