@@ -439,17 +439,24 @@ class _Loops:
 
         self.numpy_fn, self.nin = numpy_fn, nin
         f = numba.njit(inline="always")(scalar)
-        self.loops = []
-        for parallel, rng in ((True, numba.prange), (False, range)):
-            if nin == 1:
-                def loop(out, a, rng=rng):
-                    for i in rng(out.size):
-                        out[i] = f(a[i])
-            else:
-                def loop(out, a, b, c, rng=rng):
-                    for i in rng(out.size):
-                        out[i] = f(a[i], b[i], c[i])
-            self.loops.append(numba.njit(parallel=parallel)(loop))
+        prange = numba.prange  # a closure variable numba resolves to prange itself
+        if nin == 1:
+            def on_all(out, a):
+                for i in prange(out.size):
+                    out[i] = f(a[i])
+
+            def on_one(out, a):
+                for i in range(out.size):
+                    out[i] = f(a[i])
+        else:
+            def on_all(out, a, b, c):
+                for i in prange(out.size):
+                    out[i] = f(a[i], b[i], c[i])
+
+            def on_one(out, a, b, c):
+                for i in range(out.size):
+                    out[i] = f(a[i], b[i], c[i])
+        self.loops = [numba.njit(parallel=True)(on_all), numba.njit(on_one)]
 
     def parallel(self, *arrays, out, threads=True):
         self.loops[0 if threads else 1](out.reshape(-1), *(a.reshape(-1) for a in arrays))
