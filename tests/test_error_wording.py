@@ -208,3 +208,22 @@ def test_zero_sized_dims():
     with pytest.raises(RuntimeError,
                        match=r"zeros: an empty tensor with sizes=\[0, 4611686018427387904\]"):
         tapegrad.zeros(0, 2 ** 62)
+
+
+@pytest.mark.parametrize("dtype", ["int64", "int32", "bool"])
+@pytest.mark.parametrize("name, call", [
+    ("layer_norm", lambda F, x: F.layer_norm(x, (3,))),
+    ("rms_norm", lambda F, x: F.rms_norm(x, (3,))),
+    ("batch_norm", lambda F, x: F.batch_norm(x, None, None, training=True)),
+    ("instance_norm", lambda F, x: F.instance_norm(x)),
+    ("group_norm", lambda F, x: F.group_norm(x, 2)),
+])
+def test_normalisations_refuse_non_floating_input(name, call, dtype):
+    """As PyTorch: NotImplementedError naming the kernel and the scalar type (no silent
+    float result, no integer result)."""
+    x = np.ones((2, 4, 3), dtype=dtype)
+    with pytest.raises(NotImplementedError) as want:
+        call(torch.nn.functional, torch.tensor(x))
+    with pytest.raises(NotImplementedError) as got:
+        call(tapegrad.nn.functional, tapegrad.tensor(x))
+    assert str(got.value) == f"{name}: {want.value}"

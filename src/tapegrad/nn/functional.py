@@ -948,8 +948,22 @@ def _embedding_renorm(weight, idx, max_norm, norm_type):
     weight._version[0] += 1
 
 
+def _floating_input(name, input, kernel):
+    """The normalisations are defined for floating inputs only: PyTorch raises
+    NotImplementedError naming its kernel and the dtype (e.g. 'Long')."""
+    if isinstance(input, Tensor) and not dtypes.is_floating(input.dtype):
+        raise NotImplementedError(f"{name}: \"{kernel}\" not implemented for "
+                                  f"'{_TORCH_TYPE_NAME.get(input.dtype.name, input.dtype.name)}'")
+
+
+# the scalar type names PyTorch's kernel errors print
+_TORCH_TYPE_NAME = {"int64": "Long", "int32": "Int", "int16": "Short", "int8": "Char",
+                    "uint8": "Byte", "bool": "Bool"}
+
+
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     """As ``F.layer_norm``: standardise over the trailing ``normalized_shape`` dims (fused)."""
+    _floating_input("layer_norm", input, "LayerNormKernelImpl")
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     k = len(shape)
     if k == 0 or tuple(input.shape[input.ndim - k:]) != shape or input.ndim < k:
@@ -967,6 +981,7 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
 def rms_norm(input, normalized_shape, weight=None, eps=None):
     """As ``F.rms_norm``: ``x / sqrt(mean(x**2) + eps) * weight``; eps defaults to the dtype's
     machine epsilon."""
+    _floating_input("rms_norm", input, "rms_norm")
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     k = len(shape)
     if tuple(input.shape[input.ndim - k:]) != shape or input.ndim < k:
@@ -1035,6 +1050,7 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     """As ``F.batch_norm``: batch statistics when training (running stats updated in place
     with ``momentum`` and the unbiased variance), running statistics otherwise. (``momentum``
     may be a 0-d Tensor: ``BatchNorm``'s cumulative average, 1 / batches seen.)"""
+    _floating_input("batch_norm", input, "batch_norm")
     if input.ndim < 2:
         raise ValueError(f"batch_norm: expected 2D or more input (N, C, ...), got "
                          f"{_shape(input)}")
@@ -1076,6 +1092,7 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=
                   use_input_stats=True, momentum=0.1, eps=1e-5):
     """As ``F.instance_norm``: standardise each (sample, channel) over its spatial dims; the
     running stats (if given) move toward the batch average of the instance statistics."""
+    _floating_input("instance_norm", input, "batch_norm")
     if input.ndim < 3:
         raise ValueError(f"instance_norm: expected at least 3D input (N, C, ...), got "
                          f"{_shape(input)}")
@@ -1103,6 +1120,7 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=
 
 def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     """As ``F.group_norm``: standardise each group of channels per sample, then scale/shift."""
+    _floating_input("group_norm", input, "GroupNormKernelImpl")
     if input.ndim < 2:
         raise RuntimeError(f"group_norm: expected at least 2 dims (N, C, ...), got "
                            f"{_shape(input)}")
