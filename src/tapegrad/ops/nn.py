@@ -843,6 +843,16 @@ def _per_channel(v, n, groups, cg):
     return reshape(broadcast_to(v, shape=(n, groups, cg)), shape=(n, groups * cg, 1))
 
 
+def _per_plane(x):
+    """Elements of one (sample, channel) plane of (N, C, ...) ``x``: spelled out, as numpy
+    infers no -1 for an empty batch."""
+    return math.prod(x.shape[2:])
+
+
+def _per_group(x, groups):
+    return x.shape[1] // groups * _per_plane(x)
+
+
 @op(flops=6, needs=True, fused=True)
 def group_norm(x, w=None, b=None, *, groups, eps):
     """Standardise each group of channels of each sample of ``x`` (N, C, ...) (biased
@@ -856,14 +866,14 @@ def group_norm(x, w=None, b=None, *, groups, eps):
                                   None if b is None else b.astype(f), groups=groups,
                                   eps=eps).astype(x.dtype)
     n, c = x.shape[:2]
-    xr = x.reshape(n, groups, -1)
+    xr = x.reshape(n, groups, _per_group(x, groups))
     m = xr.shape[2]
     xc = xr - reduce_axis(xp.add, xr, 2, keepdims=True) / m
     scale = 1 / xp.sqrt(reduce_axis(xp.add, xc * xc, 2, keepdims=True) / m + eps)
-    out = xc.reshape(n, c, -1)
+    out = xc.reshape(n, c, _per_plane(x))
     if w is not None:
         scale = (scale * w.reshape(1, groups, c // groups)).reshape(n, c, 1)
-    out = _times(out if w is not None else xc, scale).reshape(n, c, -1)
+    out = _times(out if w is not None else xc, scale).reshape(n, c, _per_plane(x))
     if b is not None:
         b = b.reshape(1, c, 1)
         if out.dtype == xp.result_type(out, b):
@@ -880,12 +890,12 @@ def _(g, out, x, w=None, b=None, *, groups, eps, needs=(True,) * 3):
     # per-channel sums S_c(g), S_c(g xc) (N, C), so g w xc is never formed
     n, c = x.shape[:2]
     cg = c // groups
-    xr = reshape(x, shape=(n, groups, -1))
+    xr = reshape(x, shape=(n, groups, _per_group(x, groups)))
     m = xr.shape[2]
     xc = xr - sum_op(xr, dims=(2,), keepdim=True) / m
     r = 1 / sqrt(sum_op(xc * xc, dims=(2,), keepdim=True) / m + eps)  # (N, G, 1)
-    gc = reshape(g, shape=(n, c, -1))
-    xcc = reshape(xc, shape=(n, c, -1))
+    gc = reshape(g, shape=(n, c, _per_plane(x)))
+    xcc = reshape(xc, shape=(n, c, _per_plane(x)))
     sg = sum_op(gc, dims=(2,))  # (N, C)
     sgx = sum_op(gc * xcc, dims=(2,))
     gx = gw = gb = None
@@ -919,20 +929,20 @@ def _(t, out, x, w=None, b=None, *, groups, eps):
     tb = t[2] if len(t) > 2 else None
     r_out = None
     if tx is not None or tw is not None:
-        xr = reshape(x, shape=(n, groups, -1))
+        xr = reshape(x, shape=(n, groups, _per_group(x, groups)))
         m = xr.shape[2]
         xc = xr - sum_op(xr, dims=(2,), keepdim=True) / m
         xhat = xc * (1 / sqrt(sum_op(xc * xc, dims=(2,), keepdim=True) / m + eps))
     if tx is not None:
-        txr = reshape(tx, shape=(n, groups, -1))
+        txr = reshape(tx, shape=(n, groups, _per_group(x, groups)))
         dxc = txr - sum_op(txr, dims=(2,), keepdim=True) / m
         d = (dxc - xhat * (sum_op(xhat * dxc, dims=(2,), keepdim=True) / m)) * (
             1 / sqrt(sum_op(xc * xc, dims=(2,), keepdim=True) / m + eps))
-        r_out = reshape(d, shape=(n, c, -1))
+        r_out = reshape(d, shape=(n, c, _per_plane(x)))
         if w is not None:
             r_out = r_out * reshape(w, shape=(1, c, 1))
     if tw is not None:
-        rw = reshape(xhat, shape=(n, c, -1)) * reshape(tw, shape=(1, c, 1))
+        rw = reshape(xhat, shape=(n, c, _per_plane(x))) * reshape(tw, shape=(1, c, 1))
         r_out = rw if r_out is None else r_out + rw
     if tb is not None:
         rb = reshape(tb, shape=(1, c, 1))
