@@ -49,7 +49,9 @@ def test_phases_and_op_profile_cover_the_step():
     text = models.op_report(timer, watched, steps)
     assert "top" in text and "linear" in text
     text = models.function_profile("cnn", np.float64, steps=1, top=40)
-    assert "conv2d (tapegrad/ops/convolution.py:" in text and "<method 'reshape'" in text
+    # the convolution family's functions (which of them ranks in the top 40 depends on the
+    # kernels chosen for these shapes) and numpy's methods are both visible
+    assert "(tapegrad/ops/convolution.py:" in text and "<method 'reshape'" in text
 
 
 def test_main_quick_prints_the_table(capsys):
