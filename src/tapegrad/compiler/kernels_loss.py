@@ -238,7 +238,8 @@ def cross_entropy_call(with_sum):
 # take, not for every shape (one row per index goes to GEMV; some tiny products to other
 # kernels): each shape is probed once on random operands, and the stacked form is used only
 # where its bits were eager's, and only where it was faster (per-index rows 4..32, K and N up
-# to 256) and eager's GEMM runs on one thread too (below backend.blas.SERIAL_WORK).
+# to 256) and eager's GEMM runs on one thread too (OpenBLAS's own small-product bound, or
+# ``backend.blas.runs_serial``: a product two threads would speed up stays eager's).
 _stacked_same = {}  # (x shape, w shape, dtype name) -> the stacked product is eager's here
 
 
@@ -293,7 +294,9 @@ def _linear_factory(node):
         return None
     rows, k, n = x.shape[-2], w.shape[1], w.shape[0]
     total = int(np.prod(x.shape[:-1], dtype=np.int64)) * k * n
-    if not (4 <= rows <= 32 and k <= 256 and n <= 256 and total < blas.SERIAL_WORK) \
+    m = total // (k * n) if k * n else 0
+    one_thread = total <= blas.OPENBLAS_SERIAL_WORK or blas.runs_serial(m, k, n, dt.itemsize)
+    if not (4 <= rows <= 32 and k <= 256 and n <= 256 and one_thread) \
             or tuple(node.outputs[0].shape) != tuple(x.shape[:-1]) + (n,) \
             or not _stacked_is_eagers(tuple(x.shape), tuple(w.shape), dt):
         return None
