@@ -133,3 +133,18 @@ def test_layer_norm_and_softmax_rules_fuse_from_their_own_rules(shape):
     node = next(n for n in fused.nodes if n.name == "layer_norm_backward")
     assert node.params == {"axes": (len(shape) - 1,), "eps": 1e-3}
     assert len(node.outputs) == 3  # the bias's gradient too
+
+
+def test_the_ir_s_reader_and_producer_index():
+    """``ir.readers``/``ir.producers``: the one index the fusing passes match against."""
+    from tapegrad.compiler import ir
+
+    a, b = _arrays()
+    g = _graph(lambda a, b: ((a * a) - b, b.exp()), a, b)
+    x, y = (v for v, _ in g.inputs)
+    mul, sub, exp = g.nodes
+    readers, made = ir.readers(g), ir.producers(g)
+    assert readers[id(x)] == [mul]  # mul(x, x) reads x once
+    assert readers[id(y)] == [sub, exp]
+    assert readers[id(sub.outputs[0])] == [ir.OUTSIDE] == readers[id(exp.outputs[0])]
+    assert made[id(mul.outputs[0])] is mul and id(x) not in made

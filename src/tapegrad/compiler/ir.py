@@ -211,6 +211,31 @@ class Graph:
     print_readable = __str__
 
 
+def producers(graph):
+    """id(Value) -> the node of ``graph`` that makes it (inputs and constants have none)."""
+    return {id(v): n for n in graph.nodes for v in n.outputs}
+
+
+OUTSIDE = Node(None, "<outside>", [], {}, [])  # reads a graph's outputs and write-backs
+
+
+def readers(graph):
+    """id(Value) -> the nodes of ``graph`` reading it, in program order, each once (``mul(x,
+    x)`` reads x once); the graph's outputs and write-backs are read by ``OUTSIDE``. The
+    index the fusing passes match against: a value is private to a group of nodes when all
+    its readers are in the group."""
+    uses = {}
+    for n in graph.nodes:
+        for a in n.inputs:
+            if isinstance(a, Value):
+                lst = uses.setdefault(id(a), [])
+                if not lst or lst[-1] is not n:
+                    lst.append(n)
+    for v in graph.used_values():
+        uses.setdefault(id(v), []).append(OUTSIDE)
+    return uses
+
+
 def call_node(n, args):
     """Run one node on arrays (``args``: its inputs with Values replaced by arrays)."""
     if n.impl is not None:

@@ -383,9 +383,9 @@ def absorb_gradient_products(graph):
     copy. The nodes making the products' operands join it where nothing else reads them:
     permutes, attention's fused softmax gradient and the product it reads (g v^T): the
     kernel computes those into buffers of its own."""
-    from tapegrad.compiler.kernels_norm_softmax import _uses_of
+    from tapegrad.compiler.ir import readers
 
-    uses = _uses_of(graph)
+    uses = readers(graph)
     producer = {id(v): n for n in graph.nodes for v in n.outputs}
     pos = {id(n): i for i, n in enumerate(graph.nodes)}
     replace, drop = {}, set()

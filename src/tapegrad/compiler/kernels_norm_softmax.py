@@ -42,7 +42,7 @@ recursion (numba's cache cannot load recursive functions: a segfault).
 import numpy as np
 
 from tapegrad.compiler import kernels, op_kernels, passes, patterns
-from tapegrad.compiler.ir import Value
+from tapegrad.compiler.ir import Value, readers
 
 _FLOATS = kernels.FLOATS
 _K = {}
@@ -434,25 +434,6 @@ def layer_norm_backward_factory(node):
 
 
 # --- softmax's gradient rule (also inside attention's) as one node ------------------------
-def _uses_of(graph):
-    """id(Value) -> the nodes reading it (each once), graph outputs and write-backs as a
-    sink node."""
-    from tapegrad.compiler.ir import Node
-
-    uses = {}
-    for n in graph.nodes:
-        for a in n.inputs:
-            if isinstance(a, Value):
-                lst = uses.setdefault(id(a), [])
-                if not lst or lst[-1] is not n:  # mul(xc, xc): one use
-                    lst.append(n)
-    sink = Node(None, "<outside>", [], {}, [])
-    for v in list(graph.outputs) + [wv for *_, wv in graph.writes]:
-        if isinstance(v, Value):
-            uses.setdefault(id(v), []).append(sink)
-    return uses
-
-
 def _softmax_examples(rank):
     """softmax's rule over the last axis, the axis named by number and as -1."""
     import tapegrad
@@ -530,7 +511,7 @@ def share_attention_probabilities(graph):
     forward computes p by the same operations)."""
     from tapegrad.compiler.ir import Node
 
-    uses = _uses_of(graph)
+    uses = readers(graph)
     producer = {id(v): n for n in graph.nodes for v in n.outputs}
     replace, drop = {}, set()
     for f in graph.nodes:
@@ -709,7 +690,7 @@ def merge_split_gradients(graph):
     straight into the output's slice, without the reshape's copy and the product's array."""
     from tapegrad.compiler.ir import Node
 
-    uses = _uses_of(graph)
+    uses = readers(graph)
     producer = {id(v): n for n in graph.nodes for v in n.outputs}
     pos = {id(n): i for i, n in enumerate(graph.nodes)}
     replace, drop = {}, set()

@@ -34,7 +34,7 @@ the passes' value check). tests/test_compiler_residual.py checks each.
 """
 import numpy as np
 
-from tapegrad.compiler import kernels, op_kernels, passes
+from tapegrad.compiler import ir, kernels, op_kernels, passes
 from tapegrad.compiler.codegen import recycle
 from tapegrad.compiler.ir import Node, Value, call_node
 
@@ -346,22 +346,6 @@ def _layer_norm_ok(f, x):
     return _floats(x, *[a for a in extra if a is not None]) is not None
 
 
-def _uses(graph):
-    """id(Value) -> the nodes reading it, in order (each once); graph outputs and write-backs
-    read by a sink node."""
-    uses = {}
-    for n in graph.nodes:
-        for a in n.inputs:
-            if isinstance(a, Value):
-                lst = uses.setdefault(id(a), [])
-                if not lst or lst[-1] is not n:
-                    lst.append(n)
-    sink = Node(None, "<outside>", [], {}, [])
-    for v in graph.used_values():
-        uses.setdefault(id(v), []).append(sink)
-    return uses
-
-
 def _is_op(n, name):
     return n is not None and n.name == name and n.op is not None
 
@@ -407,7 +391,7 @@ def fuse_residual_layer_norm(graph):
         return graph
     producer = {id(v): n for n in graph.nodes for v in n.outputs}
     pos = {id(n): i for i, n in enumerate(graph.nodes)}
-    uses = _uses(graph)
+    uses = ir.readers(graph)
     replace, drop = {}, set()
     for f in fwd:
         x = f.inputs[0] if f.inputs else None
@@ -604,7 +588,7 @@ def fuse_residual_backward(graph):
     if not lns:
         return graph
     pos = {id(n): i for i, n in enumerate(graph.nodes)}
-    uses = _uses(graph)
+    uses = ir.readers(graph)
     replace, drop = {}, set()
     for ln in lns:
         g, x, w = ln.inputs

@@ -25,7 +25,7 @@ examples depend on it (a reduction's ``dims`` name the last axis by number).
 """
 import numpy as np
 
-from tapegrad.compiler.ir import Node, Value
+from tapegrad.compiler.ir import Node, Value, producers, readers
 
 _NORMALISE = None  # the clean-up passes, resolved at first use (passes imports kernels)
 
@@ -77,7 +77,7 @@ class Pattern:
         """The op record of the node making the pattern's first output."""
         if self._anchor is None:
             g, _ = self.variants(2)[0]
-            self._anchor = _producers(g)[id(g.outputs[0])].op
+            self._anchor = producers(g)[id(g.outputs[0])].op
         return self._anchor
 
     def rewrite(self, graph):
@@ -85,8 +85,8 @@ class Pattern:
         anchor = self.anchor_op()
         if anchor is None or not any(n.op is anchor for n in graph.nodes):
             return graph
-        producer = _producers(graph)
-        uses = _uses(graph)
+        producer = producers(graph)
+        uses = readers(graph)
         pos = {id(n): i for i, n in enumerate(graph.nodes)}
         replace, taken = {}, set()
         for n in graph.nodes:
@@ -139,27 +139,6 @@ class Pattern:
         return True
 
 
-def _producers(graph):
-    return {id(v): n for n in graph.nodes for v in n.outputs}
-
-
-def _uses(graph):
-    """id(Value) -> the nodes reading it (each once); graph outputs and write-backs read
-    through a sink node that belongs to no match."""
-    uses = {}
-    for n in graph.nodes:
-        for a in n.inputs:
-            if isinstance(a, Value):
-                lst = uses.setdefault(id(a), [])
-                if not lst or lst[-1] is not n:
-                    lst.append(n)
-    sink = Node(None, "<outside>", [], {}, [])
-    for v in list(graph.outputs) + [wv for *_, wv in graph.writes]:
-        if isinstance(v, Value):
-            uses.setdefault(id(v), []).append(sink)
-    return uses
-
-
 def _run_nodes(nodes, inputs, outputs):
     """The matched nodes themselves, in order: the node's reference implementation (the
     numpy backend's, and the pass value check's), bitwise what the graph computed."""
@@ -187,7 +166,7 @@ class _Match:
             self.sym_of[(type(v), v)] = name
         self.symbols = {}
         self.producer, self.uses = producer, uses
-        self.p_producer = _producers(pg)
+        self.p_producer = producers(pg)
         self.p_consts = {id(v): a for v, a in pg.consts.items()}
         self.nodes = {}  # id(pattern node) -> target node
         self.values = {}  # id(pattern value) -> target value
