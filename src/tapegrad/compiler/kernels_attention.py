@@ -1,4 +1,4 @@
-"""Attention's numba kernels and one graph pass for the char-GPT step (op_kernels.py),
+"""Attention's numba kernels and one graph pass, for any model's attention (op_kernels.py),
 bitwise eager's (the same IEEE operations in the same order, numpy's own ``exp``, eager's
 BLAS calls), float32 and float64.
 

@@ -1,8 +1,8 @@
 """numba kernels for convolution and max-pooling nodes (registered in ``op_kernels``).
 
-At the digits CNN's sizes (8x8 and 4x4 images, 1-32 channels, batch 64) the arithmetic of a
-convolution is small (conv2: 4.7M multiply-adds, a 0.2 ms GEMM) and eager's layout work
-around its GEMMs (im2col through sliding-window views, col2im, the max-pool's offset rows)
+At small sizes (e.g. 8x8 and 4x4 images, 1-32 channels, batch 64) the arithmetic of a
+convolution is small (4.7M multiply-adds: a 0.2 ms GEMM) and eager's layout work around its
+GEMMs (im2col through sliding-window views, col2im, the max-pool's offset rows)
 costs as much again. Each kernel here is numba source generated for one node's geometry
 (channels, image and kernel sizes, stride, padding, dilation as constants, so LLVM unrolls
 the short loops over taps and window positions; the batch size stays a run-time value) and

@@ -1,4 +1,4 @@
-"""LayerNorm and the residual stream of the char-GPT step: graph passes and numba kernels.
+"""LayerNorm over a residual stream (any pre- or post-norm block): graph passes and kernels.
 
 * ``fuse_residual_layer_norm`` (a pass): ``s = add(a, b)`` read by ``layer_norm(s, w, b)``
   (every block's residual sum before its next LayerNorm; ``b`` may be a ``broadcast_to`` over
