@@ -22,13 +22,12 @@ from tapegrad.random import *  # noqa: F401,F403
 # devices, legacy tensor types, PyTorch's namespaces for accelerators
 from tapegrad.backend.device import device  # noqa: F401,E402
 from tapegrad.ops.selection import *  # noqa: F401,F403,E402
-from tapegrad.ops.extra_elementwise import *  # noqa: F401,F403,E402
-from tapegrad.ops.extra_reduce import *  # noqa: F401,F403,E402
-# scans, order statistics, index writes, more pointwise ops
-from tapegrad.ops.extra_scan import *  # noqa: F401,F403,E402
-from tapegrad.ops.extra_stats import *  # noqa: F401,F403,E402
-from tapegrad.ops.extra_index import *  # noqa: F401,F403,E402
-from tapegrad.ops.extra_pointwise import *  # noqa: F401,F403,E402
+from tapegrad.ops.pointwise_math import *  # noqa: F401,F403,E402
+from tapegrad.ops.composites import *  # noqa: F401,F403,E402
+# scans, order statistics, index writes
+from tapegrad.ops.scan import *  # noqa: F401,F403,E402
+from tapegrad.ops.statistics import *  # noqa: F401,F403,E402
+from tapegrad.ops.index_writes import *  # noqa: F401,F403,E402
 from tapegrad.tensor import TENSOR_TYPES as _TENSOR_TYPES, softmax, log_softmax  # noqa: E402
 from tapegrad.autograd.anomaly import is_anomaly_enabled, is_anomaly_check_nan_enabled  # noqa
 from tapegrad import cuda, accelerator, backends, distributed  # noqa: F401,E402

@@ -16,7 +16,7 @@ from tapegrad.ops.special_functions import (erfc, ndtr, ndtri, log_ndtr, xlog1py
                                             erfinv, lgamma as gammaln, polygamma, igamma,
                                             igammac)
 from tapegrad.ops.elementwise import erf, expm1, log1p, round  # noqa: F401
-from tapegrad.ops.extra_elementwise import xlogy, exp2  # noqa: F401
+from tapegrad.ops.pointwise_math import xlogy, exp2  # noqa: F401
 
 __all__ = ["erf", "erfc", "erfinv", "expit", "logit", "xlogy", "xlog1py", "gammaln",
            "digamma", "psi", "polygamma", "multigammaln", "i0", "i0e", "i1", "i1e", "ndtr",

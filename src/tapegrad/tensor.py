@@ -977,9 +977,8 @@ registry.make = Tensor._make  # dispatch's own name for it (ops modules predate 
 # --- operators and methods: each delegates to an op --------------------------------------
 from tapegrad.ops import elementwise as _E, reduce as _R, movement as _M, linalg as _L  # noqa: E402
 from tapegrad.ops import selection as _S, indexing as _I  # noqa: E402
-from tapegrad.ops import extra_elementwise as _X, extra_reduce as _XR  # noqa: E402
-from tapegrad.ops import extra_scan as _XS, extra_stats as _XT  # noqa: E402
-from tapegrad.ops import extra_index as _XI, extra_pointwise as _XP  # noqa: E402
+from tapegrad.ops import pointwise_math as _PM, composites as _CO  # noqa: E402
+from tapegrad.ops import scan as _SC, statistics as _ST, index_writes as _IW  # noqa: E402
 from tapegrad import creation as _C  # noqa: E402  (clone, copy_op, factories)
 from tapegrad.inplace import (  # noqa: E402  (in-place ops and views)
     _tracked, _public, _check_result, _check_float_result, _shape_error, _write, _accumulate,
@@ -989,12 +988,12 @@ def _method(fn):
     return fn  # plain functions and ops (Op.__get__) both bind as methods
 
 
-for _module in (_E, _R, _M, _I, _L, _S, _X, _XR, _XS, _XT, _XI, _XP):
+for _module in (_E, _R, _M, _I, _L, _S, _PM, _CO, _SC, _ST, _IW):
     for _name in _module.TENSOR_METHODS:
         setattr(Tensor, _name, _method(getattr(_module, _name)))
-for _name in _X.INPLACE + _XR.INPLACE + _XS.INPLACE + _XI.INPLACE + _XP.INPLACE:
+for _name in _PM.INPLACE + _CO.INPLACE + _SC.INPLACE + _IW.INPLACE:
     setattr(Tensor, _name + "_", _generic_inplace(_name))  # acos_, scatter_, ... in place
-Tensor.float_power_ = _XP.float_power_
+Tensor.float_power_ = _PM.float_power_
 
 
 def _binary(fn, reflected=False):
@@ -1029,10 +1028,10 @@ Tensor.__ror__ = _binary(_E.bitwise_or, True)
 Tensor.__xor__ = _binary(_E.bitwise_xor)
 Tensor.__rxor__ = _binary(_E.bitwise_xor, True)
 Tensor.__invert__ = _method(_E.bitwise_not)
-Tensor.__lshift__ = _binary(_XP.bitwise_left_shift)
-Tensor.__rlshift__ = _binary(_XP.bitwise_left_shift, True)
-Tensor.__rshift__ = _binary(_XP.bitwise_right_shift)
-Tensor.__rrshift__ = _binary(_XP.bitwise_right_shift, True)
+Tensor.__lshift__ = _binary(_PM.bitwise_left_shift)
+Tensor.__rlshift__ = _binary(_PM.bitwise_left_shift, True)
+Tensor.__rshift__ = _binary(_PM.bitwise_right_shift)
+Tensor.__rrshift__ = _binary(_PM.bitwise_right_shift, True)
 Tensor.__ilshift__ = Tensor.bitwise_left_shift_
 Tensor.__irshift__ = Tensor.bitwise_right_shift_
 Tensor.__abs__ = _method(_E.abs)

@@ -12,7 +12,7 @@ import operator
 import warnings
 
 from tapegrad.ops import registry
-from tapegrad.ops.extra_elementwise import lerp
+from tapegrad.ops.pointwise_math import lerp
 from tapegrad.ops.linalg import mm
 from tapegrad.ops.movement import _dim, permute_op, reshape_op
 from tapegrad.ops.indexing import _grid, index_op

@@ -13,8 +13,8 @@ from tapegrad import dtypes
 from tapegrad.backend import add_at
 from tapegrad.ops import registry
 from tapegrad.ops.elementwise import where_op
-from tapegrad.ops.extra_reduce import _index_args
-from tapegrad.ops.extra_scan import cumprod
+from tapegrad.ops.composites import _index_args
+from tapegrad.ops.scan import cumprod
 from tapegrad.ops.movement import _dim, broadcast_tensors, cat, flip, permute_op, reshape_op, stack
 from tapegrad.ops.indexing import (_check_gather_bounds, _check_index_shape, _grid,
                                    _index_array, getitem, index_op, index_put_op, out_of_range)
@@ -308,7 +308,7 @@ def _check_vector(name, t):
 def cartesian_prod(*tensors):
     """As ``torch.cartesian_prod``: the rows of all combinations of the 1-d tensors' entries
     (the first varying slowest); one tensor is returned as it is."""
-    from tapegrad.ops.extra_reduce import meshgrid
+    from tapegrad.ops.composites import meshgrid
 
     for t in tensors:
         _check_vector("cartesian_prod", t)

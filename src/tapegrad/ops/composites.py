@@ -1,4 +1,4 @@
-"""More reductions, comparisons, index ops and matrix products, as composites of registered
+"""Reductions, comparisons, index ops and matrix products built as composites of registered
 ops (so their gradients, second order included, come from the ops they are made of):
 ``nansum``/``nanmean``, ``std_mean``/``var_mean``, ``aminmax``, ``count_nonzero``,
 ``isclose``/``allclose``/``equal``, ``nonzero``/``argwhere``, ``tril_indices``/
