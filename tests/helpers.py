@@ -5,10 +5,15 @@
 ``fn(T, *tensors)`` is written once and run with ``T = tapegrad`` and ``T = torch``. Inputs
 are shapes (random float64 normals) or numpy arrays (integer arrays never require grad).
 """
+import os
+
 import numpy as np
 import torch
 
 import tapegrad
+
+# the tests folder (test files live in its subfolders by the part of tapegrad they test)
+TESTS = os.path.dirname(os.path.abspath(__file__))
 
 RTOL = 1e-12
 

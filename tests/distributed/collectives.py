@@ -1,5 +1,5 @@
-"""Worker (run by tests/test_distributed.py under mpiexec -n 2): each collective on tensors
-against a numpy reduction of every rank's input, sync and async."""
+"""Worker (run by tests/distributed/test_distributed.py under mpiexec -n 2): each collective on
+tensors against a numpy reduction of every rank's input, sync and async."""
 import datetime
 import sys
 

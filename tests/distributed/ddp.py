@@ -1,5 +1,5 @@
-"""Worker (run by tests/test_distributed.py under mpiexec -n 2): DistributedDataParallel and
-ZeroRedundancyOptimizer against one process training on the ranks' batches together.
+"""Worker (run by tests/distributed/test_distributed.py under mpiexec -n 2): DistributedDataParallel
+and ZeroRedundancyOptimizer against one process training on the ranks' batches together.
 
 Every rank also trains the single-process reference (batch 2b = the ranks' batches of b,
 concatenated in rank order), so each rank checks its own replica after every step.

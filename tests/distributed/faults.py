@@ -1,5 +1,6 @@
-"""Worker (run by tests/test_distributed.py under mpiexec -n 2): one failure per run, selected by
-argv[1]. Every case must end the whole job, non-zero, in bounded time, naming the failed rank."""
+"""Worker (run by tests/distributed/test_distributed.py under mpiexec -n 2): one failure per run,
+selected by argv[1]. Every case must end the whole job, non-zero, in bounded time, naming the
+failed rank."""
 import datetime
 import os
 import sys

@@ -1,5 +1,5 @@
-"""The op battery on a device against the cpu: each row of the op tables (``tests/test_ops_more.py``
-and ``tests/test_ops_more2.py``, the rows ``check_op`` runs against PyTorch) and a list of
+"""The op battery on a device against the cpu: each row of the op tables
+(``tests/ops/test_ops_more.py`` and ``tests/ops/test_ops_more2.py``, the rows ``check_op`` runs against PyTorch) and a list of
 central ops and layers, run once on the cpu and once with the same inputs moved to ``device``;
 values and gradients must agree (float64, 1e-12 relative) and every output and gradient of the
 device run must live on the device.
@@ -7,6 +7,8 @@ device run must live on the device.
 Used by ``tests/test_device_backend.py`` with the fake device (the seam test) and by
 ``tests/gpu/run.sh`` on a real GPU.
 """
+import os
+
 import numpy as np
 
 import tapegrad
@@ -161,6 +163,12 @@ KNOWN = {
 
 def rows():
     """(name, fn, specs, kw) for every battery row: the central ops, then the op tables."""
+    import sys
+
+    from helpers import TESTS
+
+    if os.path.join(TESTS, "ops") not in sys.path:  # the op tables' folder
+        sys.path.insert(0, os.path.join(TESTS, "ops"))
     import test_ops_more
     import test_ops_more2
 

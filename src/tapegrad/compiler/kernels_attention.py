@@ -28,7 +28,7 @@ BLAS calls), float32 and float64.
 numpy's pairwise row sums (8 running sums over strides of 8, combined as a tree) and the row
 max use ``_lanes``: LLVM intrinsics holding the eight sums in the lanes of 256-bit vectors,
 the same IEEE additions (numba runs no SLP vectoriser, so eight scalar sums stay scalar).
-tests/test_compiler_attention_fast.py checks each kernel against eager.
+tests/compiler/test_compiler_attention_fast.py checks each kernel against eager.
 """
 import numpy as np
 

@@ -35,7 +35,7 @@ the op's numpy forward runs):
 float32 and float64 (the result's dtype is the input's; float32 arithmetic stays float32,
 as numpy's with a Python-float constant does). Every kernel is bitwise eager's: the same
 IEEE operations in the same order, numpy's own ``exp`` and BLAS calls where eager uses
-them (tests/test_compiler_kernels_norm_softmax.py and its ``_edges`` companion check each).
+them (tests/compiler/test_compiler_kernels_norm_softmax.py and its ``_edges`` companion check each).
 numba's ``cache=True`` keeps the machine code between processes; the loops hold no
 recursion (numba's cache cannot load recursive functions: a segfault).
 """

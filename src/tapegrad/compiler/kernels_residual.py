@@ -30,7 +30,7 @@
 Every result is bitwise eager's (the same IEEE operations in the same order as
 ``ops.nn._norm_forward`` / ``_norm_rule``, numpy's add and its axis-0 reductions), float32
 and float64; the nodes' ``impl`` runs the replaced nodes themselves (the numpy backend and
-the passes' value check). tests/test_compiler_residual.py checks each.
+the passes' value check). tests/compiler/test_compiler_residual.py checks each.
 """
 import numpy as np
 

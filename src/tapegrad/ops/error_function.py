@@ -17,7 +17,7 @@ bit for bit (``compiler.kernels``, ``erf64``): the one transcendental, ``exp``, 
 ufunc in both (computed by numpy before the kernel runs), the rest is ``+ - * /`` in the same
 order, which the kernel's loop vectorises. numpy's SIMD ``exp`` differs from the C library's
 by an ulp on a few inputs, so values differ from scipy's by at most an ulp on ~0.1% of inputs
-(``tests/test_elementwise.py``: against scipy and ``math.erf``; PyTorch agreement at 1e-12 as
+(``tests/ops/test_elementwise.py``: against scipy and ``math.erf``; PyTorch agreement at 1e-12 as
 for every op).
 """
 from tapegrad.backend import xp

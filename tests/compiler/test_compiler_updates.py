@@ -8,7 +8,7 @@ compared with eager ones from the same weights bitwise: with the numpy kernels t
 code calls the same numpy functions on the same operands in the same order (docs/design.md),
 so any difference is a bug, not rounding; the spiral MLP also runs with numba's kernels,
 whose small matmuls are the BLAS's own chains of fused multiply-adds on these shapes (the
-probe in kernels.blas_is_fma_chain, tests/test_compiler_exactness.py).
+probe in kernels.blas_is_fma_chain, tests/compiler/test_compiler_exactness.py).
 
 A compiled function that runs eagerly on most calls warns (``CompileFallbackWarning``) with
 the reason and the user's line; one that mostly runs compiled does not.

@@ -2,7 +2,7 @@
 kernels where they take their less common paths (several dtypes in one optimizer,
 uneven step counts, state replaced between calls, strided and non-finite gradients, NaN
 scores, the heads' gradient chains absorbed into the concatenation): each bitwise eager's
-(tests/test_compiler_kernels_norm_softmax.py covers the common paths)."""
+(tests/compiler/test_compiler_kernels_norm_softmax.py covers the common paths)."""
 import numpy as np
 import pytest
 

@@ -5,6 +5,7 @@ import threading
 import numpy as np
 import pytest
 
+from helpers import TESTS  # noqa: E402
 import tapegrad
 import tapegrad.cli
 import tapegrad.nn.functional as F
@@ -344,7 +345,7 @@ def test_plot_extra_is_declared_and_named_by_the_error(monkeypatch, tmp_path):
     import sys
     import tomllib
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(TESTS)
     extras = tomllib.load(open(os.path.join(root, "pyproject.toml"), "rb"))[
         "project"]["optional-dependencies"]
     assert any(d.startswith("matplotlib") for d in extras["plot"])

@@ -16,7 +16,7 @@ pytest.importorskip("mpi4py")
 from tapegrad.distributed.run import find_mpiexec  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-WORKERS = os.path.join(HERE, "distributed")
+WORKERS = HERE  # the worker scripts beside this file
 
 
 def mpirun(args, n=2, timeout=60, launcher=False):

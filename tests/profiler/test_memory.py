@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import tapegrad
+from helpers import TESTS
 from tapegrad.autograd.engine import watchers
 from tapegrad.profiler import memory, storage_bytes
 
@@ -157,7 +158,7 @@ def test_memory_cli_function_prints_a_table(capsys):
 def test_checkpoint_benchmark_runs(tmp_path, capsys):
     import importlib.util
 
-    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "checkpoint.py")
+    path = os.path.join(TESTS, "..", "benchmarks", "checkpoint.py")
     spec = importlib.util.spec_from_file_location("bench_checkpoint", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

@@ -7,7 +7,7 @@ non-contiguous operands; second order through the rules (``check_op``)."""
 import numpy as np
 import pytest
 import torch
-from helpers import check_op
+from helpers import TESTS, check_op
 
 import tapegrad
 from tapegrad.ops import convolution as conv
@@ -197,7 +197,7 @@ def test_every_path_keeps_device_arrays_on_their_device(kw, specs, loops):
     import os
     import sys
 
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "gpu"))
+    sys.path.insert(0, os.path.join(TESTS, "gpu"))
     import battery
     import fake_device
 

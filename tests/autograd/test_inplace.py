@@ -217,7 +217,7 @@ def test_detached_view_change_is_seen_by_backward():
 
 
 def test_inplace_on_view_in_graph_rewrites_the_base():
-    # PyTorch's semantics (CopySlices); tests/test_inplace_views.py checks them in depth
+    # PyTorch's semantics (CopySlices); tests/autograd/test_inplace_views.py checks them in depth
     def f(T, x):
         y = x * 2
         y[0].add_(1)

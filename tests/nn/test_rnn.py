@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import tapegrad
+from helpers import TESTS
 import tapegrad.nn as tnn
 from test_layers import check, compare, randn, tg_state
 
@@ -149,7 +150,7 @@ def test_layers_and_cells_stay_on_the_device():
     import os
     import sys
 
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "gpu"))
+    sys.path.insert(0, os.path.join(TESTS, "gpu"))
     import fake_device
 
     b = fake_device.install()
