@@ -186,14 +186,20 @@ def _(g, out, x, w, stride, padding, dilation, groups, out_size=None, needs=(Tru
     return gx, gw
 
 
+def _bilinear_jvp(f, t, a, b, **params):
+    """The tangent of ``f(a, b, **params)``, bilinear in (a, b): ``f(ta, b) + f(a, tb)``,
+    a term left out where its tangent is None. Each member of the conv family is one."""
+    r = f(t[0], b, **params) if t[0] is not None else None
+    if t[1] is not None:
+        s = f(a, t[1], **params)
+        r = s if r is None else r + s
+    return r
+
+
 @conv2d.jvp
 def _(t, out, x, w, stride, padding, dilation, groups, out_size=None):
-    p = dict(stride=stride, padding=padding, dilation=dilation, groups=groups,
-             out_size=out_size)
-    r = conv2d(t[0], w, **p) if t[0] is not None else None
-    if t[1] is not None:
-        r = conv2d(x, t[1], **p) if r is None else r + conv2d(x, t[1], **p)
-    return r
+    return _bilinear_jvp(conv2d, t, x, w, stride=stride, padding=padding, dilation=dilation,
+                         groups=groups, out_size=out_size)
 
 
 def _flipped(w, groups):
@@ -290,11 +296,8 @@ def _(gg, out, g, w, size, stride, padding, dilation, groups, needs=(True, True)
 
 @conv2d_input.jvp
 def _(t, out, g, w, size, stride, padding, dilation, groups):
-    p = dict(size=size, stride=stride, padding=padding, dilation=dilation, groups=groups)
-    r = conv2d_input(t[0], w, **p) if t[0] is not None else None  # bilinear in (g, w)
-    if t[1] is not None:
-        r = conv2d_input(g, t[1], **p) if r is None else r + conv2d_input(g, t[1], **p)
-    return r
+    return _bilinear_jvp(conv2d_input, t, g, w, size=size, stride=stride, padding=padding,
+                         dilation=dilation, groups=groups)
 
 
 @op(flops=2, needs=True, fused=True)
@@ -335,11 +338,8 @@ def _(gg, out, x, g, kernel, stride, padding, dilation, groups, needs=(True, Tru
 
 @conv2d_weight.jvp
 def _(t, out, x, g, kernel, stride, padding, dilation, groups):
-    p = dict(kernel=kernel, stride=stride, padding=padding, dilation=dilation, groups=groups)
-    r = conv2d_weight(t[0], g, **p) if t[0] is not None else None  # bilinear in (x, g)
-    if t[1] is not None:
-        r = conv2d_weight(x, t[1], **p) if r is None else r + conv2d_weight(x, t[1], **p)
-    return r
+    return _bilinear_jvp(conv2d_weight, t, x, g, kernel=kernel, stride=stride,
+                         padding=padding, dilation=dilation, groups=groups)
 
 
 # each is one GEMM over im2col patches: 2 * (output positions) * (one filter's taps), the

@@ -806,6 +806,24 @@ def _per_element_weight_grads(ghw, hprev, size, with_bias):
     return gw, gb
 
 
+def _hidden_side_grad(mode, gxw, hprev, xw, w_hh, b_hh):
+    """The gradient of the hidden-side pre-activations ``hprev @ w_hh.T + b_hh`` from the
+    input side's ``gxw``: the same, except a GRU's n gate, whose hidden term is scaled by the
+    reset gate r (recomputed from ``hprev`` and ``xw``)."""
+    if mode != "GRU":
+        return gxw
+    R = _registry.REGISTRY
+    H = w_hh.shape[0] // 3
+    hw = R["matmul"](hprev, R["permute"](w_hh, dims=(1, 0)))
+    if b_hh is not None:
+        hw = hw + b_hh
+    r = R["sigmoid"](getitem(hw, index=(Ellipsis, slice(0, H)))
+                     + getitem(xw, index=(Ellipsis, slice(0, H))))
+    return cat_op([getitem(gxw, index=(Ellipsis, slice(0, 2 * H))),
+                   getitem(gxw, index=(Ellipsis, slice(2 * H, 3 * H))) * r],
+                  dim=len(gxw.shape) - 1)
+
+
 @rnn_layer_backward.batch
 def _(args, bdims, mode, reverse=False):
     g, xw, h0, c0, w_hh, b_hh, w_hr, out = args
@@ -825,16 +843,7 @@ def _(args, bdims, mode, reverse=False):
     later = getitem(hseq, index=(slice(1, steps),)) if reverse else \
         getitem(hseq, index=(slice(0, steps - 1),))
     hprev = cat_op([later, first] if reverse else [first, later], dim=0)
-    ghw = gxw
-    if mode == "GRU":  # the hidden side's n-gate gradient is scaled by the reset gate r
-        H = w_hh.shape[0] // 3
-        hw = R["matmul"](hprev, R["permute"](w_hh, dims=(1, 0)))
-        if b_hh is not None:
-            hw = hw + b_hh
-        r = R["sigmoid"](getitem(hw, index=(Ellipsis, slice(0, H)))
-                         + getitem(xw, index=(Ellipsis, slice(0, H))))
-        ghw = cat_op([getitem(gxw, index=(Ellipsis, slice(0, 2 * H))),
-                      getitem(gxw, index=(Ellipsis, slice(2 * H, 3 * H))) * r], dim=2)
+    ghw = _hidden_side_grad(mode, gxw, hprev, xw, w_hh, b_hh)
     gw, gb = _per_element_weight_grads(ghw, hprev, size, b_hh is not None)
     pieces = [_unfold(gxw, size, 1), _unfold(gh0, size, 0)]
     pieces[0] = R["permute"](pieces[0], dims=(1, 0, 2, 3))
@@ -863,17 +872,8 @@ def _(args, bdims, mode):
         reshape(g, shape=(1,) + tuple(g.shape)), reshape(xw, shape=(1,) + tuple(xw.shape)),
         h, c, w_hh, b_hh, None, reshape(out, shape=(1,) + tuple(out.shape)), mode=mode)
     (gxw,) = _cut(inner, (xw,), (True,))
-    ghw = gxw
     hprev = reshape(h, shape=(1,) + tuple(h.shape))
-    if mode == "GRU":
-        H = w_hh.shape[0] // 3
-        hw = R["matmul"](h, R["permute"](w_hh, dims=(1, 0)))
-        if b_hh is not None:
-            hw = hw + b_hh
-        r = R["sigmoid"](getitem(hw, index=(Ellipsis, slice(0, H)))
-                         + getitem(xw, index=(Ellipsis, slice(0, H))))
-        ghw = cat_op([getitem(gxw, index=(Ellipsis, slice(0, 2 * H))),
-                      getitem(gxw, index=(Ellipsis, slice(2 * H, 3 * H))) * r], dim=1)
+    ghw = _hidden_side_grad(mode, gxw, h, xw, w_hh, b_hh)
     ghw = reshape(ghw, shape=(1,) + tuple(ghw.shape))
     gw_hh, gb_hh = _per_element_weight_grads(ghw, hprev, size, b_hh is not None)
     xs = reshape(x, shape=(1,) + tuple(x.shape))
